@@ -1,0 +1,90 @@
+"""The model's tokenizer and chat template, as the engine applies them.
+
+Prefix matching only works if the router turns a request into exactly the token ids the
+engine will see. vLLM renders chat messages with the Jinja chat template from
+``tokenizer_config.json`` (in a sandboxed environment with ``trim_blocks`` and
+``lstrip_blocks``, as ``transformers`` does), then tokenizes without adding special
+tokens; completion prompts are tokenized as given. This module does the same, so it is
+shared by the simulated engine and the EPP.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "sim" / "models" / "tiny"
+
+
+class ChatTemplateError(ValueError):
+    """The messages cannot be rendered by the model's chat template."""
+
+
+def flatten_content(content: Any) -> str:
+    """Reduce OpenAI message content (a string or a list of parts) to text.
+
+    vLLM joins the text parts with newlines for templates that expect string content.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                raise ChatTemplateError("message content parts must be text")
+        return "\n".join(texts)
+    raise ChatTemplateError("message content must be a string or a list of text parts")
+
+
+class ModelTokenizer:
+    """Tokenizer + chat template of one model directory (``tokenizer.json``, ``tokenizer_config.json``)."""
+
+    def __init__(self, model_dir: Path | str = TINY_MODEL_DIR) -> None:
+        model_dir = Path(model_dir)
+        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._template = env.from_string(config["chat_template"])
+        self.eos_token_id: int = self._tokenizer.token_to_id(config["eos_token"])
+        self.model_max_length: int = int(config.get("model_max_length", 2048))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size()
+
+    @cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        return frozenset(i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        if not messages:
+            raise ChatTemplateError(
+                "Cannot apply chat template to an empty conversation. Provide at least one message."
+            )
+        normalised = []
+        for message in messages:
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise ChatTemplateError("each message needs a string 'role'")
+            normalised.append({**message, "content": flatten_content(message.get("content"))})
+        return self._template.render(messages=normalised, add_generation_prompt=add_generation_prompt)
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        return self.encode(self.render_chat(messages))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
