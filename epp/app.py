@@ -1,0 +1,104 @@
+"""Assembles and runs the EPP process: data layer, scheduling pipeline, gRPC and metrics servers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from wsgiref.simple_server import WSGIServer
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, start_http_server
+
+import epp.plugins  # noqa: F401  (registers every plugin type)
+from epp.configs import config_path
+from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.static_file import StaticFileSource
+from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.metrics import EppMetrics
+from epp.requestcontrol.director import Director
+from epp.scheduling.config import EndpointPickerConfig, build_pipeline
+from epp.scheduling.framework import PluginContext
+from epp.settings import EppSettings
+from epp.tokenization import ModelTokenizer
+
+log = logging.getLogger(__name__)
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.so_reuseport", 0),
+]
+
+
+class EppApp:
+    """One EPP instance. ``start()`` binds every port; ``stop()`` releases them."""
+
+    def __init__(self, settings: EppSettings) -> None:
+        self.settings = settings
+        self.clock = time.monotonic
+        self.store = EndpointStore()
+        self.source = StaticFileSource(settings.endpoints_file, self.store, settings.endpoints_poll_s)
+        self.registry = CollectorRegistry()
+        self.metrics = EppMetrics(self.registry, settings.pool_name, self.store, self.clock)
+        rng = random.Random(settings.seed)
+        config = EndpointPickerConfig.from_file(config_path(settings.config))
+        self.pipeline = build_pipeline(config, PluginContext(clock=self.clock, rng=rng))
+        self.director = Director(
+            self.pipeline, self.store, ModelTokenizer(settings.tokenizer_dir), self.metrics, self.clock, rng
+        )
+        self.scraper = MetricsScraper(
+            self.store, self.clock, settings.scrape_interval_s, settings.scrape_timeout_s
+        )
+        self.health = health.aio.HealthServicer()
+        self._grpc: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self._metrics_server: WSGIServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        s = self.settings
+        self.source.load()
+        self.scraper.start()
+        self._tasks.append(asyncio.create_task(self.source.watch(), name="endpoints-file"))
+
+        self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
+        add_to_server(ExternalProcessor(self.director, s.max_body_bytes), self._grpc)
+        self.grpc_port = self._grpc.add_insecure_port(f"{s.host}:{s.grpc_port}")
+        self._health_server = grpc.aio.server(options=GRPC_OPTIONS)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+        self.health_port = self._health_server.add_insecure_port(f"{s.host}:{s.health_port}")
+        await self._grpc.start()
+        await self._health_server.start()
+        self._metrics_server, _ = start_http_server(s.metrics_port, addr=s.host, registry=self.registry)
+        self.metrics_port = self._metrics_server.server_port
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "EPP serving ext_proc on %s:%d (health %d, metrics %d), %d endpoints, profile %r",
+            s.host,
+            self.grpc_port,
+            self.health_port,
+            self.metrics_port,
+            len(self.store.all()),
+            self.pipeline.profile.name,
+        )
+
+    async def stop(self, grace: float = 2.0) -> None:
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+        if self._health_server is not None:
+            await self._health_server.stop(0)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        await self.scraper.close()

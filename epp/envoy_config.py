@@ -1,0 +1,149 @@
+"""Envoy bootstrap for a gateway in front of the EPP (used by the local stack and tests).
+
+The listener runs three HTTP filters: a header mutation that drops any client-supplied
+destination header (so a client can never pick its own upstream), the ext_proc filter
+talking to the EPP, and the router. Requests go to an ORIGINAL_DST cluster that connects
+to whatever ``x-gateway-destination-endpoint`` says.
+
+Failure mode (what happens when the EPP is down, slow, or errors):
+
+* ``FailClose`` (default here and the InferencePool CRD default): ext_proc errors fail the
+  request; the client gets an error (500 from Envoy; 503 if no route was chosen).
+* ``FailOpen`` (the anchor Helm chart's default): Envoy skips the EPP and the request falls
+  through to a plain round-robin cluster over ``fallback_endpoints``. Traffic keeps flowing
+  with no load or cache awareness. With no fallback endpoints, fail-open has nowhere to go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+FailureMode = Literal["FailOpen", "FailClose"]
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+
+_HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_HEADER_MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+_ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def _socket(address: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": address, "port_value": port}}
+
+
+def _static_cluster(name: str, endpoints: Sequence[tuple[str, int]], http2: bool = False) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(a, p)}} for a, p in endpoints]}],
+        },
+    }
+    if http2:
+        cluster["typed_extension_protocol_options"] = {
+            _HTTP_OPTIONS: {
+                "@type": _HTTP_OPTIONS_TYPE,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+    return cluster
+
+
+def ext_proc_filter(epp_cluster: str, failure_mode: FailureMode) -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": _EXT_PROC,
+            "grpc_service": {"envoy_grpc": {"cluster_name": epp_cluster}, "timeout": "30s"},
+            "failure_mode_allow": failure_mode == "FailOpen",
+            "message_timeout": "5s",
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "FULL_DUPLEX_STREAMED",
+                "request_trailer_mode": "SEND",
+                "response_header_mode": "SEND",
+                "response_body_mode": "STREAMED",
+                "response_trailer_mode": "SKIP",
+            },
+        },
+    }
+
+
+def gateway_bootstrap(
+    *,
+    listen_port: int,
+    epp_address: tuple[str, int],
+    admin_port: int,
+    failure_mode: FailureMode = "FailClose",
+    fallback_endpoints: Sequence[tuple[str, int]] = (),
+    listen_address: str = "127.0.0.1",
+) -> dict[str, Any]:
+    """An Envoy v3 bootstrap (as a dict, dump it to YAML or JSON) for the gateway."""
+    fail_open = failure_mode == "FailOpen" and bool(fallback_endpoints)
+    routed = {
+        "match": {"prefix": "/", "headers": [{"name": DESTINATION_HEADER, "present_match": True}]},
+        "route": {"cluster": "model_servers", "timeout": "0s", "idle_timeout": "600s"},
+    }
+    unrouted: dict[str, Any] = {"match": {"prefix": "/"}}
+    if fail_open:
+        unrouted["route"] = {"cluster": "fallback_model_servers", "timeout": "0s", "idle_timeout": "600s"}
+    else:
+        unrouted["direct_response"] = {
+            "status": 503,
+            "body": {"inline_string": '{"error": {"message": "no endpoint was picked", "code": 503}}'},
+        }
+    hcm = {
+        "@type": _HCM,
+        "stat_prefix": "gateway",
+        "codec_type": "AUTO",
+        "stream_idle_timeout": "600s",
+        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [routed, unrouted]}]},
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.header_mutation",
+                "typed_config": {
+                    "@type": _HEADER_MUTATION,
+                    "mutations": {"request_mutations": [{"remove": DESTINATION_HEADER}]},
+                },
+            },
+            ext_proc_filter("epp", failure_mode),
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
+        ],
+    }
+    clusters = [
+        _static_cluster("epp", [epp_address], http2=True),
+        {
+            "name": "model_servers",
+            "type": "ORIGINAL_DST",
+            "lb_policy": "CLUSTER_PROVIDED",
+            "connect_timeout": "2s",
+            "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+        },
+    ]
+    if fail_open:
+        clusters.append(_static_cluster("fallback_model_servers", fallback_endpoints))
+    return {
+        "admin": {"address": _socket("127.0.0.1", admin_port)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "gateway",
+                    "address": _socket(listen_address, listen_port),
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": clusters,
+        },
+    }

@@ -1,0 +1,99 @@
+"""Builders for the ext_proc messages the EPP sends back to Envoy (upb-backed xds-protos types)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
+from envoy.service.ext_proc.v3.external_processor_pb2 import (
+    BodyMutation,
+    BodyResponse,
+    CommonResponse,
+    HeaderMutation,
+    HeadersResponse,
+    ImmediateResponse,
+    ProcessingResponse,
+    StreamedBodyResponse,
+    TrailersResponse,
+)
+from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.struct_pb2 import Struct
+
+from epp.errors import RequestError
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+LB_METADATA_NAMESPACE = "envoy.lb"
+# Envoy recommends body chunks of at most 64 KiB; the anchor re-chunks at 62,000 bytes.
+BODY_CHUNK_BYTES = 62_000
+
+CONTINUE_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse())
+CONTINUE_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
+CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
+CONTINUE_RESPONSE_TRAILERS = ProcessingResponse(response_trailers=TrailersResponse())
+
+
+def header_dict(headers: HeaderMap) -> dict[str, str]:
+    """Envoy's header map as ``{lowercase name: value}``; repeated names are comma-joined."""
+    result: dict[str, str] = {}
+    for h in headers.headers:
+        value = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+        key = h.key.lower()
+        result[key] = f"{result[key]},{value}" if key in result else value
+    return result
+
+
+def _set_headers(headers: Mapping[str, str]) -> HeaderMutation:
+    return HeaderMutation(
+        set_headers=[
+            HeaderValueOption(
+                header=HeaderValue(key=k, raw_value=v.encode()),
+                append_action=HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+            )
+            for k, v in headers.items()
+        ]
+    )
+
+
+def route_to(targets: Iterable[str], extra_headers: Mapping[str, str]) -> ProcessingResponse:
+    """Request-headers reply that sends the request to ``targets[0]``.
+
+    The destination goes both in the header Envoy's original-destination cluster reads and
+    in ``envoy.lb`` dynamic metadata (comma-separated, fallbacks after the first), and the
+    route cache is cleared so the new header takes effect.
+    """
+    targets = list(targets)
+    headers = {DESTINATION_HEADER: targets[0], **extra_headers}
+    metadata = Struct()
+    metadata.update({LB_METADATA_NAMESPACE: {DESTINATION_HEADER: ",".join(targets)}})
+    common = CommonResponse(header_mutation=_set_headers(headers), clear_route_cache=True)
+    return ProcessingResponse(request_headers=HeadersResponse(response=common), dynamic_metadata=metadata)
+
+
+def streamed_request_body(body: bytes) -> list[ProcessingResponse]:
+    """Re-emit a buffered request body in chunks (full-duplex streamed mode), last one marked."""
+    chunks = [body[i : i + BODY_CHUNK_BYTES] for i in range(0, len(body), BODY_CHUNK_BYTES)] or [b""]
+    last = len(chunks) - 1
+    return [
+        ProcessingResponse(
+            request_body=BodyResponse(
+                response=CommonResponse(
+                    body_mutation=BodyMutation(
+                        streamed_response=StreamedBodyResponse(body=chunk, end_of_stream=i == last)
+                    )
+                )
+            )
+        )
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def immediate(error: RequestError) -> ProcessingResponse:
+    """Answer the client directly with the error's status, headers and JSON body."""
+    return ProcessingResponse(
+        immediate_response=ImmediateResponse(
+            status=HttpStatus(code=error.status),
+            headers=_set_headers(error.headers()),
+            body=error.body(),
+            details=error.dropped_reason or error.error_type,
+        )
+    )

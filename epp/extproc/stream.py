@@ -1,0 +1,156 @@
+"""The per-stream state machine: one ext_proc gRPC stream carries one HTTP request.
+
+Envoy is configured (see ``sim.envoy``) to send request headers, to stream the request body
+in FULL_DUPLEX_STREAMED mode with trailers, and to send response headers and a STREAMED
+response body. The machine's phases::
+
+    HEADERS ──(end_of_stream)──────────────────────────► route now (body-less request)
+       │ body follows
+       ▼
+    BODY ── buffer chunks (413 past the limit) ── end of body ──► parse + schedule ──►
+         reply: headers (destination, content-length, request id) + body re-emitted
+       ▼
+    RESPONSE ── headers: status, content type ── body chunks: meter tokens, reply at once
+
+Errors while the request is still ours become an immediate response (400/413/429/503 with a
+JSON body); the state machine never raises into the gRPC layer for bad input.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
+
+from epp.errors import PayloadTooLarge, RequestError
+from epp.extproc import messages
+from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestRecord
+
+log = logging.getLogger(__name__)
+
+
+class Phase(enum.Enum):
+    HEADERS = "headers"
+    BODY = "body"
+    FORWARDED = "forwarded"
+    RESPONSE = "response"
+    DONE = "done"
+
+
+class ExtProcStream:
+    """Consumes Envoy's ProcessingRequests for one HTTP request and yields the replies."""
+
+    def __init__(self, director: Director, max_body_bytes: int) -> None:
+        self.director = director
+        self.max_body_bytes = max_body_bytes
+        self.phase = Phase.HEADERS
+        self.record: RequestRecord | None = None
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._body_size = 0
+
+    def on_message(self, message: ProcessingRequest) -> list[ProcessingResponse]:
+        kind = message.WhichOneof("request")
+        if kind == "request_headers":
+            return self._request_headers(message)
+        if kind == "request_body":
+            return self._request_body(message.request_body.body, message.request_body.end_of_stream)
+        if kind == "request_trailers":
+            return self._request_trailers()
+        if kind == "response_headers":
+            return self._response_headers(message)
+        if kind == "response_body":
+            return self._response_body(message.response_body.body, message.response_body.end_of_stream)
+        if kind == "response_trailers":
+            self._finish()
+            return [messages.CONTINUE_RESPONSE_TRAILERS]
+        log.debug("ignoring ext_proc message of kind %s", kind)
+        return []
+
+    def close(self) -> None:
+        """The gRPC stream ended (request done, client gone, or Envoy reset): settle the books."""
+        self._finish()
+
+    def _request_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
+        self._headers = messages.header_dict(message.request_headers.headers)
+        self.record = self.director.new_record(self._headers)
+        if not message.request_headers.end_of_stream:
+            self.phase = Phase.BODY
+            return []
+        try:
+            result = self.director.schedule_bodyless(self.record)
+        except RequestError as error:
+            return self._reject(error)
+        self.phase = Phase.FORWARDED
+        return [
+            messages.route_to(
+                [t.hostport for t in result.targets], {REQUEST_ID_HEADER: self.record.request_id}
+            )
+        ]
+
+    def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
+        if self.phase is not Phase.BODY:
+            return []
+        self._body_size += len(chunk)
+        if self._body_size > self.max_body_bytes:
+            return self._reject(
+                PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
+            )
+        self._body.append(chunk)
+        return self._route_body() if end_of_stream else []
+
+    def _request_trailers(self) -> list[ProcessingResponse]:
+        # Trailers end a body whose last chunk did not carry end_of_stream.
+        replies = self._route_body() if self.phase is Phase.BODY else []
+        if self.phase is Phase.DONE:
+            return replies
+        return [*replies, messages.CONTINUE_REQUEST_TRAILERS]
+
+    def _route_body(self) -> list[ProcessingResponse]:
+        assert self.record is not None
+        body = b"".join(self._body)
+        self._body.clear()
+        path = self._headers.get(":path", "/")
+        try:
+            result = self.director.schedule(self.record, path, self._headers, body)
+        except RequestError as error:
+            return self._reject(error)
+        self.phase = Phase.FORWARDED
+        extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: self.record.request_id}
+        return [
+            messages.route_to([t.hostport for t in result.targets], extra),
+            *messages.streamed_request_body(body),
+        ]
+
+    def _response_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
+        if self.record is not None and self.phase is Phase.FORWARDED:
+            headers = messages.header_dict(message.response_headers.headers)
+            try:
+                status = int(headers.get(":status", "0"))
+            except ValueError:
+                status = 0
+            self.director.response_headers(self.record, status, headers.get("content-type", ""))
+            self.phase = Phase.RESPONSE
+            if message.response_headers.end_of_stream:
+                self.director.response_body(self.record, b"", end_of_stream=True)
+                self._finish()
+        return [messages.CONTINUE_RESPONSE_HEADERS]
+
+    def _response_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
+        if self.record is not None and self.phase is Phase.RESPONSE:
+            self.director.response_body(self.record, chunk, end_of_stream)
+            if end_of_stream:
+                self._finish()
+        return [messages.CONTINUE_RESPONSE_BODY]
+
+    def _reject(self, error: RequestError) -> list[ProcessingResponse]:
+        if self.record is not None:
+            self.director.reject(self.record, error)
+        self.phase = Phase.DONE
+        return [messages.immediate(error)]
+
+    def _finish(self) -> None:
+        if self.record is not None:
+            self.director.finish(self.record)
+        self.phase = Phase.DONE

@@ -1,0 +1,63 @@
+"""``llm-epp``: run the endpoint picker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from pydantic import ValidationError
+
+from epp.app import EppApp
+from epp.datalayer.static_file import EndpointsFileError
+from epp.scheduling.config import ConfigError
+from epp.settings import EppSettings
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[EppSettings, str]:
+    parser = argparse.ArgumentParser(
+        prog="llm-epp", description="Envoy ext_proc endpoint picker for LLM fleets"
+    )
+    for name, field in EppSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        kwargs: dict = {"help": field.description, "dest": name}
+        if field.is_required():
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = argparse.SUPPRESS
+            kwargs["help"] = f"{field.description} (default: {field.default})"
+        parser.add_argument(flag, **kwargs)
+    parser.add_argument("--log-level", default="INFO")
+    args = vars(parser.parse_args(argv))
+    log_level = args.pop("log_level")
+    try:
+        return EppSettings.model_validate(args), log_level
+    except ValidationError as exc:
+        parser.error(str(exc))
+
+
+async def serve(settings: EppSettings) -> None:
+    app = EppApp(settings)
+    await app.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logging.getLogger(__name__).info("shutting down")
+    await app.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings, log_level = parse_args(argv)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        asyncio.run(serve(settings))
+    except (ConfigError, EndpointsFileError, FileNotFoundError) as exc:
+        raise SystemExit(f"llm-epp: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""The EPP's own Prometheus metrics.
+
+Names follow the Gateway API Inference Extension (``inference_objective_*``,
+``inference_pool_*``, ``inference_extension_*``) so existing dashboards work. Model names
+come from clients, so the label is capped: past ``MAX_MODEL_LABELS`` distinct names, new
+ones are counted under ``other``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from epp.datalayer.endpoints import EndpointStore
+
+MAX_MODEL_LABELS = 100
+LATENCY_BUCKETS = (
+    0.005,
+    0.025,
+    0.05,
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    1.25,
+    1.5,
+    2,
+    3,
+    4,
+    5,
+    6,
+    8,
+    10,
+    15,
+    20,
+    30,
+    45,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    480,
+    600,
+    900,
+    1200,
+    1800,
+    2700,
+    3600,
+)
+TPOT_BUCKETS = (
+    0.0005,
+    0.00205,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.125,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.8,
+    1.0,
+    1.5,
+    2,
+    3,
+    4.5,
+    6,
+    12,
+    18,
+    24,
+    30,
+    36,
+    48,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    480,
+    600,
+)
+TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144)
+SCHEDULER_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
+
+
+class _PoolCollector(Collector):
+    """Per-endpoint gauges read from the store at scrape time (no bookkeeping on the hot path)."""
+
+    def __init__(self, pool: str, store: EndpointStore, clock: Callable[[], float]) -> None:
+        self.pool, self.store, self.clock = pool, store, clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["name", "model_server_pod"]
+        queue = GaugeMetricFamily(
+            "inference_pool_per_pod_queue_size", "Waiting requests per endpoint", labels=labels
+        )
+        kv = GaugeMetricFamily(
+            "inference_pool_per_pod_kv_cache_utilization", "KV-cache usage per endpoint", labels=labels
+        )
+        running = GaugeMetricFamily(
+            "inference_pool_per_pod_running_requests", "Running requests per endpoint", labels=labels
+        )
+        in_flight = GaugeMetricFamily(
+            "llm_epp_endpoint_in_flight_requests",
+            "Requests routed by this EPP and not finished",
+            labels=labels,
+        )
+        age = GaugeMetricFamily(
+            "llm_epp_endpoint_metrics_age_seconds",
+            "Seconds since the endpoint's last good scrape",
+            labels=labels,
+        )
+        healthy = GaugeMetricFamily(
+            "llm_epp_endpoint_healthy", "1 if the endpoint is a scheduling candidate", labels=labels
+        )
+        now = self.clock()
+        states = self.store.all()
+        for s in states:
+            values = [self.pool, s.name]
+            queue.add_metric(values, s.metrics.waiting)
+            kv.add_metric(values, s.metrics.kv_cache_usage)
+            running.add_metric(values, s.metrics.running)
+            in_flight.add_metric(values, s.in_flight)
+            age.add_metric(values, min(s.metrics.age(now), 1e9))
+            healthy.add_metric(values, 1.0 if self.store.is_healthy(s.name) else 0.0)
+        ready = GaugeMetricFamily(
+            "inference_pool_ready_pods", "Endpoints that are scheduling candidates", labels=["name"]
+        )
+        ready.add_metric([self.pool], len(self.store.candidates()))
+        yield from (queue, kv, running, in_flight, age, healthy, ready)
+
+
+class EppMetrics:
+    """All EPP metrics, registered in one registry (a fresh one per EPP instance in tests)."""
+
+    def __init__(
+        self, registry: CollectorRegistry, pool: str, store: EndpointStore, clock: Callable[[], float]
+    ):
+        self.registry = registry
+        model = ["model_name", "target_model_name"]
+        self.requests = Counter("inference_objective_request", "Requests received", model, registry=registry)
+        self.errors = Counter(
+            "inference_objective_request_error",
+            "Requests that failed",
+            [*model, "error_code"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "inference_objective_request_duration_seconds",
+            "End-to-end request latency seen by the EPP",
+            model,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "inference_objective_request_ttft_seconds",
+            "Time to first token (streaming requests)",
+            model,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "inference_objective_request_tpot_seconds",
+            "Time per output token after the first (streaming)",
+            model,
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.input_tokens = Histogram(
+            "inference_objective_input_tokens",
+            "Prompt tokens per request",
+            model,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.output_tokens = Histogram(
+            "inference_objective_output_tokens",
+            "Generated tokens per request",
+            model,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.running = Gauge(
+            "inference_objective_running_requests",
+            "Requests in flight",
+            ["model_name"],
+            registry=registry,
+        )
+        self.scheduling = Histogram(
+            "inference_extension_scheduler_e2e_duration_seconds",
+            "Time to pick an endpoint for a request",
+            buckets=SCHEDULER_BUCKETS,
+            registry=registry,
+        )
+        self.upstream_failures = Counter(
+            "llm_epp_upstream_failures",
+            "Responses showing the endpoint failed (5xx or reset)",
+            ["model_server_pod"],
+            registry=registry,
+        )
+        registry.register(_PoolCollector(pool, store, clock))
+        self._models: set[str] = set()
+
+    def model_label(self, model: str) -> str:
+        if model in self._models:
+            return model
+        if len(self._models) >= MAX_MODEL_LABELS:
+            return "other"
+        self._models.add(model)
+        return model

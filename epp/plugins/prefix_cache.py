@@ -1,0 +1,119 @@
+"""Prefix-cache affinity from the EPP's own routing history (no engine feedback needed).
+
+``approximate-prefix-cache-producer`` (default producer of ``prefix-cache-match``)
+  Hashes the prompt into token blocks, looks up how many leading blocks each candidate was
+  already sent, and after the pick records the prompt's blocks for the chosen endpoint.
+
+  ==========================  =======  ==================================================
+  parameter                   default  meaning
+  ==========================  =======  ==================================================
+  blockSizeTokens             64       tokens per hashed block (at least 16)
+  maxPrefixBlocksToMatch      2048     blocks considered (2048 × 64 = 131,072 tokens)
+  lruCapacityPerServer        auto     blocks remembered per endpoint; ``auto`` sizes it
+                                       from the engine's ``vllm:cache_config_info``
+                                       (num_gpu_blocks × block_size tokens), else 31,250
+  ==========================  =======  ==================================================
+
+``prefix-cache-scorer``
+  Score = matched blocks / prompt blocks. No parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field
+
+from epp.kvcache.approximate_index import ApproximatePrefixIndex, prefix_block_hashes
+from epp.scheduling.framework import (
+    CycleState,
+    DataKey,
+    DataProducer,
+    PluginContext,
+    PluginParameters,
+    PreRequest,
+    Scorer,
+)
+from epp.scheduling.registry import register, register_default_producer
+from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
+
+DEFAULT_LRU_BLOCKS = 31_250
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """How much of the request's prompt each endpoint holds, in whole blocks."""
+
+    total_blocks: int
+    matched_blocks: dict[str, int] = field(default_factory=dict)
+    block_hashes: list[int] = field(default_factory=list, repr=False)
+
+    def fraction(self, endpoint: str) -> float:
+        if self.total_blocks == 0:
+            return 0.0
+        return self.matched_blocks.get(endpoint, 0) / self.total_blocks
+
+
+PREFIX_MATCH: DataKey[PrefixMatch] = DataKey("prefix-cache-match")
+
+
+class ApproximatePrefixParameters(PluginParameters):
+    block_size_tokens: int = Field(default=64, ge=16, alias="blockSizeTokens")
+    max_prefix_blocks_to_match: int = Field(default=2048, ge=1, alias="maxPrefixBlocksToMatch")
+    lru_capacity_per_server: int | Literal["auto"] = Field(default="auto", alias="lruCapacityPerServer")
+
+
+@register_default_producer
+class ApproximatePrefixCacheProducer(DataProducer, PreRequest):
+    type_name = "approximate-prefix-cache-producer"
+    Parameters = ApproximatePrefixParameters
+    produces = (PREFIX_MATCH,)
+    params: ApproximatePrefixParameters
+
+    def __init__(self, name: str, params: ApproximatePrefixParameters, context: PluginContext) -> None:
+        super().__init__(name, params, context)
+        self.index = ApproximatePrefixIndex()
+        self._capacity: dict[str, int] = {}
+
+    def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState) -> None:
+        hashes = prefix_block_hashes(
+            request.prompt_token_ids,
+            self.params.block_size_tokens,
+            seed_text=f"{request.model}\x00{request.cache_salt or ''}",
+            max_blocks=self.params.max_prefix_blocks_to_match,
+        )
+        for e in endpoints:
+            self._capacity[e.name] = self._capacity_for(e)
+        state.put(PREFIX_MATCH, PrefixMatch(len(hashes), self.index.longest_prefix(hashes), hashes))
+
+    def _capacity_for(self, endpoint: EndpointState) -> int:
+        configured = self.params.lru_capacity_per_server
+        if configured != "auto":
+            return configured
+        m = endpoint.metrics
+        if m.num_gpu_blocks and m.block_size:
+            return max(1, m.num_gpu_blocks * m.block_size // self.params.block_size_tokens)
+        return DEFAULT_LRU_BLOCKS
+
+    def pre_request(self, request: LLMRequest, result: SchedulingResult, state: CycleState) -> None:
+        match = state.get(PREFIX_MATCH)
+        if match is None or not match.block_hashes:
+            return
+        target = result.endpoint.name
+        self.index.record(target, match.block_hashes, self._capacity.get(target, DEFAULT_LRU_BLOCKS))
+
+
+@register
+class PrefixCacheScorer(Scorer):
+    type_name = "prefix-cache-scorer"
+    consumes = (PREFIX_MATCH,)
+
+    def score(
+        self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
+    ) -> list[float]:
+        match = state.get(PREFIX_MATCH)
+        if match is None:
+            return [0.0] * len(endpoints)
+        return [match.fraction(e.name) for e in endpoints]

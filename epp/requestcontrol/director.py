@@ -1,0 +1,163 @@
+"""Request control: one request's path through the EPP, from parse to last response byte.
+
+The ext_proc adapter calls, in order: :meth:`Director.schedule` (or
+:meth:`Director.schedule_bodyless`), :meth:`Director.response_headers`,
+:meth:`Director.response_body` for each chunk, and always :meth:`Director.finish` once,
+however the stream ended. The director owns the bookkeeping around the pure scheduling
+core: candidates, in-flight counts, latency measurements and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from epp.datalayer.endpoints import EndpointStore
+from epp.errors import NoEndpointAvailable, RequestError
+from epp.metrics import EppMetrics
+from epp.requestcontrol.openai_request import parse_openai_request
+from epp.requestcontrol.response_meter import ResponseMeter
+from epp.scheduling.framework import CycleState
+from epp.scheduling.pipeline import NoCandidates, Pipeline
+from epp.scheduling.types import LLMRequest, SchedulingResult
+from epp.tokenization import ModelTokenizer
+
+log = logging.getLogger(__name__)
+REQUEST_ID_HEADER = "x-request-id"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What the EPP knows about one request; times are from the director's clock."""
+
+    request_id: str
+    received_at: float
+    request: LLMRequest | None = None
+    result: SchedulingResult | None = None
+    status: int | None = None
+    meter: ResponseMeter | None = None
+    first_token_at: float | None = None
+    response_complete: bool = False
+    finished_at: float | None = None
+    model_label: str = ""
+
+    @property
+    def endpoint_name(self) -> str | None:
+        return self.result.endpoint.name if self.result else None
+
+
+class Director:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        store: EndpointStore,
+        tokenizer: ModelTokenizer,
+        metrics: EppMetrics,
+        clock: Callable[[], float],
+        rng: random.Random | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.store = store
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.clock = clock
+        self.rng = rng or random.Random()
+
+    def new_record(self, headers: Mapping[str, str]) -> RequestRecord:
+        request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        return RequestRecord(request_id=request_id, received_at=self.clock())
+
+    def schedule(
+        self, record: RequestRecord, path: str, headers: Mapping[str, str], body: bytes
+    ) -> SchedulingResult:
+        """Parse and route a request with a body. Raises a :class:`RequestError` to refuse it."""
+        request = parse_openai_request(path, headers, body, self.tokenizer, record.request_id)
+        record.request = request
+        record.model_label = self.metrics.model_label(request.model)
+        self.metrics.requests.labels(record.model_label, record.model_label).inc()
+        candidates = self.store.candidates()
+        if not candidates:
+            raise NoEndpointAvailable("no model server endpoint is ready")
+        started = self.clock()
+        try:
+            result = self.pipeline.schedule(request, candidates, CycleState())
+        except NoCandidates as exc:
+            raise NoEndpointAvailable(f"no endpoint can serve this request: {exc}") from None
+        self.metrics.scheduling.observe(self.clock() - started)
+        return self._routed(record, result)
+
+    def schedule_bodyless(self, record: RequestRecord) -> SchedulingResult:
+        """Route a request without a body (e.g. ``GET /v1/models``) to any ready endpoint."""
+        candidates = self.store.candidates()
+        if not candidates:
+            raise NoEndpointAvailable("no model server endpoint is ready")
+        chosen = self.rng.choice(candidates)
+        return self._routed(record, SchedulingResult(targets=(chosen.endpoint,), profile="bodyless"))
+
+    def _routed(self, record: RequestRecord, result: SchedulingResult) -> SchedulingResult:
+        record.result = result
+        self.store.request_started(result.endpoint.name)
+        self.metrics.running.labels(record.model_label).inc()
+        return result
+
+    def reject(self, record: RequestRecord, error: RequestError) -> None:
+        """The EPP answered the request itself with ``error``."""
+        self.metrics.errors.labels(record.model_label, record.model_label, str(error.status)).inc()
+
+    def response_headers(self, record: RequestRecord, status: int, content_type: str) -> None:
+        record.status = status
+        streaming = content_type.startswith("text/event-stream")
+        record.meter = ResponseMeter(streaming=streaming)
+        if status >= 500 and record.endpoint_name:
+            self._upstream_failed(record, f"HTTP {status}")
+
+    def response_body(self, record: RequestRecord, chunk: bytes, end_of_stream: bool) -> None:
+        if record.meter is None:
+            return
+        if record.meter.feed(chunk) and record.first_token_at is None:
+            record.first_token_at = self.clock()
+        if end_of_stream:
+            record.response_complete = True
+
+    def finish(self, record: RequestRecord) -> None:
+        """The stream is over, completed or not. Idempotent."""
+        if record.finished_at is not None:
+            return
+        record.finished_at = self.clock()
+        if record.result is None:
+            return
+        self.store.request_finished(record.result.endpoint.name)
+        self.metrics.running.labels(record.model_label).dec()
+        if record.request is None:
+            return
+        if not record.response_complete or record.status is None or record.status >= 400:
+            code = str(record.status) if record.response_complete else "aborted"
+            self.metrics.errors.labels(record.model_label, record.model_label, code).inc()
+            return
+        self._observe_latency(record)
+
+    def _observe_latency(self, record: RequestRecord) -> None:
+        meter, request = record.meter, record.request
+        assert meter is not None and request is not None and record.finished_at is not None
+        meter.finish()
+        labels = (record.model_label, record.model_label)
+        e2e = record.finished_at - record.received_at
+        self.metrics.duration.labels(*labels).observe(e2e)
+        self.metrics.input_tokens.labels(*labels).observe(request.input_tokens)
+        tokens = meter.completion_tokens
+        self.metrics.output_tokens.labels(*labels).observe(tokens)
+        if meter.streaming and record.first_token_at is not None:
+            ttft = record.first_token_at - record.received_at
+            self.metrics.ttft.labels(*labels).observe(ttft)
+            if tokens > 1:
+                self.metrics.tpot.labels(*labels).observe((e2e - ttft) / (tokens - 1))
+
+    def _upstream_failed(self, record: RequestRecord, why: str) -> None:
+        name = record.endpoint_name
+        if name is None:
+            return
+        self.metrics.upstream_failures.labels(name).inc()
+        self.store.record_failure(name, why)

@@ -1,0 +1,115 @@
+"""Parse an OpenAI-style request body into an :class:`LLMRequest`.
+
+For completions and chat completions it reads what routing needs (model, prompt or
+messages, stream, max tokens, cache salt) and rejects bodies vLLM would reject for the same
+reasons, with a message naming the field. Other paths (embeddings, responses, tokenize, ...)
+pass through unparsed and are routed on load alone. The body itself is never changed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from epp.errors import BadRequest
+from epp.scheduling.types import ApiKind, LLMRequest
+from epp.tokenization import ChatTemplateError, ModelTokenizer
+
+
+def api_kind(path: str) -> ApiKind | None:
+    """Which OpenAI API a request path targets (query string ignored), or None if neither."""
+    route = path.split("?", 1)[0].rstrip("/")
+    if route.endswith("/chat/completions"):
+        return ApiKind.CHAT
+    if route.endswith("/completions"):
+        return ApiKind.COMPLETIONS
+    return None
+
+
+def _decode(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    return data
+
+
+def _optional_int(data: Mapping[str, Any], field: str) -> int | None:
+    value = data.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{field}' must be an integer", param=field)
+    if value < 1:
+        raise BadRequest(f"'{field}' must be at least 1, got {value}", param=field)
+    return value
+
+
+def _completion_tokens(prompt: Any, tokenizer: ModelTokenizer) -> list[int]:
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and prompt:
+        # A batch of prompts is routed as one request; its first prompt decides the prefix.
+        first = prompt[0]
+        if isinstance(first, str):
+            return tokenizer.encode(first)
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        if isinstance(first, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in first):
+            return list(first)
+    raise BadRequest("'prompt' must be a non-empty string, list of strings, or token ids", param="prompt")
+
+
+def parse_openai_request(
+    path: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    tokenizer: ModelTokenizer,
+    request_id: str,
+) -> LLMRequest:
+    """Build the request the scheduler sees. Raises :class:`BadRequest` for invalid bodies."""
+    kind = api_kind(path)
+    if kind is None:
+        return LLMRequest(
+            request_id=request_id, model="", api=ApiKind.OTHER, prompt_token_ids=[], headers=headers
+        )
+    data = _decode(body)
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("missing required field 'model' (a non-empty string)", param="model")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    salt = data.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise BadRequest("'cache_salt' must be a string", param="cache_salt")
+
+    max_tokens = _optional_int(data, "max_tokens")
+    if kind is ApiKind.CHAT:
+        max_tokens = _optional_int(data, "max_completion_tokens") or max_tokens
+        messages = data.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list", param="messages")
+        try:
+            tokens = tokenizer.encode_chat(messages)
+        except ChatTemplateError as exc:
+            raise BadRequest(str(exc), param="messages") from None
+    else:
+        if "prompt" not in data:
+            raise BadRequest("missing required field 'prompt'", param="prompt")
+        tokens = _completion_tokens(data["prompt"], tokenizer)
+
+    return LLMRequest(
+        request_id=request_id,
+        model=model,
+        api=kind,
+        prompt_token_ids=tokens,
+        stream=stream,
+        max_tokens=max_tokens,
+        headers=headers,
+        cache_salt=salt,
+        body=data,
+    )

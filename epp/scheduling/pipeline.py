@@ -1,0 +1,85 @@
+"""A scheduling profile (filters → weighted scorers → picker) and the assembled pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from epp.scheduling.framework import (
+    CycleState,
+    DataProducer,
+    Filter,
+    Picker,
+    Plugin,
+    PreRequest,
+    ScoredEndpoint,
+    Scorer,
+)
+from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
+
+
+class NoCandidates(Exception):
+    """No endpoint is left to route to (none ready, or every one filtered out)."""
+
+
+@dataclass(slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+@dataclass(slots=True)
+class SchedulingProfile:
+    name: str
+    filters: list[Filter]
+    scorers: list[WeightedScorer]
+    picker: Picker
+
+    def run(
+        self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
+    ) -> SchedulingResult:
+        candidates = list(endpoints)
+        for f in self.filters:
+            candidates = f.filter(request, candidates, state)
+            if not candidates:
+                raise NoCandidates(f"filter {f.name!r} left no endpoint")
+        totals = [0.0] * len(candidates)
+        for ws in self.scorers:
+            scores = ws.scorer.score(request, candidates, state)
+            for i, s in enumerate(scores):
+                totals[i] += ws.weight * s
+        scored = [ScoredEndpoint(c, t) for c, t in zip(candidates, totals, strict=True)]
+        ranked = self.picker.pick(request, scored)
+        if not ranked:
+            raise NoCandidates(f"picker {self.picker.name!r} picked nothing")
+        return SchedulingResult(
+            targets=tuple(s.endpoint for s in ranked),
+            profile=self.name,
+            scores={s.state.name: s.score for s in scored},
+        )
+
+
+@dataclass(slots=True)
+class Pipeline:
+    """Everything a request goes through: producers in dependency order, then one profile."""
+
+    plugins: dict[str, Plugin]
+    producers: list[DataProducer]
+    profile: SchedulingProfile
+    pre_request: list[PreRequest] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pre_request = [p for p in self.plugins.values() if isinstance(p, PreRequest)]
+
+    def schedule(
+        self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
+    ) -> SchedulingResult:
+        """Run producers, the profile, and pre-request hooks. Pure: no I/O, no wall clock."""
+        if not endpoints:
+            raise NoCandidates("no ready endpoint")
+        for producer in self.producers:
+            producer.produce(request, endpoints, state)
+        result = self.profile.run(request, endpoints, state)
+        for hook in self.pre_request:
+            hook.pre_request(request, result, state)
+        return result

@@ -1,0 +1,289 @@
+"""``llm-epp-stack``: the whole gateway on loopback — real Envoy, the EPP, simulated vLLM replicas.
+
+Every component is a separate process in its own process group, started in dependency order
+(replicas, EPP, Envoy) and each waited on until it answers; ``stop()`` ends them all. The
+integration tests use the same class, on free ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from epp.envoy_config import FailureMode, gateway_bootstrap
+
+BIN = Path(sys.executable).parent
+
+
+class StackError(RuntimeError):
+    """A component failed to start or died."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class StackPorts:
+    gateway: int = 8081
+    epp_grpc: int = 9002
+    epp_health: int = 9003
+    epp_metrics: int = 9090
+    envoy_admin: int = 9901
+    first_replica: int = 8100
+
+    @classmethod
+    def free(cls, replicas: int) -> StackPorts:
+        ports = cls(*(free_port() for _ in range(5)))
+        ports.first_replica = 0  # replicas get individual free ports
+        return ports
+
+
+@dataclass
+class StackConfig:
+    replicas: int = 4
+    ports: StackPorts = field(default_factory=StackPorts)
+    sim_profile: str = "default"
+    sim_args: Sequence[str] = ()
+    epp_config: str = "gie-default"
+    epp_args: Sequence[str] = ()
+    failure_mode: FailureMode = "FailClose"
+    model: str = "tiny"
+    workdir: Path | None = None
+
+
+@dataclass
+class Component:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> None:
+        if not self.alive():
+            return
+        try:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
+
+
+class LocalStack:
+    """Starts and stops the processes of one local gateway."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self._own_workdir = config.workdir is None
+        self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix="llm-epp-stack-"))
+        self.replica_ports = (
+            [config.ports.first_replica + i for i in range(config.replicas)]
+            if config.ports.first_replica
+            else [free_port() for _ in range(config.replicas)]
+        )
+        self.replicas: list[Component] = []
+        self.epp: Component | None = None
+        self.envoy: Component | None = None
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.ports.gateway}"
+
+    @property
+    def epp_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.ports.epp_metrics}/metrics"
+
+    def replica_url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.replica_ports[index]}"
+
+    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Component:
+        log_path = self.workdir / f"{name}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                list(argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            )
+        return Component(name, process, log_path)
+
+    def _wait(self, component: Component, ready: Callable[[], bool], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not component.alive():
+                raise StackError(f"{component.name} exited during start-up:\n{component.log_tail()}")
+            try:
+                if ready():
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise StackError(f"{component.name} not ready after {timeout:.0f}s:\n{component.log_tail()}")
+
+    def start_replica(self, index: int) -> Component:
+        port = self.replica_ports[index]
+        argv = [
+            str(BIN / "llm-epp-sim"), "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", self.config.model, "--profile", self.config.sim_profile,
+            *self.config.sim_args,
+        ]  # fmt: skip
+        component = self._spawn(f"replica-{index}", argv)
+        self._wait(component, lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success)
+        return component
+
+    def write_endpoints(self, indexes: Sequence[int] | None = None) -> Path:
+        indexes = range(self.config.replicas) if indexes is None else indexes
+        path = self.workdir / "endpoints.yaml"
+        spec = {
+            "endpoints": [
+                {"name": f"replica-{i}", "address": "127.0.0.1", "port": self.replica_ports[i]}
+                for i in indexes
+            ]
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(spec))
+        tmp.replace(path)
+        return path
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        ports = self.config.ports
+        self.replicas = [self.start_replica(i) for i in range(self.config.replicas)]
+        endpoints = self.write_endpoints()
+        self.epp = self._spawn(
+            "epp",
+            [
+                str(BIN / "llm-epp"), "--host", "127.0.0.1", "--endpoints-file", str(endpoints),
+                "--grpc-port", str(ports.epp_grpc), "--health-port", str(ports.epp_health),
+                "--metrics-port", str(ports.epp_metrics), "--config", self.config.epp_config,
+                "--endpoints-poll-s", "0.2", *self.config.epp_args,
+            ],
+        )  # fmt: skip
+        self._wait(self.epp, self._epp_sees_all_replicas)
+        bootstrap = gateway_bootstrap(
+            listen_port=ports.gateway,
+            epp_address=("127.0.0.1", ports.epp_grpc),
+            admin_port=ports.envoy_admin,
+            failure_mode=self.config.failure_mode,
+            fallback_endpoints=[("127.0.0.1", p) for p in self.replica_ports],
+        )
+        envoy_config = self.workdir / "envoy.json"
+        envoy_config.write_text(json.dumps(bootstrap, indent=1))
+        envoy = shutil.which("envoy", path=str(BIN)) or "envoy"
+        self.envoy = self._spawn(
+            "envoy", [envoy, "-c", str(envoy_config), "--log-level", "warn", "--concurrency", "2",
+                      "--base-id", str(ports.envoy_admin)],
+        )  # fmt: skip
+        self._wait(
+            self.envoy,
+            lambda: (
+                httpx.get(f"http://127.0.0.1:{ports.envoy_admin}/ready", timeout=1).text.strip() == "LIVE"
+            ),
+        )
+
+    def _epp_sees_all_replicas(self) -> bool:
+        text = httpx.get(self.epp_metrics_url, timeout=1).text
+        for line in text.splitlines():
+            if line.startswith("inference_pool_ready_pods"):
+                return float(line.rsplit(" ", 1)[1]) >= self.config.replicas
+        return False
+
+    def stop(self) -> None:
+        for component in [self.envoy, self.epp, *self.replicas]:
+            if component is not None:
+                component.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _curl_example(stack: LocalStack) -> str:
+    body = json.dumps(
+        {
+            "model": stack.config.model,
+            "messages": [{"role": "user", "content": "Tell me about prefix caching."}],
+            "max_tokens": 32,
+            "stream": True,
+        }
+    )
+    return f"curl -N {stack.gateway_url}/v1/chat/completions -H 'content-type: application/json' -d '{body}'"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="llm-epp-stack", description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--gateway-port", type=int, default=8081)
+    parser.add_argument("--first-replica-port", type=int, default=8100)
+    parser.add_argument("--sim-profile", default="default", help="simulated engine profile")
+    parser.add_argument("--config", default="gie-default", help="EndpointPickerConfig name or path")
+    parser.add_argument("--failure-mode", choices=["FailOpen", "FailClose"], default="FailClose")
+    args = parser.parse_args(argv)
+    ports = StackPorts(gateway=args.gateway_port, first_replica=args.first_replica_port)
+    stack = LocalStack(
+        StackConfig(
+            replicas=args.replicas, ports=ports, sim_profile=args.sim_profile,
+            epp_config=args.config, failure_mode=args.failure_mode,
+        )
+    )  # fmt: skip
+    print(f"starting {args.replicas} simulated replicas, the EPP and Envoy (logs in {stack.workdir}) ...")
+    stopping = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        stack.start()
+        print(f"\nGateway ready on {stack.gateway_url} (EPP metrics: {stack.epp_metrics_url}). Try:\n")
+        print("  " + _curl_example(stack) + "\n")
+        print("Ctrl-C stops everything.")
+        while not stopping:
+            for component in [stack.envoy, stack.epp, *stack.replicas]:
+                if component is not None and not component.alive():
+                    raise StackError(f"{component.name} exited:\n{component.log_tail()}")
+            time.sleep(0.5)
+    except StackError as exc:
+        print(f"llm-epp-stack: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        print("stopping ...")
+        stack.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The ext_proc state machine, fed Envoy's messages directly (no gRPC, no Envoy)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.service.ext_proc.v3.external_processor_pb2 import (
+    HttpBody,
+    HttpHeaders,
+    HttpTrailers,
+    ProcessingRequest,
+)
+from prometheus_client import CollectorRegistry
+
+from epp.configs import config_path
+from epp.datalayer.endpoints import EndpointStore
+from epp.extproc.messages import BODY_CHUNK_BYTES, DESTINATION_HEADER, LB_METADATA_NAMESPACE, header_dict
+from epp.extproc.stream import ExtProcStream, Phase
+from epp.metrics import EppMetrics
+from epp.requestcontrol.director import Director
+from epp.scheduling.config import EndpointPickerConfig, build_pipeline
+from epp.scheduling.framework import PluginContext
+from epp.scheduling.types import Endpoint, EngineMetrics
+from epp.tokenization import ModelTokenizer
+from tests.epp.factories import FakeClock
+
+COMPLETION = {"model": "tiny", "prompt": "Hello world", "max_tokens": 4, "stream": True}
+
+
+def headers_msg(path: str = "/v1/completions", method: str = "POST", eos: bool = False, **extra: str):
+    pairs = {":path": path, ":method": method, "content-type": "application/json", **extra}
+    hm = HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
+    return ProcessingRequest(request_headers=HttpHeaders(headers=hm, end_of_stream=eos))
+
+
+def body_msg(data: bytes, eos: bool) -> ProcessingRequest:
+    return ProcessingRequest(request_body=HttpBody(body=data, end_of_stream=eos))
+
+
+def response_headers_msg(status: int = 200, content_type: str = "text/event-stream") -> ProcessingRequest:
+    hm = HeaderMap(headers=[HeaderValue(key=":status", raw_value=str(status).encode()),
+                            HeaderValue(key="content-type", raw_value=content_type.encode())])  # fmt: skip
+    return ProcessingRequest(response_headers=HttpHeaders(headers=hm))
+
+
+def response_body_msg(data: bytes, eos: bool) -> ProcessingRequest:
+    return ProcessingRequest(response_body=HttpBody(body=data, end_of_stream=eos))
+
+
+class Harness:
+    def __init__(self, healthy: int = 2, max_body: int = 1 << 20) -> None:
+        self.clock = FakeClock()
+        self.store = EndpointStore()
+        self.store.replace([Endpoint(f"e{i}", "10.0.0.1", 8000 + i) for i in range(2)])
+        for i in range(healthy):
+            self.store.record_scrape(f"e{i}", EngineMetrics(updated_at=self.clock()))
+        context = PluginContext(clock=self.clock, rng=random.Random(1))
+        pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path("gie-default")), context)
+        self.registry = CollectorRegistry()
+        metrics = EppMetrics(self.registry, "pool", self.store, self.clock)
+        self.director = Director(
+            pipeline, self.store, ModelTokenizer(), metrics, self.clock, random.Random(1)
+        )
+        self.max_body = max_body
+
+    def stream(self) -> ExtProcStream:
+        return ExtProcStream(self.director, self.max_body)
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def in_flight(self) -> int:
+        return sum(s.in_flight for s in self.store.all())
+
+
+def routed_destination(reply) -> str:
+    common = reply.request_headers.response
+    headers = {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+    lb = reply.dynamic_metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[DESTINATION_HEADER]
+    assert common.clear_route_cache
+    assert lb.string_value.split(",")[0] == headers[DESTINATION_HEADER]
+    return headers[DESTINATION_HEADER]
+
+
+def test_full_request_lifecycle() -> None:
+    h = Harness()
+    s = h.stream()
+    body = json.dumps(COMPLETION).encode()
+    assert s.on_message(headers_msg(**{"x-request-id": "abc"})) == []
+    assert s.on_message(body_msg(body[:10], eos=False)) == []
+    replies = s.on_message(body_msg(body[10:], eos=True))
+    assert routed_destination(replies[0]) in {"10.0.0.1:8000", "10.0.0.1:8001"}
+    set_headers = {
+        h.header.key: h.header.raw_value
+        for h in replies[0].request_headers.response.header_mutation.set_headers
+    }
+    assert set_headers["content-length"] == str(len(body)).encode() and set_headers["x-request-id"] == b"abc"
+    streamed = replies[1].request_body.response.body_mutation.streamed_response
+    assert streamed.body == body and streamed.end_of_stream
+    assert h.in_flight() == 1
+
+    h.clock.advance(0.1)
+    assert s.on_message(response_headers_msg())[0].HasField("response_headers")
+    s.on_message(response_body_msg(b'data: {"choices":[{"text":"a"}]}\n\n', eos=False))
+    h.clock.advance(0.3)
+    events = b"".join(b'data: {"choices":[{"text":"x"}]}\n\n' for _ in range(3)) + b"data: [DONE]\n\n"
+    s.on_message(response_body_msg(events, eos=True))
+    s.close()
+    assert s.phase is Phase.DONE and h.in_flight() == 0
+    labels = {"model_name": "tiny", "target_model_name": "tiny"}
+    assert h.metric("inference_objective_request_ttft_seconds_sum", **labels) == pytest.approx(0.1)
+    assert h.metric("inference_objective_request_tpot_seconds_sum", **labels) == pytest.approx(0.1)
+
+
+def test_large_body_is_re_emitted_in_chunks_and_oversized_body_is_413() -> None:
+    h = Harness(max_body=300_000)
+    s = h.stream()
+    body = json.dumps({**COMPLETION, "prompt": "x " * 100_000}).encode()
+    s.on_message(headers_msg())
+    replies = s.on_message(body_msg(body, eos=True))
+    chunks = [r.request_body.response.body_mutation.streamed_response for r in replies[1:]]
+    assert b"".join(c.body for c in chunks) == body
+    assert all(len(c.body) <= BODY_CHUNK_BYTES for c in chunks) and [c.end_of_stream for c in chunks][-1]
+
+    s2 = h.stream()
+    s2.on_message(headers_msg())
+    s2.on_message(body_msg(b"x" * 200_000, eos=False))
+    (reply,) = s2.on_message(body_msg(b"x" * 200_000, eos=False))
+    assert reply.immediate_response.status.code == 413
+    assert s2.on_message(body_msg(b"x", eos=True)) == []  # the rest of the body is ignored
+    s2.close()
+    assert h.in_flight() == 1  # only the first request is still in flight
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [(b"{not json", 400), (json.dumps({"prompt": "x"}).encode(), 400),
+     (json.dumps({**COMPLETION, "max_tokens": "lots"}).encode(), 400)],
+)  # fmt: skip
+def test_bad_bodies_get_an_immediate_json_error(body: bytes, status: int) -> None:
+    h = Harness()
+    s = h.stream()
+    s.on_message(headers_msg())
+    (reply,) = s.on_message(body_msg(body, eos=True))
+    immediate = reply.immediate_response
+    assert immediate.status.code == status
+    assert json.loads(immediate.body)["error"]["code"] == status
+    assert header_dict_of(immediate) == {"content-type": "application/json"}
+    s.close()
+    assert h.in_flight() == 0
+
+
+def header_dict_of(immediate) -> dict[str, str]:
+    return {o.header.key: o.header.raw_value.decode() for o in immediate.headers.set_headers}
+
+
+def test_no_ready_endpoint_is_503_with_reason() -> None:
+    h = Harness(healthy=0)
+    s = h.stream()
+    s.on_message(headers_msg())
+    (reply,) = s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    assert reply.immediate_response.status.code == 503
+    assert (
+        header_dict_of(reply.immediate_response)["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
+    )
+
+
+def test_bodyless_get_is_routed_on_headers() -> None:
+    h = Harness()
+    s = h.stream()
+    (reply,) = s.on_message(headers_msg("/v1/models", "GET", eos=True))
+    assert routed_destination(reply).startswith("10.0.0.1:")
+    s.on_message(response_headers_msg(200, "application/json"))
+    s.on_message(response_body_msg(b'{"data": []}', eos=True))
+    s.close()
+    assert h.in_flight() == 0
+
+
+def test_trailers_can_end_the_body() -> None:
+    h = Harness()
+    s = h.stream()
+    s.on_message(headers_msg())
+    assert s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=False)) == []
+    replies = s.on_message(ProcessingRequest(request_trailers=HttpTrailers()))
+    assert routed_destination(replies[0])
+    assert replies[-1].HasField("request_trailers")
+
+
+def test_client_gone_mid_stream_releases_the_endpoint() -> None:
+    h = Harness()
+    s = h.stream()
+    s.on_message(headers_msg())
+    s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    s.on_message(response_headers_msg())
+    s.on_message(response_body_msg(b'data: {"choices":[{"text":"a"}]}\n\n', eos=False))
+    assert h.in_flight() == 1
+    s.close()
+    assert h.in_flight() == 0
+    labels = {"model_name": "tiny", "target_model_name": "tiny", "error_code": "aborted"}
+    assert h.metric("inference_objective_request_error_total", **labels) == 1
+
+
+def test_upstream_5xx_takes_the_endpoint_out_until_next_scrape() -> None:
+    h = Harness()
+    s = h.stream()
+    s.on_message(headers_msg())
+    replies = s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    target = routed_destination(replies[0])
+    s.on_message(response_headers_msg(503, "text/plain"))
+    s.on_message(response_body_msg(b"upstream connect error", eos=True))
+    s.close()
+    name = "e0" if target.endswith("8000") else "e1"
+    assert not h.store.is_healthy(name)
+    assert [c.name for c in h.store.candidates()] == ["e1" if name == "e0" else "e0"]
+
+
+def test_headers_are_lowercased_and_repeated_ones_joined() -> None:
+    hm = HeaderMap(headers=[HeaderValue(key="X-A", raw_value=b"1"), HeaderValue(key="x-a", value="2")])
+    assert header_dict(hm) == {"x-a": "1,2"}
