@@ -12,6 +12,9 @@ Failure mode (what happens when the EPP is down, slow, or errors):
 * ``FailOpen`` (the anchor Helm chart's default): Envoy skips the EPP and the request falls
   through to a plain round-robin cluster over ``fallback_endpoints``. Traffic keeps flowing
   with no load or cache awareness. With no fallback endpoints, fail-open has nowhere to go.
+
+Without an EPP address the same gateway has no ext_proc filter at all and round-robins over
+``fallback_endpoints``: the baseline the overhead benchmark compares against.
 """
 
 from __future__ import annotations
@@ -78,14 +81,14 @@ def ext_proc_filter(epp_cluster: str, failure_mode: FailureMode) -> dict[str, An
 def gateway_bootstrap(
     *,
     listen_port: int,
-    epp_address: tuple[str, int],
-    admin_port: int,
+    epp_address: tuple[str, int] | None,
     failure_mode: FailureMode = "FailClose",
     fallback_endpoints: Sequence[tuple[str, int]] = (),
     listen_address: str = "127.0.0.1",
 ) -> dict[str, Any]:
-    """An Envoy v3 bootstrap (as a dict, dump it to YAML or JSON) for the gateway."""
-    fail_open = failure_mode == "FailOpen" and bool(fallback_endpoints)
+    """An Envoy v3 bootstrap (as a dict, dump it to YAML or JSON) for the gateway; add ``admin`` to taste."""
+    with_epp = epp_address is not None
+    fail_open = (failure_mode == "FailOpen" or not with_epp) and bool(fallback_endpoints)
     routed = {
         "match": {"prefix": "/", "headers": [{"name": DESTINATION_HEADER, "present_match": True}]},
         "route": {"cluster": "model_servers", "timeout": "0s", "idle_timeout": "600s"},
@@ -103,7 +106,11 @@ def gateway_bootstrap(
         "stat_prefix": "gateway",
         "codec_type": "AUTO",
         "stream_idle_timeout": "600s",
-        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [routed, unrouted]}]},
+        "route_config": {
+            "virtual_hosts": [
+                {"name": "all", "domains": ["*"], "routes": [routed, unrouted] if with_epp else [unrouted]}
+            ]
+        },
         "http_filters": [
             {
                 "name": "envoy.filters.http.header_mutation",
@@ -112,24 +119,25 @@ def gateway_bootstrap(
                     "mutations": {"request_mutations": [{"remove": DESTINATION_HEADER}]},
                 },
             },
-            ext_proc_filter("epp", failure_mode),
+            *([ext_proc_filter("epp", failure_mode)] if with_epp else []),
             {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
         ],
     }
-    clusters = [
-        _static_cluster("epp", [epp_address], http2=True),
-        {
-            "name": "model_servers",
-            "type": "ORIGINAL_DST",
-            "lb_policy": "CLUSTER_PROVIDED",
-            "connect_timeout": "2s",
-            "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
-        },
-    ]
+    clusters = []
+    if epp_address is not None:
+        clusters.append(_static_cluster("epp", [epp_address], http2=True))
+        clusters.append(
+            {
+                "name": "model_servers",
+                "type": "ORIGINAL_DST",
+                "lb_policy": "CLUSTER_PROVIDED",
+                "connect_timeout": "2s",
+                "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+            }
+        )
     if fail_open:
         clusters.append(_static_cluster("fallback_model_servers", fallback_endpoints))
     return {
-        "admin": {"address": _socket("127.0.0.1", admin_port)},
         "static_resources": {
             "listeners": [
                 {

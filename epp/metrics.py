@@ -9,6 +9,7 @@ ones are counted under ``other``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -144,6 +145,20 @@ class _PoolCollector(Collector):
         yield from (queue, kv, running, in_flight, age, healthy, ready)
 
 
+@dataclass(frozen=True, slots=True)
+class ModelSeries:
+    """The per-model children of the request metrics, resolved once per model (labels are slow)."""
+
+    label: str
+    requests: Counter
+    duration: Histogram
+    ttft: Histogram
+    tpot: Histogram
+    input_tokens: Histogram
+    output_tokens: Histogram
+    running: Gauge
+
+
 class EppMetrics:
     """All EPP metrics, registered in one registry (a fresh one per EPP instance in tests)."""
 
@@ -213,12 +228,30 @@ class EppMetrics:
             registry=registry,
         )
         registry.register(_PoolCollector(pool, store, clock))
-        self._models: set[str] = set()
+        self._series: dict[str, ModelSeries] = {}
 
-    def model_label(self, model: str) -> str:
-        if model in self._models:
-            return model
-        if len(self._models) >= MAX_MODEL_LABELS:
-            return "other"
-        self._models.add(model)
-        return model
+    def for_model(self, model: str) -> ModelSeries:
+        """Series for ``model``; past ``MAX_MODEL_LABELS`` distinct models, the shared ``other`` series."""
+        series = self._series.get(model)
+        if series is not None:
+            return series
+        if len(self._series) >= MAX_MODEL_LABELS:
+            model = "other"
+            if (series := self._series.get(model)) is not None:
+                return series
+        series = ModelSeries(
+            model,
+            self.requests.labels(model, model),
+            self.duration.labels(model, model),
+            self.ttft.labels(model, model),
+            self.tpot.labels(model, model),
+            self.input_tokens.labels(model, model),
+            self.output_tokens.labels(model, model),
+            self.running.labels(model),
+        )
+        self._series[model] = series
+        return series
+
+    def error(self, series: ModelSeries | None, code: str) -> None:
+        label = series.label if series else ""
+        self.errors.labels(label, label, code).inc()

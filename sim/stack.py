@@ -9,34 +9,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-import yaml
-
 from epp.envoy_config import FailureMode, gateway_bootstrap
-
-BIN = Path(sys.executable).parent
-
-
-class StackError(RuntimeError):
-    """A component failed to start or died."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sim.processes import (
+    BIN,
+    Component,
+    ProcessError,
+    free_port,
+    http_ok,
+    spawn,
+    start_envoy,
+    start_epp,
+    wait_until,
+    write_endpoints_file,
+)
 
 
 @dataclass
@@ -49,7 +43,7 @@ class StackPorts:
     first_replica: int = 8100
 
     @classmethod
-    def free(cls, replicas: int) -> StackPorts:
+    def free(cls) -> StackPorts:
         ports = cls(*(free_port() for _ in range(5)))
         ports.first_replica = 0  # replicas get individual free ports
         return ports
@@ -66,34 +60,6 @@ class StackConfig:
     failure_mode: FailureMode = "FailClose"
     model: str = "tiny"
     workdir: Path | None = None
-
-
-@dataclass
-class Component:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> None:
-        if not self.alive():
-            return
-        try:
-            os.killpg(self.process.pid, sig)
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        except ProcessLookupError:
-            pass
 
 
 class LocalStack:
@@ -123,55 +89,30 @@ class LocalStack:
     def replica_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.replica_ports[index]}"
 
-    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Component:
-        log_path = self.workdir / f"{name}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                list(argv),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            )
-        return Component(name, process, log_path)
-
-    def _wait(self, component: Component, ready: Callable[[], bool], timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not component.alive():
-                raise StackError(f"{component.name} exited during start-up:\n{component.log_tail()}")
-            try:
-                if ready():
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise StackError(f"{component.name} not ready after {timeout:.0f}s:\n{component.log_tail()}")
-
     def start_replica(self, index: int) -> Component:
         port = self.replica_ports[index]
         argv = [
-            str(BIN / "llm-epp-sim"), "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", self.config.model, "--profile", self.config.sim_profile,
+            str(BIN / "llm-epp-sim"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            self.config.model,
+            "--profile",
+            self.config.sim_profile,
             *self.config.sim_args,
-        ]  # fmt: skip
-        component = self._spawn(f"replica-{index}", argv)
-        self._wait(component, lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success)
+        ]
+        component = spawn(f"replica-{index}", argv, self.workdir)
+        wait_until(component, http_ok(f"http://127.0.0.1:{port}/health"))
         return component
 
     def write_endpoints(self, indexes: Sequence[int] | None = None) -> Path:
+        """(Re)write the EPP's endpoints file with the given replicas (all by default)."""
         indexes = range(self.config.replicas) if indexes is None else indexes
-        path = self.workdir / "endpoints.yaml"
-        spec = {
-            "endpoints": [
-                {"name": f"replica-{i}", "address": "127.0.0.1", "port": self.replica_ports[i]}
-                for i in indexes
-            ]
-        }
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(spec))
-        tmp.replace(path)
-        return path
+        return write_endpoints_file(
+            self.workdir / "endpoints.yaml", [("127.0.0.1", self.replica_ports[i]) for i in indexes]
+        )
 
     def start(self) -> None:
         try:
@@ -183,44 +124,22 @@ class LocalStack:
     def _start(self) -> None:
         ports = self.config.ports
         self.replicas = [self.start_replica(i) for i in range(self.config.replicas)]
-        endpoints = self.write_endpoints()
-        self.epp = self._spawn(
-            "epp",
-            [
-                str(BIN / "llm-epp"), "--host", "127.0.0.1", "--endpoints-file", str(endpoints),
-                "--grpc-port", str(ports.epp_grpc), "--health-port", str(ports.epp_health),
-                "--metrics-port", str(ports.epp_metrics), "--config", self.config.epp_config,
-                "--endpoints-poll-s", "0.2", *self.config.epp_args,
-            ],
-        )  # fmt: skip
-        self._wait(self.epp, self._epp_sees_all_replicas)
+        self.epp = start_epp(
+            self.workdir,
+            self.write_endpoints(),
+            grpc_port=ports.epp_grpc,
+            health_port=ports.epp_health,
+            metrics_port=ports.epp_metrics,
+            expected_endpoints=self.config.replicas,
+            extra_args=["--config", self.config.epp_config, *self.config.epp_args],
+        )
         bootstrap = gateway_bootstrap(
             listen_port=ports.gateway,
             epp_address=("127.0.0.1", ports.epp_grpc),
-            admin_port=ports.envoy_admin,
             failure_mode=self.config.failure_mode,
             fallback_endpoints=[("127.0.0.1", p) for p in self.replica_ports],
         )
-        envoy_config = self.workdir / "envoy.json"
-        envoy_config.write_text(json.dumps(bootstrap, indent=1))
-        envoy = shutil.which("envoy", path=str(BIN)) or "envoy"
-        self.envoy = self._spawn(
-            "envoy", [envoy, "-c", str(envoy_config), "--log-level", "warn", "--concurrency", "2",
-                      "--base-id", str(ports.envoy_admin)],
-        )  # fmt: skip
-        self._wait(
-            self.envoy,
-            lambda: (
-                httpx.get(f"http://127.0.0.1:{ports.envoy_admin}/ready", timeout=1).text.strip() == "LIVE"
-            ),
-        )
-
-    def _epp_sees_all_replicas(self) -> bool:
-        text = httpx.get(self.epp_metrics_url, timeout=1).text
-        for line in text.splitlines():
-            if line.startswith("inference_pool_ready_pods"):
-                return float(line.rsplit(" ", 1)[1]) >= self.config.replicas
-        return False
+        self.envoy = start_envoy("envoy", bootstrap, self.workdir, admin_port=ports.envoy_admin)
 
     def stop(self) -> None:
         for component in [self.envoy, self.epp, *self.replicas]:
@@ -254,10 +173,13 @@ def main(argv: list[str] | None = None) -> None:
     ports = StackPorts(gateway=args.gateway_port, first_replica=args.first_replica_port)
     stack = LocalStack(
         StackConfig(
-            replicas=args.replicas, ports=ports, sim_profile=args.sim_profile,
-            epp_config=args.config, failure_mode=args.failure_mode,
+            replicas=args.replicas,
+            ports=ports,
+            sim_profile=args.sim_profile,
+            epp_config=args.config,
+            failure_mode=args.failure_mode,
         )
-    )  # fmt: skip
+    )
     print(f"starting {args.replicas} simulated replicas, the EPP and Envoy (logs in {stack.workdir}) ...")
     stopping = False
 
@@ -275,9 +197,9 @@ def main(argv: list[str] | None = None) -> None:
         while not stopping:
             for component in [stack.envoy, stack.epp, *stack.replicas]:
                 if component is not None and not component.alive():
-                    raise StackError(f"{component.name} exited:\n{component.log_tail()}")
+                    raise ProcessError(f"{component.name} exited:\n{component.log_tail()}")
             time.sleep(0.5)
-    except StackError as exc:
+    except ProcessError as exc:
         print(f"llm-epp-stack: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:

@@ -2,7 +2,8 @@
 
 One task per endpoint, started and stopped as the store adds and removes endpoints, so a
 slow or dead endpoint never delays the others. A failed scrape takes the endpoint out of
-scheduling until the next success.
+scheduling until the next success. The client is aiohttp with keep-alive: at 20 scrapes a
+second per endpoint, httpx's per-request cost (~1.5 ms of CPU) was a fifth of the EPP's CPU.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-import httpx
+import aiohttp
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.engine_metrics import MetricsParseError, parse_engine_metrics
@@ -31,13 +32,14 @@ class MetricsScraper:
         self.store = store
         self.clock = clock
         self.interval = interval
-        self.timeout = timeout
-        self._client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=None))
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self.scrapes = 0
-        self.failures = 0
 
     def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            timeout=self.timeout, connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+        )
         self.store.subscribe(on_added=self._start_endpoint, on_removed=self._stop_endpoint)
 
     def _start_endpoint(self, endpoint: Endpoint) -> None:
@@ -59,16 +61,17 @@ class MetricsScraper:
             await asyncio.sleep(max(0.0, self.interval - (self.clock() - started)))
 
     async def scrape_once(self, endpoint: Endpoint, url: str) -> None:
-        self.scrapes += 1
+        assert self._session is not None, "start() first"
         try:
-            response = await self._client.get(url)
-            response.raise_for_status()
-            metrics = parse_engine_metrics(response.content, self.clock())
-        except (httpx.HTTPError, MetricsParseError) as exc:
-            self.failures += 1
+            async with self._session.get(url) as response:
+                response.raise_for_status()
+                body = await response.read()
+            metrics = parse_engine_metrics(body, self.clock())
+        except (aiohttp.ClientError, TimeoutError, MetricsParseError) as exc:
+            why = str(exc) or type(exc).__name__
             if self.store.is_healthy(endpoint.name):
-                log.warning("endpoint %s unhealthy: %s", endpoint.name, exc or type(exc).__name__)
-            self.store.record_failure(endpoint.name, str(exc) or type(exc).__name__)
+                log.warning("endpoint %s unhealthy: %s", endpoint.name, why)
+            self.store.record_failure(endpoint.name, why)
             return
         self.store.record_scrape(endpoint.name, metrics)
 
@@ -77,4 +80,5 @@ class MetricsScraper:
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self._tasks.clear()
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()

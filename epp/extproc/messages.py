@@ -17,7 +17,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     TrailersResponse,
 )
 from envoy.type.v3.http_status_pb2 import HttpStatus
-from google.protobuf.struct_pb2 import Struct
+from google.protobuf.struct_pb2 import Struct, Value
 
 from epp.errors import RequestError
 
@@ -63,8 +63,8 @@ def route_to(targets: Iterable[str], extra_headers: Mapping[str, str]) -> Proces
     """
     targets = list(targets)
     headers = {DESTINATION_HEADER: targets[0], **extra_headers}
-    metadata = Struct()
-    metadata.update({LB_METADATA_NAMESPACE: {DESTINATION_HEADER: ",".join(targets)}})
+    destination = Struct(fields={DESTINATION_HEADER: Value(string_value=",".join(targets))})
+    metadata = Struct(fields={LB_METADATA_NAMESPACE: Value(struct_value=destination)})
     common = CommonResponse(header_mutation=_set_headers(headers), clear_route_cache=True)
     return ProcessingResponse(request_headers=HeadersResponse(response=common), dynamic_metadata=metadata)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.errors import NoEndpointAvailable, RequestError
-from epp.metrics import EppMetrics
+from epp.metrics import EppMetrics, ModelSeries
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.requestcontrol.response_meter import ResponseMeter
 from epp.scheduling.framework import CycleState
@@ -42,7 +42,7 @@ class RequestRecord:
     first_token_at: float | None = None
     response_complete: bool = False
     finished_at: float | None = None
-    model_label: str = ""
+    series: ModelSeries | None = None
 
     @property
     def endpoint_name(self) -> str | None:
@@ -76,8 +76,8 @@ class Director:
         """Parse and route a request with a body. Raises a :class:`RequestError` to refuse it."""
         request = parse_openai_request(path, headers, body, self.tokenizer, record.request_id)
         record.request = request
-        record.model_label = self.metrics.model_label(request.model)
-        self.metrics.requests.labels(record.model_label, record.model_label).inc()
+        record.series = self.metrics.for_model(request.model)
+        record.series.requests.inc()
         candidates = self.store.candidates()
         if not candidates:
             raise NoEndpointAvailable("no model server endpoint is ready")
@@ -100,12 +100,13 @@ class Director:
     def _routed(self, record: RequestRecord, result: SchedulingResult) -> SchedulingResult:
         record.result = result
         self.store.request_started(result.endpoint.name)
-        self.metrics.running.labels(record.model_label).inc()
+        if record.series is not None:
+            record.series.running.inc()
         return result
 
     def reject(self, record: RequestRecord, error: RequestError) -> None:
         """The EPP answered the request itself with ``error``."""
-        self.metrics.errors.labels(record.model_label, record.model_label, str(error.status)).inc()
+        self.metrics.error(record.series, str(error.status))
 
     def response_headers(self, record: RequestRecord, status: int, content_type: str) -> None:
         record.status = status
@@ -130,30 +131,29 @@ class Director:
         if record.result is None:
             return
         self.store.request_finished(record.result.endpoint.name)
-        self.metrics.running.labels(record.model_label).dec()
-        if record.request is None:
+        series = record.series
+        if series is None:  # a body-less request: routed, not metered
             return
+        series.running.dec()
         if not record.response_complete or record.status is None or record.status >= 400:
-            code = str(record.status) if record.response_complete else "aborted"
-            self.metrics.errors.labels(record.model_label, record.model_label, code).inc()
+            self.metrics.error(series, str(record.status) if record.response_complete else "aborted")
             return
-        self._observe_latency(record)
+        self._observe_latency(record, series)
 
-    def _observe_latency(self, record: RequestRecord) -> None:
+    def _observe_latency(self, record: RequestRecord, series: ModelSeries) -> None:
         meter, request = record.meter, record.request
         assert meter is not None and request is not None and record.finished_at is not None
         meter.finish()
-        labels = (record.model_label, record.model_label)
         e2e = record.finished_at - record.received_at
-        self.metrics.duration.labels(*labels).observe(e2e)
-        self.metrics.input_tokens.labels(*labels).observe(request.input_tokens)
+        series.duration.observe(e2e)
+        series.input_tokens.observe(request.input_tokens)
         tokens = meter.completion_tokens
-        self.metrics.output_tokens.labels(*labels).observe(tokens)
+        series.output_tokens.observe(tokens)
         if meter.streaming and record.first_token_at is not None:
             ttft = record.first_token_at - record.received_at
-            self.metrics.ttft.labels(*labels).observe(ttft)
+            series.ttft.observe(ttft)
             if tokens > 1:
-                self.metrics.tpot.labels(*labels).observe((e2e - ttft) / (tokens - 1))
+                series.tpot.observe((e2e - ttft) / (tokens - 1))
 
     def _upstream_failed(self, record: RequestRecord, why: str) -> None:
         name = record.endpoint_name

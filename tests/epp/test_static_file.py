@@ -27,10 +27,14 @@ def test_load_with_default_names(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["endpoints: [{address: my-host, port: 80}]", "endpoints: [{address: 10.0.0.1, port: 0}]",
-     "endpoints: [{name: a, address: 10.0.0.1, port: 1}, {name: a, address: 10.0.0.2, port: 1}]",
-     "nodes: []", "endpoints: ["],
-)  # fmt: skip
+    [
+        "endpoints: [{address: my-host, port: 80}]",
+        "endpoints: [{address: 10.0.0.1, port: 0}]",
+        "endpoints: [{name: a, address: 10.0.0.1, port: 1}, {name: a, address: 10.0.0.2, port: 1}]",
+        "nodes: []",
+        "endpoints: [",
+    ],
+)
 def test_invalid_files_are_rejected(tmp_path: Path, text: str) -> None:
     path = tmp_path / "e.yaml"
     write(path, text)

@@ -1,0 +1,39 @@
+"""Benchmark output: machine-readable JSON, a Markdown report, and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sim.processes import envoy_binary
+
+
+def machine() -> dict[str, Any]:
+    envoy = subprocess.run([envoy_binary(), "--version"], capture_output=True, text=True).stdout.strip()
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "envoy": envoy.rsplit("version:", 1)[-1].strip(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_results(out_dir: Path, name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    md_path.write_text(markdown + "\n")
+    return json_path, md_path

@@ -1,0 +1,183 @@
+"""Child processes for local stacks and benchmarks: spawn in their own group, wait, stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+BIN = Path(sys.executable).parent
+
+
+class ProcessError(RuntimeError):
+    """A child process failed to start or died."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Component:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the process so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> None:
+        if not self.alive():
+            return
+        try:
+            os.killpg(self.process.pid, sig)
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
+
+
+def spawn(name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None) -> Component:
+    """Start ``argv`` in a new process group, output to ``log_dir/name.log``."""
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+    return Component(name, process, log_path)
+
+
+def wait_until(component: Component, ready: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Poll ``ready`` until it returns True; fail early if the process dies."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not component.alive():
+            raise ProcessError(f"{component.name} exited during start-up:\n{component.log_tail()}")
+        try:
+            if ready():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise ProcessError(f"{component.name} not ready after {timeout:.0f}s:\n{component.log_tail()}")
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    return lambda: httpx.get(url, timeout=1).is_success
+
+
+def envoy_live(admin_port: int) -> Callable[[], bool]:
+    return lambda: httpx.get(f"http://127.0.0.1:{admin_port}/ready", timeout=1).text.strip() == "LIVE"
+
+
+def envoy_binary() -> str:
+    candidate = BIN / "envoy"
+    return str(candidate) if candidate.exists() else "envoy"
+
+
+def start_envoy(
+    name: str, bootstrap: dict[str, Any], log_dir: Path, *, admin_port: int = 0, concurrency: int = 2
+) -> Component:
+    """Run Envoy on ``bootstrap`` with an admin listener (on a free port unless given); wait until live."""
+    admin = admin_port or free_port()
+    bootstrap = {
+        **bootstrap,
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+    }
+    path = log_dir / f"{name}.json"
+    path.write_text(json.dumps(bootstrap, indent=1))
+    argv = [
+        envoy_binary(),
+        "-c",
+        str(path),
+        "--log-level",
+        "warn",
+        "--concurrency",
+        str(concurrency),
+        "--base-id",
+        str(admin),
+    ]
+    component = spawn(name, argv, log_dir)
+    wait_until(component, envoy_live(admin))
+    return component
+
+
+def write_endpoints_file(path: Path, endpoints: Sequence[tuple[str, int]]) -> Path:
+    """Atomically write the EPP's static endpoints file (names ``replica-0`` ...)."""
+    spec = {
+        "endpoints": [{"name": f"replica-{i}", "address": a, "port": p} for i, (a, p) in enumerate(endpoints)]
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(spec))
+    tmp.replace(path)
+    return path
+
+
+def start_epp(
+    log_dir: Path,
+    endpoints_file: Path,
+    *,
+    grpc_port: int,
+    health_port: int,
+    metrics_port: int,
+    expected_endpoints: int,
+    extra_args: Sequence[str] = (),
+) -> Component:
+    """Run the EPP and wait until it has scraped ``expected_endpoints`` healthy endpoints."""
+    argv = [
+        str(BIN / "llm-epp"),
+        "--host",
+        "127.0.0.1",
+        "--endpoints-file",
+        str(endpoints_file),
+        "--grpc-port",
+        str(grpc_port),
+        "--health-port",
+        str(health_port),
+        "--metrics-port",
+        str(metrics_port),
+        "--endpoints-poll-s",
+        "0.2",
+        *extra_args,
+    ]
+    component = spawn("epp", argv, log_dir)
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+    def ready() -> bool:
+        for line in httpx.get(metrics_url, timeout=1).text.splitlines():
+            if line.startswith("inference_pool_ready_pods"):
+                return float(line.rsplit(" ", 1)[1]) >= expected_endpoints
+        return False
+
+    wait_until(component, ready)
+    return component
