@@ -20,6 +20,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "sim" / "models" / "tiny"
+# Above this many characters, tokenize through ``encode_batch``, which releases the GIL while
+# Rust works (~1.6 µs per token here), so a long prompt tokenized in a worker thread does not
+# stall the event loop. Below it, the plain call is cheaper.
+GIL_FREE_CHARS = 16_384
 
 
 class ChatTemplateError(ValueError):
@@ -69,6 +73,8 @@ class ModelTokenizer:
         return frozenset(i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special)
 
     def encode(self, text: str) -> list[int]:
+        if len(text) > GIL_FREE_CHARS:
+            return self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:

@@ -26,7 +26,7 @@ class ExternalProcessor(ext_proc_grpc.ExternalProcessorServicer):
         stream = ExtProcStream(self.director, self.max_body_bytes)
         try:
             async for message in request_iterator:
-                for reply in stream.on_message(message):
+                for reply in await stream.on_message(message):
                     yield reply
         except Exception:
             # A bug, not bad input: end the stream with an error and let Envoy's failure

@@ -50,14 +50,14 @@ class ExtProcStream:
         self._body: list[bytes] = []
         self._body_size = 0
 
-    def on_message(self, message: ProcessingRequest) -> list[ProcessingResponse]:
+    async def on_message(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         kind = message.WhichOneof("request")
         if kind == "request_headers":
             return self._request_headers(message)
         if kind == "request_body":
-            return self._request_body(message.request_body.body, message.request_body.end_of_stream)
+            return await self._request_body(message.request_body.body, message.request_body.end_of_stream)
         if kind == "request_trailers":
-            return self._request_trailers()
+            return await self._request_trailers()
         if kind == "response_headers":
             return self._response_headers(message)
         if kind == "response_body":
@@ -89,7 +89,7 @@ class ExtProcStream:
             )
         ]
 
-    def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
+    async def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
         if self.phase is not Phase.BODY:
             return []
         self._body_size += len(chunk)
@@ -98,22 +98,22 @@ class ExtProcStream:
                 PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
             )
         self._body.append(chunk)
-        return self._route_body() if end_of_stream else []
+        return await self._route_body() if end_of_stream else []
 
-    def _request_trailers(self) -> list[ProcessingResponse]:
+    async def _request_trailers(self) -> list[ProcessingResponse]:
         # Trailers end a body whose last chunk did not carry end_of_stream.
-        replies = self._route_body() if self.phase is Phase.BODY else []
+        replies = await self._route_body() if self.phase is Phase.BODY else []
         if self.phase is Phase.DONE:
             return replies
         return [*replies, messages.CONTINUE_REQUEST_TRAILERS]
 
-    def _route_body(self) -> list[ProcessingResponse]:
+    async def _route_body(self) -> list[ProcessingResponse]:
         assert self.record is not None
         body = b"".join(self._body)
         self._body.clear()
         path = self._headers.get(":path", "/")
         try:
-            result = self.director.schedule(self.record, path, self._headers, body)
+            result = await self.director.schedule(self.record, path, self._headers, body)
         except RequestError as error:
             return self._reject(error)
         self.phase = Phase.FORWARDED

@@ -9,6 +9,7 @@ core: candidates, in-flight counts, latency measurements and metrics.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import uuid
@@ -27,6 +28,8 @@ from epp.tokenization import ModelTokenizer
 
 log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "x-request-id"
+# Bodies larger than this are parsed and tokenized in a worker thread (see GIL_FREE_CHARS).
+OFFLOAD_BODY_BYTES = 64 << 10
 
 
 @dataclass(slots=True)
@@ -70,11 +73,15 @@ class Director:
         request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         return RequestRecord(request_id=request_id, received_at=self.clock())
 
-    def schedule(
+    async def schedule(
         self, record: RequestRecord, path: str, headers: Mapping[str, str], body: bytes
     ) -> SchedulingResult:
         """Parse and route a request with a body. Raises a :class:`RequestError` to refuse it."""
-        request = parse_openai_request(path, headers, body, self.tokenizer, record.request_id)
+        args = (path, headers, body, self.tokenizer, record.request_id)
+        if len(body) > OFFLOAD_BODY_BYTES:
+            request = await asyncio.to_thread(parse_openai_request, *args)
+        else:
+            request = parse_openai_request(*args)
         record.request = request
         record.series = self.metrics.for_model(request.model)
         record.series.requests.inc()

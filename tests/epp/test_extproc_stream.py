@@ -89,13 +89,13 @@ def routed_destination(reply) -> str:
     return headers[DESTINATION_HEADER]
 
 
-def test_full_request_lifecycle() -> None:
+async def test_full_request_lifecycle() -> None:
     h = Harness()
     s = h.stream()
     body = json.dumps(COMPLETION).encode()
-    assert s.on_message(headers_msg(**{"x-request-id": "abc"})) == []
-    assert s.on_message(body_msg(body[:10], eos=False)) == []
-    replies = s.on_message(body_msg(body[10:], eos=True))
+    assert await s.on_message(headers_msg(**{"x-request-id": "abc"})) == []
+    assert await s.on_message(body_msg(body[:10], eos=False)) == []
+    replies = await s.on_message(body_msg(body[10:], eos=True))
     assert routed_destination(replies[0]) in {"10.0.0.1:8000", "10.0.0.1:8001"}
     set_headers = {
         h.header.key: h.header.raw_value
@@ -107,11 +107,11 @@ def test_full_request_lifecycle() -> None:
     assert h.in_flight() == 1
 
     h.clock.advance(0.1)
-    assert s.on_message(response_headers_msg())[0].HasField("response_headers")
-    s.on_message(response_body_msg(b'data: {"choices":[{"text":"a"}]}\n\n', eos=False))
+    assert (await s.on_message(response_headers_msg()))[0].HasField("response_headers")
+    await s.on_message(response_body_msg(b'data: {"choices":[{"text":"a"}]}\n\n', eos=False))
     h.clock.advance(0.3)
     events = b"".join(b'data: {"choices":[{"text":"x"}]}\n\n' for _ in range(3)) + b"data: [DONE]\n\n"
-    s.on_message(response_body_msg(events, eos=True))
+    await s.on_message(response_body_msg(events, eos=True))
     s.close()
     assert s.phase is Phase.DONE and h.in_flight() == 0
     labels = {"model_name": "tiny", "target_model_name": "tiny"}
@@ -119,22 +119,22 @@ def test_full_request_lifecycle() -> None:
     assert h.metric("inference_objective_request_tpot_seconds_sum", **labels) == pytest.approx(0.1)
 
 
-def test_large_body_is_re_emitted_in_chunks_and_oversized_body_is_413() -> None:
+async def test_large_body_is_re_emitted_in_chunks_and_oversized_body_is_413() -> None:
     h = Harness(max_body=300_000)
     s = h.stream()
     body = json.dumps({**COMPLETION, "prompt": "x " * 100_000}).encode()
-    s.on_message(headers_msg())
-    replies = s.on_message(body_msg(body, eos=True))
+    await s.on_message(headers_msg())
+    replies = await s.on_message(body_msg(body, eos=True))
     chunks = [r.request_body.response.body_mutation.streamed_response for r in replies[1:]]
     assert b"".join(c.body for c in chunks) == body
     assert all(len(c.body) <= BODY_CHUNK_BYTES for c in chunks) and [c.end_of_stream for c in chunks][-1]
 
     s2 = h.stream()
-    s2.on_message(headers_msg())
-    s2.on_message(body_msg(b"x" * 200_000, eos=False))
-    (reply,) = s2.on_message(body_msg(b"x" * 200_000, eos=False))
+    await s2.on_message(headers_msg())
+    await s2.on_message(body_msg(b"x" * 200_000, eos=False))
+    (reply,) = await s2.on_message(body_msg(b"x" * 200_000, eos=False))
     assert reply.immediate_response.status.code == 413
-    assert s2.on_message(body_msg(b"x", eos=True)) == []  # the rest of the body is ignored
+    assert await s2.on_message(body_msg(b"x", eos=True)) == []  # the rest of the body is ignored
     s2.close()
     assert h.in_flight() == 1  # only the first request is still in flight
 
@@ -147,11 +147,11 @@ def test_large_body_is_re_emitted_in_chunks_and_oversized_body_is_413() -> None:
         (json.dumps({**COMPLETION, "max_tokens": "lots"}).encode(), 400),
     ],
 )
-def test_bad_bodies_get_an_immediate_json_error(body: bytes, status: int) -> None:
+async def test_bad_bodies_get_an_immediate_json_error(body: bytes, status: int) -> None:
     h = Harness()
     s = h.stream()
-    s.on_message(headers_msg())
-    (reply,) = s.on_message(body_msg(body, eos=True))
+    await s.on_message(headers_msg())
+    (reply,) = await s.on_message(body_msg(body, eos=True))
     immediate = reply.immediate_response
     assert immediate.status.code == status
     assert json.loads(immediate.body)["error"]["code"] == status
@@ -164,45 +164,45 @@ def header_dict_of(immediate) -> dict[str, str]:
     return {o.header.key: o.header.raw_value.decode() for o in immediate.headers.set_headers}
 
 
-def test_no_ready_endpoint_is_503_with_reason() -> None:
+async def test_no_ready_endpoint_is_503_with_reason() -> None:
     h = Harness(healthy=0)
     s = h.stream()
-    s.on_message(headers_msg())
-    (reply,) = s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    await s.on_message(headers_msg())
+    (reply,) = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
     assert reply.immediate_response.status.code == 503
     assert (
         header_dict_of(reply.immediate_response)["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
     )
 
 
-def test_bodyless_get_is_routed_on_headers() -> None:
+async def test_bodyless_get_is_routed_on_headers() -> None:
     h = Harness()
     s = h.stream()
-    (reply,) = s.on_message(headers_msg("/v1/models", "GET", eos=True))
+    (reply,) = await s.on_message(headers_msg("/v1/models", "GET", eos=True))
     assert routed_destination(reply).startswith("10.0.0.1:")
-    s.on_message(response_headers_msg(200, "application/json"))
-    s.on_message(response_body_msg(b'{"data": []}', eos=True))
+    await s.on_message(response_headers_msg(200, "application/json"))
+    await s.on_message(response_body_msg(b'{"data": []}', eos=True))
     s.close()
     assert h.in_flight() == 0
 
 
-def test_trailers_can_end_the_body() -> None:
+async def test_trailers_can_end_the_body() -> None:
     h = Harness()
     s = h.stream()
-    s.on_message(headers_msg())
-    assert s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=False)) == []
-    replies = s.on_message(ProcessingRequest(request_trailers=HttpTrailers()))
+    await s.on_message(headers_msg())
+    assert await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=False)) == []
+    replies = await s.on_message(ProcessingRequest(request_trailers=HttpTrailers()))
     assert routed_destination(replies[0])
     assert replies[-1].HasField("request_trailers")
 
 
-def test_client_gone_mid_stream_releases_the_endpoint() -> None:
+async def test_client_gone_mid_stream_releases_the_endpoint() -> None:
     h = Harness()
     s = h.stream()
-    s.on_message(headers_msg())
-    s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
-    s.on_message(response_headers_msg())
-    s.on_message(response_body_msg(b'data: {"choices":[{"text":"a"}]}\n\n', eos=False))
+    await s.on_message(headers_msg())
+    await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    await s.on_message(response_headers_msg())
+    await s.on_message(response_body_msg(b'data: {"choices":[{"text":"a"}]}\n\n', eos=False))
     assert h.in_flight() == 1
     s.close()
     assert h.in_flight() == 0
@@ -210,14 +210,14 @@ def test_client_gone_mid_stream_releases_the_endpoint() -> None:
     assert h.metric("inference_objective_request_error_total", **labels) == 1
 
 
-def test_upstream_5xx_takes_the_endpoint_out_until_next_scrape() -> None:
+async def test_upstream_5xx_takes_the_endpoint_out_until_next_scrape() -> None:
     h = Harness()
     s = h.stream()
-    s.on_message(headers_msg())
-    replies = s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    await s.on_message(headers_msg())
+    replies = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
     target = routed_destination(replies[0])
-    s.on_message(response_headers_msg(503, "text/plain"))
-    s.on_message(response_body_msg(b"upstream connect error", eos=True))
+    await s.on_message(response_headers_msg(503, "text/plain"))
+    await s.on_message(response_body_msg(b"upstream connect error", eos=True))
     s.close()
     name = "e0" if target.endswith("8000") else "e1"
     assert not h.store.is_healthy(name)
