@@ -12,6 +12,11 @@ Failure mode (what happens when the EPP is down, slow, or errors):
 * ``FailOpen`` (the anchor Helm chart's default): Envoy skips the EPP and the request falls
   through to a plain round-robin cluster over ``fallback_endpoints``. Traffic keeps flowing
   with no load or cache awareness. With no fallback endpoints, fail-open has nowhere to go.
+  Envoy can only fail open while it still holds the request body, and in FULL_DUPLEX_STREAMED
+  mode it hands the first chunk to the EPP before it learns the EPP is down (requests with a
+  body then get a 500: the "gateways ignore FailOpen" bug). So fail-open gateways use BUFFERED
+  request bodies (sent without waiting for the headers reply, so it costs no extra round
+  trip), up to ``max_request_bytes``; fail-closed ones stream in FULL_DUPLEX_STREAMED mode.
 
 Without an EPP address the same gateway has no ext_proc filter at all and round-robins over
 ``fallback_endpoints``: the baseline the overhead benchmark compares against.
@@ -59,17 +64,19 @@ def _static_cluster(name: str, endpoints: Sequence[tuple[str, int]], http2: bool
 
 
 def ext_proc_filter(epp_cluster: str, failure_mode: FailureMode) -> dict[str, Any]:
+    fail_open = failure_mode == "FailOpen"
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": _EXT_PROC,
             "grpc_service": {"envoy_grpc": {"cluster_name": epp_cluster}, "timeout": "30s"},
-            "failure_mode_allow": failure_mode == "FailOpen",
+            "failure_mode_allow": fail_open,
             "message_timeout": "5s",
+            "send_body_without_waiting_for_header_response": True,
             "processing_mode": {
                 "request_header_mode": "SEND",
-                "request_body_mode": "FULL_DUPLEX_STREAMED",
-                "request_trailer_mode": "SEND",
+                "request_body_mode": "BUFFERED" if fail_open else "FULL_DUPLEX_STREAMED",
+                "request_trailer_mode": "SKIP" if fail_open else "SEND",
                 "response_header_mode": "SEND",
                 "response_body_mode": "STREAMED",
                 "response_trailer_mode": "SKIP",
@@ -85,6 +92,7 @@ def gateway_bootstrap(
     failure_mode: FailureMode = "FailClose",
     fallback_endpoints: Sequence[tuple[str, int]] = (),
     listen_address: str = "127.0.0.1",
+    max_request_bytes: int = 16 << 20,
 ) -> dict[str, Any]:
     """An Envoy v3 bootstrap (as a dict, dump it to YAML or JSON) for the gateway; add ``admin`` to taste."""
     with_epp = epp_address is not None
@@ -143,6 +151,7 @@ def gateway_bootstrap(
                 {
                     "name": "gateway",
                     "address": _socket(listen_address, listen_port),
+                    "per_connection_buffer_limit_bytes": max_request_bytes,
                     "filter_chains": [
                         {
                             "filters": [

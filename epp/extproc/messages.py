@@ -26,6 +26,7 @@ LB_METADATA_NAMESPACE = "envoy.lb"
 # Envoy recommends body chunks of at most 64 KiB; the anchor re-chunks at 62,000 bytes.
 BODY_CHUNK_BYTES = 62_000
 
+CONTINUE_REQUEST_HEADERS = ProcessingResponse(request_headers=HeadersResponse())
 CONTINUE_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse())
 CONTINUE_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
 CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
@@ -54,18 +55,24 @@ def _set_headers(headers: Mapping[str, str]) -> HeaderMutation:
     )
 
 
-def route_to(targets: Iterable[str], extra_headers: Mapping[str, str]) -> ProcessingResponse:
-    """Request-headers reply that sends the request to ``targets[0]``.
+def route_to(
+    targets: Iterable[str], extra_headers: Mapping[str, str], *, in_body_reply: bool = False
+) -> ProcessingResponse:
+    """The reply that sends the request to ``targets[0]``.
 
     The destination goes both in the header Envoy's original-destination cluster reads and
     in ``envoy.lb`` dynamic metadata (comma-separated, fallbacks after the first), and the
-    route cache is cleared so the new header takes effect.
+    route cache is cleared so the new header takes effect. It answers the request headers,
+    or, when Envoy buffers the body (``in_body_reply``), the request body: request headers
+    are still mutable then.
     """
     targets = list(targets)
     headers = {DESTINATION_HEADER: targets[0], **extra_headers}
     destination = Struct(fields={DESTINATION_HEADER: Value(string_value=",".join(targets))})
     metadata = Struct(fields={LB_METADATA_NAMESPACE: Value(struct_value=destination)})
     common = CommonResponse(header_mutation=_set_headers(headers), clear_route_cache=True)
+    if in_body_reply:
+        return ProcessingResponse(request_body=BodyResponse(response=common), dynamic_metadata=metadata)
     return ProcessingResponse(request_headers=HeadersResponse(response=common), dynamic_metadata=metadata)
 
 

@@ -1,16 +1,21 @@
 """The per-stream state machine: one ext_proc gRPC stream carries one HTTP request.
 
-Envoy is configured (see ``sim.envoy``) to send request headers, to stream the request body
-in FULL_DUPLEX_STREAMED mode with trailers, and to send response headers and a STREAMED
-response body. The machine's phases::
+Envoy (see ``epp.envoy_config``) sends request headers, the request body, response headers
+and a STREAMED response body. The machine's phases::
 
     HEADERS ──(end_of_stream)──────────────────────────► route now (body-less request)
        │ body follows
        ▼
-    BODY ── buffer chunks (413 past the limit) ── end of body ──► parse + schedule ──►
-         reply: headers (destination, content-length, request id) + body re-emitted
+    BODY ── collect chunks (413 past the limit) ── end of body ──► parse + schedule ──► route
        ▼
     RESPONSE ── headers: status, content type ── body chunks: meter tokens, reply at once
+
+The request body arrives in one of two modes, announced by Envoy's ``protocol_config``:
+
+* FULL_DUPLEX_STREAMED (fail-closed gateways): nothing is answered until the body ends; then
+  the headers reply carries the destination and content-length, and the body is re-emitted.
+* BUFFERED (fail-open gateways, since Envoy can only fail open while it still holds the
+  body): the headers are answered at once, and the body reply carries the destination.
 
 Errors while the request is still ours become an immediate response (400/413/429/503 with a
 JSON body); the state machine never raises into the gRPC layer for bad input.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import enum
 import logging
 
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
 from epp.errors import PayloadTooLarge, RequestError
@@ -49,6 +55,7 @@ class ExtProcStream:
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._body_size = 0
+        self._duplex = True
 
     async def on_message(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         kind = message.WhichOneof("request")
@@ -75,9 +82,12 @@ class ExtProcStream:
     def _request_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         self._headers = messages.header_dict(message.request_headers.headers)
         self.record = self.director.new_record(self._headers)
+        if message.HasField("protocol_config"):
+            mode = message.protocol_config.request_body_mode
+            self._duplex = mode == ProcessingMode.FULL_DUPLEX_STREAMED
         if not message.request_headers.end_of_stream:
             self.phase = Phase.BODY
-            return []
+            return [] if self._duplex else [messages.CONTINUE_REQUEST_HEADERS]
         try:
             result = self.director.schedule_bodyless(self.record)
         except RequestError as error:
@@ -117,11 +127,13 @@ class ExtProcStream:
         except RequestError as error:
             return self._reject(error)
         self.phase = Phase.FORWARDED
+        targets = [t.hostport for t in result.targets]
+        if not self._duplex:
+            return [
+                messages.route_to(targets, {REQUEST_ID_HEADER: self.record.request_id}, in_body_reply=True)
+            ]
         extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: self.record.request_id}
-        return [
-            messages.route_to([t.hostport for t in result.targets], extra),
-            *messages.streamed_request_body(body),
-        ]
+        return [messages.route_to(targets, extra), *messages.streamed_request_body(body)]
 
     def _response_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         if self.record is not None and self.phase is Phase.FORWARDED:

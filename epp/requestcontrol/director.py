@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from epp.tokenization import ModelTokenizer
 
 log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "x-request-id"
+# A client-supplied request id is kept only if it is short and plain; it ends up in logs,
+# upstream headers and engine request ids.
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # Bodies larger than this are parsed and tokenized in a worker thread (see GIL_FREE_CHARS).
 OFFLOAD_BODY_BYTES = 64 << 10
 
@@ -70,7 +74,9 @@ class Director:
         self.rng = rng or random.Random()
 
     def new_record(self, headers: Mapping[str, str]) -> RequestRecord:
-        request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        request_id = headers.get(REQUEST_ID_HEADER, "")
+        if not _SAFE_REQUEST_ID.fullmatch(request_id):
+            request_id = uuid.uuid4().hex
         return RequestRecord(request_id=request_id, received_at=self.clock())
 
     async def schedule(

@@ -7,11 +7,13 @@ import random
 
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
     HttpBody,
     HttpHeaders,
     HttpTrailers,
     ProcessingRequest,
+    ProtocolConfiguration,
 )
 from prometheus_client import CollectorRegistry
 
@@ -30,10 +32,20 @@ from tests.epp.factories import FakeClock
 COMPLETION = {"model": "tiny", "prompt": "Hello world", "max_tokens": 4, "stream": True}
 
 
-def headers_msg(path: str = "/v1/completions", method: str = "POST", eos: bool = False, **extra: str):
+def headers_msg(
+    path: str = "/v1/completions",
+    method: str = "POST",
+    eos: bool = False,
+    buffered: bool = False,
+    **extra: str,
+):
     pairs = {":path": path, ":method": method, "content-type": "application/json", **extra}
     hm = HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
-    return ProcessingRequest(request_headers=HttpHeaders(headers=hm, end_of_stream=eos))
+    mode = ProcessingMode.BUFFERED if buffered else ProcessingMode.FULL_DUPLEX_STREAMED
+    return ProcessingRequest(
+        request_headers=HttpHeaders(headers=hm, end_of_stream=eos),
+        protocol_config=ProtocolConfiguration(request_body_mode=mode),
+    )
 
 
 def body_msg(data: bytes, eos: bool) -> ProcessingRequest:
@@ -81,7 +93,9 @@ class Harness:
 
 
 def routed_destination(reply) -> str:
-    common = reply.request_headers.response
+    common = (
+        reply.request_headers.response if reply.HasField("request_headers") else reply.request_body.response
+    )
     headers = {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
     lb = reply.dynamic_metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[DESTINATION_HEADER]
     assert common.clear_route_cache
@@ -227,3 +241,30 @@ async def test_upstream_5xx_takes_the_endpoint_out_until_next_scrape() -> None:
 def test_headers_are_lowercased_and_repeated_ones_joined() -> None:
     hm = HeaderMap(headers=[HeaderValue(key="X-A", raw_value=b"1"), HeaderValue(key="x-a", value="2")])
     assert header_dict(hm) == {"x-a": "1,2"}
+
+
+async def test_buffered_body_mode_routes_in_the_body_reply() -> None:
+    h = Harness()
+    s = h.stream()
+    (headers_reply,) = await s.on_message(headers_msg(buffered=True))
+    assert headers_reply.HasField("request_headers") and not headers_reply.request_headers.HasField(
+        "response"
+    )
+    (reply,) = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    assert reply.HasField("request_body") and routed_destination(reply).startswith("10.0.0.1:")
+    # The body is left as Envoy buffered it: no body mutation, no content-length rewrite.
+    assert not reply.request_body.response.HasField("body_mutation")
+    assert h.in_flight() == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"), [("abc-123", True), ("x" * 500, False), ("a b", False), ("", False)]
+)
+async def test_only_plain_request_ids_are_kept(given: str, kept: bool) -> None:
+    h = Harness()
+    s = h.stream()
+    await s.on_message(headers_msg(**{"x-request-id": given}))
+    (reply, _) = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    mutation = reply.request_headers.response.header_mutation.set_headers
+    request_id = {o.header.key: o.header.raw_value.decode() for o in mutation}["x-request-id"]
+    assert (request_id == given) is kept and len(request_id) <= 128

@@ -1,0 +1,1 @@
+"""Shipped engine profiles (YAML), loaded by name with ``sim.engine.load_profile``."""

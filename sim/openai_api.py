@@ -1,0 +1,384 @@
+"""OpenAI-compatible request models, response bodies and error bodies, shaped like vLLM 0.32's.
+
+The shapes (field names, order, nulls) follow responses recorded from vLLM 0.32 on the tiny
+model (``tests/fixtures/vllm-0.32/samples.txt``), so clients and routers parse the simulator
+exactly as they parse vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from starlette.responses import JSONResponse
+
+VLLM_VERSION = "0.32.0"
+SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-sim"
+
+
+# ---------------------------------------------------------------- requests
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class GenerationRequest(BaseModel):
+    """Fields shared by completion and chat requests."""
+
+    # vLLM accepts (and ignores) fields it does not know; so does the simulator.
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    ignore_eos: bool = False
+    seed: int | None = None
+    temperature: float | None = None
+    cache_salt: str | None = None
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: list[int] | list[list[int]] | str | list[str] | None = None
+    max_tokens: int | None = 16
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str | list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+
+
+# ---------------------------------------------------------------- errors
+
+
+class ApiError(Exception):
+    """An error answered as vLLM does: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, error_type: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.param = param
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.error_type, self.message, self.param)
+
+
+def bad_request(message: str, *, parameter: str | None = None, value: Any = None) -> ApiError:
+    """A 400 worded like vLLM's validation errors: the message, then ``(parameter=..., value=...)``."""
+    extras = []
+    if parameter is not None:
+        extras.append(f"parameter={parameter}")
+    if value is not None:
+        extras.append(f"value={value}")
+    if extras:
+        message = f"{message} ({', '.join(extras)})"
+    return ApiError(400, "BadRequestError", message, parameter)
+
+
+def model_not_found(model: str, served_model_name: str) -> ApiError:
+    return ApiError(
+        404,
+        "NotFoundError",
+        f"The model `{model}` does not exist. Valid aliases: {served_model_name}.",
+        "model",
+    )
+
+
+def error_response(status: int, error_type: str, message: str, param: str | None) -> JSONResponse:
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+_MAX_REPORTED_ERRORS = 10
+_MAX_INPUT_CHARS = 200
+# pydantic names union branches and wrappers in ``loc``; vLLM drops them from ``param``.
+_INTERNAL_LOC = re.compile(r"[\[\]{}()]|^(str|int|float|bool|bytes|list|dict|tuple|set|none|union|nullable)$")
+
+
+def validation_error_response(errors: Sequence[dict[str, Any]]) -> JSONResponse:
+    """A request-body validation failure in vLLM's words: a count, then each error, 400."""
+    if not errors:
+        return error_response(400, "Bad Request", "Validation error", None)
+    label = "error" if len(errors) == 1 else "errors"
+    lines = [f"{len(errors)} validation {label}:"]
+    lines += [f"  {_describe_error(error)}" for error in errors[:_MAX_REPORTED_ERRORS]]
+    if len(errors) > _MAX_REPORTED_ERRORS:
+        lines.append(f"  ...and {len(errors) - _MAX_REPORTED_ERRORS} more {label}")
+    return error_response(400, "Bad Request", "\n".join(lines), _join_loc(errors[0].get("loc", ())))
+
+
+def _describe_error(error: dict[str, Any]) -> str:
+    described = dict(error)
+    if "input" in described:
+        described["input"] = _summarize_input(described["input"])
+    if "loc" in described:
+        described["loc"] = _join_loc(described["loc"])
+    return str(described)
+
+
+def _summarize_input(value: Any) -> str:
+    if isinstance(value, list | tuple | set | frozenset | dict):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    if isinstance(value, bytes | bytearray):
+        return f"<{type(value).__name__} of {len(value)} bytes>"
+    text = str(value)
+    return text if len(text) <= _MAX_INPUT_CHARS else text[:_MAX_INPUT_CHARS] + "...[truncated]"
+
+
+def _join_loc(loc: Sequence[Any]) -> str:
+    parts = [str(part) for part in loc if not _INTERNAL_LOC.search(str(part))]
+    return ".".join(parts or map(str, loc))
+
+
+# ---------------------------------------------------------------- responses
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {dumps(payload)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def dumps(payload: dict[str, Any]) -> str:
+    """Compact JSON, UTF-8 text kept as is (as pydantic writes it)."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+
+
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int, created_cache_tokens: int | None
+) -> dict[str, Any]:
+    """The ``usage`` of a non-streamed response; ``created_cache_tokens`` is None for completions."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {
+            "cached_tokens": cached_tokens,
+            "created_cache_tokens": created_cache_tokens,
+            "multimodal_tokens": None,
+        },
+        "completion_tokens_details": None,
+    }
+
+
+def stream_usage_chunk(
+    response_id: str,
+    object_name: str,
+    created: int,
+    model: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    created_cache_tokens: int | None,
+) -> dict[str, Any]:
+    """The final ``choices: []`` chunk that ``stream_options.include_usage`` asks for."""
+    details: dict[str, Any] = {"cached_tokens": cached_tokens}
+    if created_cache_tokens is not None:
+        details["created_cache_tokens"] = created_cache_tokens
+    return {
+        "id": response_id,
+        "object": object_name,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": details,
+        },
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }
+
+
+def completion_response(
+    response_id: str, created: int, model: str, text: str, finish_reason: str, usage_body: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "routed_experts": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": usage_body,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+
+
+def completion_chunk(
+    response_id: str, created: int, model: str, text: str, finish_reason: str | None, *, fingerprint: bool
+) -> dict[str, Any]:
+    """One streamed completion token; vLLM puts ``system_fingerprint`` on the last chunk only
+    when no usage chunk follows."""
+    chunk: dict[str, Any] = {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
+        ],
+    }
+    if fingerprint:
+        chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
+    return chunk
+
+
+def chat_response(
+    response_id: str, created: int, model: str, content: str, finish_reason: str, usage_body: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": content,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "reasoning": None,
+                },
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+                "token_ids": None,
+                "routed_experts": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": usage_body,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "prompt_text": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+
+
+def chat_role_chunk(response_id: str, created: int, model: str) -> dict[str, Any]:
+    """The first chunk of a chat stream: the role, no content yet."""
+    return {
+        "id": response_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+        "prompt_token_ids": None,
+        "prompt_text": None,
+    }
+
+
+def chat_content_chunk(
+    response_id: str, created: int, model: str, content: str, finish_reason: str | None, *, fingerprint: bool
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "delta": {"content": content},
+        "logprobs": None,
+        "finish_reason": None,
+    }
+    if finish_reason is not None:
+        choice["finish_reason"] = finish_reason
+        choice["stop_reason"] = None
+    choice["token_ids"] = None
+    chunk: dict[str, Any] = {
+        "id": response_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    if fingerprint:
+        chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
+    return chunk
+
+
+def models_response(served_model_name: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": served_model_name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": root,
+                "parent": None,
+                "max_model_len": max_model_len,
+                "permission": [
+                    {
+                        "id": "modelperm-sim",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+        ],
+    }

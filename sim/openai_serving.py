@@ -1,0 +1,397 @@
+"""The OpenAI endpoints of one simulated server: request checks, engine requests, responses.
+
+Requests are checked with vLLM 0.32's wording and in its order where it matters: the model name
+(404); an output limit above ``max_model_len``; the prompt (missing, or longer than
+``max_model_len``); and last the output length actually left, ``min(max_model_len - prompt,
+max_tokens)``, which must be at least 1 (so a long prompt silently shortens the output, as in
+vLLM).
+
+The simulated model never stops on its own: a request generates ``max_tokens`` tokens. The
+``x-sim-output-tokens: N`` header makes it stop after N tokens with ``finish_reason: "stop"``,
+as if the model had emitted EOS there (``ignore_eos: true`` disables it, as it disables EOS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from epp.tokenization import GIL_FREE_CHARS, ChatTemplateError, ModelTokenizer
+from sim.driver import EngineDeadError, EngineDriver, RequestStream
+from sim.engine import EngineRequest, RequestRejectedError
+from sim.openai_api import (
+    SSE_DONE,
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationRequest,
+    TokenizeRequest,
+    bad_request,
+    chat_content_chunk,
+    chat_response,
+    chat_role_chunk,
+    completion_chunk,
+    completion_response,
+    model_not_found,
+    sse,
+    stream_usage_chunk,
+    usage,
+)
+
+SIM_OUTPUT_TOKENS_HEADER = "x-sim-output-tokens"
+
+
+class ServedModel:
+    """The tokenizer of the served model and what generation needs from it, shared by replicas."""
+
+    def __init__(self, tokenizer: ModelTokenizer, name: str, root: str) -> None:
+        self.tokenizer = tokenizer
+        self.name = name
+        self.root = root
+        # Each generated token's text is its own decode, computed once per vocabulary entry.
+        self.token_texts = [tokenizer.decode([token_id]) for token_id in range(tokenizer.vocab_size)]
+        special = tokenizer.special_token_ids
+        # Generate only tokens that are whole text on their own (not special, not a fragment of a
+        # multi-byte character), so streamed pieces join up to the full text.
+        self.output_vocab = [
+            token_id
+            for token_id, text in enumerate(self.token_texts)
+            if token_id not in special and text and "\ufffd" not in text
+        ]
+
+    def text(self, token_ids: Sequence[int]) -> str:
+        texts = self.token_texts
+        return "".join(texts[token_id] for token_id in token_ids)
+
+
+@dataclass(slots=True)
+class _Generation:
+    """A checked request on its way through the engine; its id is also the response id."""
+
+    request: EngineRequest
+    chat: bool
+    include_usage: bool
+    created: int
+
+    @property
+    def created_cache_tokens(self) -> int | None:
+        """Reported by chat responses only, as vLLM does."""
+        return self.request.num_cache_creation_tokens if self.chat else None
+
+
+class ClientDisconnectedError(Exception):
+    """The client left before a non-streamed response was ready; its request was aborted."""
+
+
+class EngineStreamResponse(StreamingResponse):
+    """An SSE response that aborts its engine request however the stream ends."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+class OpenAIServing:
+    """The OpenAI routes of one replica: requests into engine requests, outputs into responses."""
+
+    def __init__(self, model: ServedModel, driver: EngineDriver) -> None:
+        self.model = model
+        self.driver = driver
+        self.max_model_len = driver.engine.config.max_model_len
+
+    async def create_completion(self, body: CompletionRequest, raw: Request) -> Response:
+        arrival = self.driver.now()
+        self._check_request(body, body.max_tokens, "max_tokens")
+        prompt_ids, from_text = await self._completion_prompt(body.prompt)
+        return await self._generate(body, prompt_ids, from_text, body.max_tokens, raw, arrival, chat=False)
+
+    async def create_chat_completion(self, body: ChatCompletionRequest, raw: Request) -> Response:
+        arrival = self.driver.now()
+        if body.max_completion_tokens is not None:
+            max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens, param = body.max_tokens, "max_tokens"
+        self._check_request(body, max_tokens, param)
+        prompt_ids = await self._chat_prompt(body.messages, body.add_generation_prompt)
+        return await self._generate(body, prompt_ids, True, max_tokens, raw, arrival, chat=True)
+
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        self._check_model(body.model)
+        if body.messages is not None:
+            tokens = await self._chat_prompt(body.messages, body.add_generation_prompt)
+        elif isinstance(body.prompt, str):
+            tokens = await self._encode(body.prompt)
+        elif body.prompt is not None:
+            tokens = self._checked_token_ids(body.prompt)
+        else:
+            received = body.model_dump(exclude_unset=True)
+            raise RequestValidationError(
+                [
+                    {"type": "missing", "loc": ("body", field), "msg": "Field required", "input": received}
+                    for field in ("prompt", "messages")
+                ]
+            )
+        return {
+            "count": len(tokens),
+            "max_model_len": self.max_model_len,
+            "tokens": tokens,
+            "token_strs": None,
+        }
+
+    # ------------------------------------------------------------ checks
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model.name:
+            raise model_not_found(model, self.model.name)
+
+    def _check_request(self, body: GenerationRequest, max_tokens: int | None, param: str) -> None:
+        """Checks that need no tokenization, in vLLM's order."""
+        self._check_model(body.model)
+        if body.n != 1:
+            raise bad_request(
+                "the simulated server generates one choice per request (n=1)", parameter="n", value=body.n
+            )
+        if body.stream_options is not None and not body.stream:
+            raise bad_request(
+                "Stream options can only be defined when `stream=True`.", parameter="stream_options"
+            )
+        if max_tokens is not None and max_tokens > self.max_model_len:
+            raise bad_request(
+                f"{param}={max_tokens} cannot be greater than max_model_len={self.max_model_len}. "
+                "Please request fewer output tokens.",
+                parameter=param,
+                value=max_tokens,
+            )
+
+    async def _completion_prompt(self, prompt: Any) -> tuple[list[int], bool]:
+        """Token ids of a completion prompt, and whether they came from text."""
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if not prompt:
+            raise bad_request(
+                "Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt"
+            )
+        if isinstance(prompt, str):
+            return await self._encode(prompt), True
+        if all(isinstance(token, int) for token in prompt):
+            return prompt, False
+        raise bad_request("the simulated server takes one prompt per request", parameter="prompt")
+
+    def _checked_token_ids(self, token_ids: list[int]) -> list[int]:
+        if token_ids:
+            lowest, highest = min(token_ids), max(token_ids)
+            if lowest < 0 or highest >= self.model.tokenizer.vocab_size:
+                bad = lowest if lowest < 0 else highest
+                raise bad_request(f"Token id {bad} is out of vocabulary", parameter="prompt")
+        return token_ids
+
+    async def _chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+        try:
+            text = self.model.tokenizer.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        except ChatTemplateError as exc:
+            raise ApiError(400, "BadRequestError", str(exc)) from None
+        return await self._encode(text)
+
+    async def _encode(self, text: str) -> list[int]:
+        # The tokenizer releases the GIL on long texts: tokenizing them in a worker thread keeps
+        # one big prompt from stalling the engine loops of every replica in this process.
+        if len(text) > GIL_FREE_CHARS:
+            return await asyncio.to_thread(self.model.tokenizer.encode, text)
+        return self.model.tokenizer.encode(text)
+
+    async def _generate(
+        self,
+        body: GenerationRequest,
+        prompt_ids: list[int],
+        from_text: bool,
+        max_tokens: int | None,
+        raw: Request,
+        arrival: float,
+        *,
+        chat: bool,
+    ) -> Response:
+        request = self._engine_request(body, prompt_ids, from_text, max_tokens, raw, arrival, chat=chat)
+        generation = _Generation(
+            request=request,
+            chat=chat,
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            created=int(time.time()),
+        )
+        stream = self._submit(request)
+        if body.stream:
+            request_id = request.request_id
+            return EngineStreamResponse(
+                self._events(generation, stream), on_close=lambda: self.driver.abort(request_id)
+            )
+        output_ids, finish_reason = await self._collect(request, stream, raw)
+        text = self.model.text(output_ids)
+        usage_body = usage(
+            request.num_prompt_tokens,
+            len(output_ids),
+            request.num_cached_tokens,
+            generation.created_cache_tokens,
+        )
+        build = chat_response if chat else completion_response
+        return JSONResponse(
+            build(request.request_id, generation.created, self.model.name, text, finish_reason, usage_body)
+        )
+
+    def _engine_request(
+        self,
+        body: GenerationRequest,
+        prompt_ids: list[int],
+        from_text: bool,
+        max_tokens: int | None,
+        raw: Request,
+        arrival: float,
+        *,
+        chat: bool,
+    ) -> EngineRequest:
+        """Check the prompt and output lengths (vLLM's wording) and build the engine request."""
+        limit = self.max_model_len
+        num_prompt = len(prompt_ids)
+        if num_prompt > limit:
+            # vLLM tokenizes text with truncation at limit + 1, so it can only say "at least".
+            shown, qualifier = (limit + 1, "at least ") if from_text else (num_prompt, "")
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                f"{qualifier}{shown} input tokens, which exceeds this limit even without any output tokens. "
+                "Please reduce the length of the input prompt.",
+                parameter="input_tokens",
+                value=shown,
+            )
+        if not from_text:
+            self._checked_token_ids(prompt_ids)
+        output_tokens = limit - num_prompt if max_tokens is None else min(limit - num_prompt, max_tokens)
+        if output_tokens < 1:
+            raise bad_request(
+                f"max_tokens must be at least 1, got {output_tokens}.",
+                parameter="max_tokens",
+                value=output_tokens,
+            )
+        return EngineRequest(
+            f"{'chatcmpl' if chat else 'cmpl'}-{os.urandom(8).hex()}",
+            prompt_ids,
+            output_tokens,
+            cache_salt=body.cache_salt,
+            seed=body.seed,
+            arrival_time=arrival,
+            stop_after_tokens=None if body.ignore_eos else self._stop_after(raw),
+        )
+
+    def _stop_after(self, raw: Request) -> int | None:
+        value = raw.headers.get(SIM_OUTPUT_TOKENS_HEADER)
+        if value is None:
+            return None
+        try:
+            count = int(value)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise bad_request(
+                f"{SIM_OUTPUT_TOKENS_HEADER} must be a positive integer",
+                parameter=SIM_OUTPUT_TOKENS_HEADER,
+                value=value,
+            )
+        return count
+
+    def _submit(self, request: EngineRequest) -> RequestStream:
+        try:
+            return self.driver.submit(request)
+        except RequestRejectedError as exc:
+            raise bad_request(str(exc)) from None
+        except EngineDeadError as exc:
+            raise ApiError(500, "InternalServerError", str(exc)) from None
+
+    # ------------------------------------------------------------ responses
+
+    async def _collect(
+        self, request: EngineRequest, stream: RequestStream, raw: Request
+    ) -> tuple[list[int], str]:
+        """Wait for the whole output; abort the engine request if the client goes away first."""
+        collect = asyncio.ensure_future(_gather_output(stream))
+        disconnect = asyncio.ensure_future(_wait_for_disconnect(raw.receive))
+        try:
+            done, _ = await asyncio.wait({collect, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+            if collect not in done:
+                raise ClientDisconnectedError
+            return collect.result()
+        except EngineDeadError as exc:
+            raise ApiError(500, "InternalServerError", str(exc)) from None
+        finally:
+            collect.cancel()
+            disconnect.cancel()
+            self.driver.abort(request.request_id)
+
+    async def _events(self, generation: _Generation, stream: RequestStream) -> AsyncIterator[str]:
+        """The SSE frames of a streamed response: one chunk per token, usage if asked, [DONE]."""
+        request = generation.request
+        name = self.model.name
+        chunk = chat_content_chunk if generation.chat else completion_chunk
+        num_generated = 0
+        try:
+            async for output in stream:
+                if generation.chat and num_generated == 0:
+                    # vLLM announces the role with the first token, not before.
+                    yield sse(chat_role_chunk(request.request_id, generation.created, name))
+                num_generated += len(output.new_token_ids)
+                yield sse(
+                    chunk(
+                        request.request_id,
+                        generation.created,
+                        name,
+                        self.model.text(output.new_token_ids),
+                        output.finish_reason,
+                        fingerprint=output.finish_reason is not None and not generation.include_usage,
+                    )
+                )
+        except EngineDeadError as exc:
+            yield _stream_error(exc)
+        else:
+            if generation.include_usage:
+                yield sse(
+                    stream_usage_chunk(
+                        request.request_id,
+                        "chat.completion.chunk" if generation.chat else "text_completion",
+                        generation.created,
+                        name,
+                        request.num_prompt_tokens,
+                        num_generated,
+                        request.num_cached_tokens,
+                        generation.created_cache_tokens,
+                    )
+                )
+        yield SSE_DONE
+
+
+async def _gather_output(stream: RequestStream) -> tuple[list[int], str]:
+    token_ids: list[int] = []
+    finish_reason = "abort"
+    async for output in stream:
+        token_ids += output.new_token_ids
+        finish_reason = output.finish_reason or finish_reason
+    return token_ids, finish_reason
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _stream_error(exc: Exception) -> str:
+    return sse({"error": {"message": str(exc), "type": "InternalServerError", "param": None, "code": 500}})

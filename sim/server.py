@@ -1,0 +1,291 @@
+"""A simulated vLLM 0.32 server: OpenAI API, /metrics and admin routes over a modelled engine.
+
+Each replica is one engine with its own FastAPI app, Prometheus registry and port; ``--replicas
+N`` runs N of them on consecutive ports in one process and one event loop, which is how many
+endpoints are run cheaply on a small machine::
+
+    llm-epp-sim --port 8100 --replicas 4 --profile default
+
+Routes: POST /v1/completions, /v1/chat/completions, /tokenize, /reset_prefix_cache;
+GET /v1/models, /health, /version, /metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
+from sim.driver import EngineDriver
+from sim.engine import Engine, EngineConfigError, Profile, ProfileError, load_profile
+from sim.metrics import EngineMetrics
+from sim.openai_api import (
+    VLLM_VERSION,
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeRequest,
+    error_response,
+    models_response,
+    validation_error_response,
+)
+from sim.openai_serving import ClientDisconnectedError, OpenAIServing, ServedModel
+
+logger = logging.getLogger("sim.server")
+
+ENGINE_OVERRIDES = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks", "max_model_len")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """What one simulated server serves and how its engine is sized.
+
+    ``engine_overrides`` replaces fields of the profile's engine limits (any ``EngineConfig``
+    field, e.g. ``{"num_gpu_blocks": 64}``).
+    """
+
+    model_dir: Path = TINY_MODEL_DIR
+    served_model_name: str = "tiny"
+    profile: str = "default"
+    engine_overrides: Mapping[str, Any] = field(default_factory=dict)
+    histogram_refresh_s: float = 1.0
+
+
+class Replica:
+    """One simulated vLLM server: its engine, the driver stepping it, its metrics and its app."""
+
+    def __init__(self, settings: ServerSettings, model: ServedModel | None = None) -> None:
+        self.settings = settings
+        self.profile: Profile = load_profile(settings.profile)
+        config = dataclasses.replace(self.profile.engine, **settings.engine_overrides)
+        self.model = model or load_served_model(settings)
+        self.engine = Engine(config, self.profile.cost, self.model.output_vocab)
+        self.metrics = EngineMetrics(
+            self.engine, self.model.name, histogram_refresh_s=settings.histogram_refresh_s
+        )
+        self.driver = EngineDriver(self.engine, on_step=self.metrics.record_step)
+        self.serving = OpenAIServing(self.model, self.driver)
+        self.app = _create_app(self)
+
+
+def load_served_model(settings: ServerSettings) -> ServedModel:
+    return ServedModel(
+        ModelTokenizer(settings.model_dir), settings.served_model_name, str(settings.model_dir)
+    )
+
+
+def create_app(settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI app of a new replica; its Replica is ``app.state.replica``."""
+    return Replica(settings or ServerSettings()).app
+
+
+def _create_app(replica: Replica) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await replica.driver.stop()
+
+    app = FastAPI(title="llm-epp simulated vLLM", version=VLLM_VERSION, lifespan=lifespan, openapi_url=None)
+    app.state.replica = replica
+    serving = replica.serving
+    started = int(time.time())
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error_response(exc.errors())
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(ClientDisconnectedError)
+    async def on_client_gone(request: Request, exc: ClientDisconnectedError) -> Response:
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected error on %s", request.url.path)
+        return error_response(500, "InternalServerError", "Internal server error", None)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        return await serving.create_completion(body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        return await serving.create_chat_completion(body, raw)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        return await serving.tokenize(body)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return models_response(
+            replica.model.name, replica.model.root, replica.engine.config.max_model_len, started
+        )
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": VLLM_VERSION}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, bool]:
+        return {"success": replica.engine.reset_prefix_cache()}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(replica.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+# ---------------------------------------------------------------- command line
+
+
+class ReplicaServer(uvicorn.Server):
+    """A uvicorn server that installs no signal handlers: ``serve_replicas`` (or a test) stops it
+    by setting ``should_exit``, so several can share one process."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def build_replicas(settings: ServerSettings, count: int) -> list[Replica]:
+    """``count`` independent replicas sharing one loaded tokenizer."""
+    model = load_served_model(settings)
+    return [Replica(settings, model) for _ in range(count)]
+
+
+def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """Bind ``count`` consecutive ports up front, so a port in use is a clear error, not a trace."""
+    sockets: list[socket.socket] = []
+    try:
+        for index in range(count):
+            family, kind, proto, _, address = socket.getaddrinfo(host, port + index, type=socket.SOCK_STREAM)[
+                0
+            ]
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        raise OSError(f"cannot listen on {host}:{port + len(sockets) - 1}: {exc.strerror or exc}") from None
+    return sockets
+
+
+async def serve_replicas(
+    replicas: Sequence[Replica], sockets: Sequence[socket.socket], log_level: str = "info"
+) -> None:
+    """Serve ``replicas[i]`` on ``sockets[i]`` until SIGINT or SIGTERM."""
+    servers = [
+        ReplicaServer(
+            uvicorn.Config(replica.app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2)
+        )
+        for replica in replicas
+    ]
+    stopping: list[asyncio.Task[None]] = []
+
+    def stop() -> None:
+        for server in servers:
+            server.should_exit = True
+        # Ending the engines ends open streams now, instead of at the graceful-shutdown timeout.
+        stopping.extend(asyncio.create_task(replica.driver.stop()) for replica in replicas)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    first = replicas[0]
+    logger.info(
+        "serving %d simulated replica(s) of %r on %s; profile %s; %s",
+        len(replicas),
+        first.model.name,
+        ", ".join(str(sock.getsockname()[:2]) for sock in sockets),
+        first.profile.name,
+        first.engine.config,
+    )
+    await asyncio.gather(
+        *(server.serve(sockets=[sock]) for server, sock in zip(servers, sockets, strict=True))
+    )
+    await asyncio.gather(*stopping)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llm-epp-sim", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100, help="port of the first replica")
+    parser.add_argument("--replicas", type=int, default=1, help="engines to run, on consecutive ports")
+    parser.add_argument("--model-dir", type=Path, default=TINY_MODEL_DIR, help="tokenizer + chat template")
+    parser.add_argument("--served-model-name", default="tiny")
+    parser.add_argument("--profile", default="default", help="shipped profile name or path to a profile YAML")
+    for name in ENGINE_OVERRIDES:
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=int, default=None, help="overrides the profile"
+        )
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True, help="(default: on)"
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    overrides: dict[str, Any] = {name: getattr(args, name) for name in ENGINE_OVERRIDES}
+    overrides = {name: value for name, value in overrides.items() if value is not None}
+    overrides["enable_prefix_caching"] = args.enable_prefix_caching
+    return ServerSettings(
+        model_dir=args.model_dir,
+        served_model_name=args.served_model_name,
+        profile=args.profile,
+        engine_overrides=overrides,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.replicas < 1:
+        parser.error("--replicas must be at least 1")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        replicas = build_replicas(settings_from_args(args), args.replicas)
+    except (ProfileError, EngineConfigError, TypeError) as exc:
+        parser.error(str(exc))
+    except Exception as exc:  # the tokenizer library raises its own exception types
+        parser.error(f"cannot load the model from {args.model_dir}: {exc}")
+    try:
+        sockets = bind_sockets(args.host, args.port, args.replicas)
+    except OSError as exc:
+        parser.error(str(exc))
+    asyncio.run(serve_replicas(replicas, sockets, args.log_level))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Replica and EPP failures, each on a stack of its own."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import metric_sum, start_stack
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_killed_replica_mid_stream(tmp_path: Path) -> None:
+    stack = start_stack(tmp_path, replicas=2, sim_profile="instant")
+    try:
+        client = openai.OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="x", max_retries=0, timeout=30)
+        stream = client.completions.create(model="tiny", prompt="Hi", max_tokens=20_000, stream=True)
+        chunks = iter(stream)
+        next(chunks)
+        running = [metric_sum(stack.replica_url(i) + "/metrics", "vllm:num_requests_running") for i in (0, 1)]
+        victim = running.index(1.0)
+        survivor = 1 - victim
+        stack.replicas[victim].stop(signal.SIGKILL)
+        # The client gets an error, not a hang and not a silently truncated success.
+        with pytest.raises((openai.APIError, httpx.HTTPError)):
+            for _ in chunks:
+                pass
+        healthy = "llm_epp_endpoint_healthy"
+        pod = f"replica-{victim}"
+        assert wait_for(lambda: metric_sum(stack.epp_metrics_url, healthy, model_server_pod=pod) == 0)
+        survivor_metrics = stack.replica_url(survivor) + "/metrics"
+        served_before = metric_sum(survivor_metrics, "vllm:request_success_total")
+        for _ in range(20):
+            assert (
+                client.completions.create(model="tiny", prompt="Hello", max_tokens=2).usage.completion_tokens
+                == 2
+            )
+        assert metric_sum(survivor_metrics, "vllm:request_success_total") - served_before == 20
+        assert stack.epp.alive()
+    finally:
+        stack.stop()
+
+
+@pytest.mark.parametrize(("mode", "served"), [("FailOpen", True), ("FailClose", False)])
+def test_epp_down_follows_the_failure_mode(tmp_path: Path, mode: str, served: bool) -> None:
+    stack = start_stack(tmp_path, replicas=2, sim_profile="instant", failure_mode=mode)
+    try:
+        body = {"model": "tiny", "prompt": "Hello", "max_tokens": 2}
+        assert httpx.post(f"{stack.gateway_url}/v1/completions", json=body, timeout=10).status_code == 200
+        stack.epp.stop(signal.SIGKILL)
+        statuses = [
+            httpx.post(f"{stack.gateway_url}/v1/completions", json=body, timeout=10).status_code
+            for _ in range(5)
+        ]
+        if served:
+            assert statuses == [200] * 5
+        else:
+            assert all(s >= 500 for s in statuses), statuses
+    finally:
+        stack.stop()

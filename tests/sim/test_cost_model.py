@@ -1,0 +1,115 @@
+"""Step-time model and profile files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.engine import (
+    DecodeTerms,
+    PrefillTerms,
+    ProfileError,
+    StepCostModel,
+    available_profiles,
+    load_profile,
+)
+from sim.engine.profile import PROFILES_DIR
+
+
+def test_default_profile_reproduces_dynamo_polynomial() -> None:
+    cost = load_profile("default").cost
+    # Dynamo mocker: prefill_ms = 4.209989e-7 T^2 + 1.518344e-2 T + 16.50142
+    assert cost.step_time(1000, 0, 0, 0.0) * 1000 == pytest.approx(32.1058589)
+    assert cost.step_time(8192, 0, 0, 0.0) * 1000 == pytest.approx(
+        4.209989e-7 * 8192**2 + 1.518344e-2 * 8192 + 16.50142
+    )
+    # decode_ms = -25.74 u^2 + 54.01 u + 5.74, whatever the batch
+    assert cost.step_time(0, 1, 100, 0.5) * 1000 == pytest.approx(26.31)
+    assert cost.step_time(0, 300, 900_000, 0.5) == cost.step_time(0, 1, 100, 0.5)
+    assert cost.step_time(0, 8, 800, 1.0) * 1000 == pytest.approx(34.01)
+    # A step mixing both takes their sum; an empty one none.
+    assert cost.step_time(1000, 8, 800, 0.5) * 1000 == pytest.approx(32.1058589 + 26.31)
+    assert cost.step_time(0, 0, 0, 0.3) == 0.0
+
+
+def test_default_profile_documents_its_source_and_limits() -> None:
+    profile = load_profile("default")
+    assert "perf_model.rs" in profile.source
+    assert profile.engine.block_size == 16
+    assert 200_000 <= profile.engine.kv_capacity_tokens <= 1_000_000
+
+
+def test_decode_floor_and_linear_terms() -> None:
+    cost = StepCostModel(
+        PrefillTerms(base=2.0),
+        DecodeTerms(base=-10.0, per_seq=0.5, per_context_token=0.001, kv_fraction=4.0, min=1.5),
+    )
+    assert cost.step_time(0, 2, 1000, 0.0) * 1000 == pytest.approx(1.5)  # floored
+    assert cost.step_time(0, 20, 5000, 0.5) * 1000 == pytest.approx(-10 + 10 + 5 + 2)
+
+
+def test_shipped_profiles() -> None:
+    assert available_profiles() == ["default", "instant"]
+    instant = load_profile("instant")
+    assert instant.cost.step_time(8192, 1024, 10**6, 1.0) < 0.001
+    assert "overhead" in instant.description
+
+
+def write_profile(tmp_path: Path, document: object) -> Path:
+    path = tmp_path / "custom.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def valid_document() -> dict:
+    return yaml.safe_load((PROFILES_DIR / "default.yaml").read_text())
+
+
+def test_loads_a_profile_by_path(tmp_path: Path) -> None:
+    document = valid_document()
+    document["name"] = "custom"
+    document["engine"]["num_gpu_blocks"] = 100
+    profile = load_profile(write_profile(tmp_path, document))
+    assert (profile.name, profile.engine.num_gpu_blocks) == ("custom", 100)
+    assert load_profile(str(tmp_path / "custom.yaml")).engine.num_gpu_blocks == 100
+
+
+def test_unknown_profile_names_the_shipped_ones() -> None:
+    with pytest.raises(ProfileError, match="default, instant"):
+        load_profile("tiny-cpu")
+    with pytest.raises(ProfileError, match="does not exist"):
+        load_profile("/nonexistent/profile.yaml")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.pop("source"), "lacks source"),
+        (lambda d: d.update(extra=1), "unknown keys extra"),
+        (lambda d: d["engine"].pop("num_gpu_blocks"), "engine lacks num_gpu_blocks"),
+        (lambda d: d["engine"].update(block_size=0), "block_size must be a positive integer"),
+        (lambda d: d["engine"].update(max_num_seqs="many"), "max_num_seqs must be a positive integer"),
+        (lambda d: d["step_time_ms"]["prefill"].update(per_tok=1), "unknown terms per_tok"),
+        (lambda d: d["step_time_ms"]["decode"].update(base="fast"), "decode.base must be a finite number"),
+        (lambda d: d["step_time_ms"]["decode"].update(min=0), "decode.min must be > 0"),
+        (lambda d: d["step_time_ms"]["prefill"].update(per_token=-1), "prefill terms must be >= 0"),
+        (lambda d: d["step_time_ms"].pop("decode"), "step_time_ms lacks decode"),
+        (lambda d: d.update(description=""), "description must be a non-empty string"),
+    ],
+)
+def test_malformed_profiles_are_rejected(tmp_path: Path, edit, message: str) -> None:
+    document = valid_document()
+    edit(document)
+    with pytest.raises(ProfileError, match=message):
+        load_profile(write_profile(tmp_path, document))
+
+
+def test_non_mapping_and_invalid_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="must be a mapping"):
+        load_profile(write_profile(tmp_path, [1, 2]))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(ProfileError, match="cannot read profile"):
+        load_profile(bad)

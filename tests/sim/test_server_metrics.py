@@ -1,0 +1,178 @@
+"""/metrics: vLLM 0.32's names, types, labels and buckets, and values that follow the traffic."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from sim.engine import Engine, EngineRequest, load_profile
+from sim.metrics import EngineMetrics
+from sim.openai_serving import ServedModel
+
+from .conftest import FIXTURES, running_replica, wait_until
+
+REQUIRED = {
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:num_preemptions": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:cache_config_info": "gauge",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_decode_time_seconds": "histogram",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
+    "vllm:iteration_tokens_total": "histogram",
+}
+
+
+def families(text: str) -> dict[str, Metric]:
+    return {
+        family.name: family
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("vllm:")
+    }
+
+
+def value(parsed: dict[str, Metric], sample_name: str, **labels: str) -> float:
+    family_name = sample_name.removesuffix("_total").removesuffix("_count").removesuffix("_sum")
+    for sample in parsed[family_name].samples:
+        if sample.name == sample_name and labels.items() <= sample.labels.items():
+            return sample.value
+    raise KeyError(sample_name)
+
+
+def buckets(family: Metric) -> list[str]:
+    return [sample.labels["le"] for sample in family.samples if sample.name.endswith("_bucket")]
+
+
+async def scrape(http: httpx.AsyncClient) -> dict[str, Metric]:
+    response = await http.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    return families(response.text)
+
+
+async def test_names_types_labels_and_buckets_match_vllm(served_model: ServedModel) -> None:
+    recorded = families((FIXTURES / "metrics_full.txt").read_text())
+    async with running_replica(served_model) as (_, url), httpx.AsyncClient(base_url=url) as http:
+        await http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        ours = await scrape(http)
+    assert {name: ours[name].type for name in REQUIRED} == REQUIRED
+    for name, family in ours.items():
+        assert family.type == recorded[name].type, name
+        # Label names as vLLM's (cache_config_info carries a subset of vLLM's many labels).
+        recorded_labels = {frozenset(s.labels) for s in recorded[name].samples}
+        for sample in family.samples:
+            assert any(set(sample.labels) <= labels for labels in recorded_labels), (name, sample.labels)
+        if name != "vllm:cache_config_info":
+            assert {frozenset(s.labels) for s in family.samples} <= recorded_labels, name
+        if family.type == "histogram":
+            assert buckets(family) == buckets(recorded[name]), name
+    info = ours["vllm:cache_config_info"].samples[0].labels
+    assert (info["block_size"], info["num_gpu_blocks"], info["enable_prefix_caching"]) == (
+        "32",
+        "512",
+        "True",
+    )
+    assert (info["prefix_caching_hash_algo"], info["kv_cache_size_tokens"]) == ("sha256", "16384")
+    assert ours["vllm:num_requests_running"].samples[0].labels == {"model_name": "tiny", "engine": "0"}
+
+
+async def test_counters_and_histograms_follow_requests(served_model: ServedModel) -> None:
+    async with running_replica(served_model) as (_, url), httpx.AsyncClient(base_url=url) as http:
+        before = await scrape(http)
+        payload = {"prompt": list(range(300, 432)), "max_tokens": 2}  # 132 tokens; the repeat hits 128
+        for _ in range(2):
+            await http.post("/v1/completions", json=payload)
+        await http.post(
+            "/v1/completions", json={"prompt": "hi", "max_tokens": 5}, headers={"x-sim-output-tokens": "1"}
+        )
+        after = await scrape(http)
+
+    def delta(sample_name: str, **labels: str) -> float:
+        return value(after, sample_name, **labels) - value(before, sample_name, **labels)
+
+    prompt_hi = len(served_model.tokenizer.encode("hi"))
+    assert delta("vllm:prompt_tokens_total") == 264 + prompt_hi
+    assert delta("vllm:prefix_cache_queries_total") == 264 + prompt_hi
+    assert delta("vllm:prefix_cache_hits_total") == 128
+    assert delta("vllm:prompt_tokens_cached_total") == 128
+    assert delta("vllm:prompt_tokens_by_source_total", source="local_cache_hit") == 128
+    assert delta("vllm:prompt_tokens_by_source_total", source="local_compute") == 136 + prompt_hi
+    assert delta("vllm:generation_tokens_total") == 5
+    assert delta("vllm:request_success_total", finished_reason="length") == 2
+    assert delta("vllm:request_success_total", finished_reason="stop") == 1
+    assert delta("vllm:time_to_first_token_seconds_count") == 3
+    assert delta("vllm:inter_token_latency_seconds_count") == 2
+    assert delta("vllm:e2e_request_latency_seconds_count") == 3
+    assert delta("vllm:request_generation_tokens_sum") == 5
+    assert delta("vllm:request_prefill_kv_computed_tokens_sum") == 136 + prompt_hi
+    # Steps that produced tokens: each request's prefill step plus one decode step for two of them.
+    assert delta("vllm:iteration_tokens_total_count") == 5
+    assert delta("vllm:iteration_tokens_total_sum") == 136 + prompt_hi + 5
+
+
+async def test_gauges_show_running_waiting_and_kv_usage(served_model: ServedModel) -> None:
+    async with (
+        running_replica(served_model, profile="default", max_num_seqs=1) as (replica, url),
+        httpx.AsyncClient(base_url=url, timeout=30) as http,
+    ):
+        payload = {"prompt": "hello " * 100, "max_tokens": 2000, "stream": True}
+        async with http.stream("POST", "/v1/completions", json=payload) as first:
+            lines = first.aiter_lines()
+            assert (await anext(lines)).startswith("data: ")
+            second = asyncio.create_task(http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}))
+            await wait_until(lambda: replica.engine.num_waiting == 1)
+            parsed = await scrape(http)
+            assert value(parsed, "vllm:num_requests_running") == 1
+            assert value(parsed, "vllm:num_requests_waiting") == 1
+            assert value(parsed, "vllm:num_requests_waiting_by_reason", reason="capacity") == 1
+            assert value(parsed, "vllm:kv_cache_usage_perc") == replica.engine.kv_usage > 0
+        assert (await second).json()["usage"]["completion_tokens"] == 1
+        parsed = await scrape(http)
+        assert value(parsed, "vllm:num_requests_running") == value(parsed, "vllm:kv_cache_usage_perc") == 0
+
+
+async def test_preemptions_are_counted_and_requests_still_complete(served_model: ServedModel) -> None:
+    # 8 usable blocks of 32 (256 tokens); two requests that each grow to 213 tokens cannot both fit.
+    async with (
+        running_replica(served_model, num_gpu_blocks=9) as (_, url),
+        httpx.AsyncClient(base_url=url, timeout=60) as http,
+    ):
+        payloads = [{"prompt": list(range(start, start + 64)), "max_tokens": 150} for start in (100, 500)]
+        responses = await asyncio.gather(*(http.post("/v1/completions", json=p) for p in payloads))
+        assert [r.json()["usage"]["completion_tokens"] for r in responses] == [150, 150]
+        parsed = await scrape(http)
+        assert value(parsed, "vllm:num_preemptions_total") >= 1
+        assert value(parsed, "vllm:request_num_preemptions_sum") >= 1
+
+
+async def test_histograms_may_lag_but_counters_do_not(served_model: ServedModel) -> None:
+    now = [0.0]
+    profile = load_profile("instant")
+    engine = Engine(profile.engine, profile.cost, served_model.output_vocab)
+    metrics = EngineMetrics(engine, "tiny", histogram_refresh_s=1.0, clock=lambda: now[0])
+    first = families(metrics.render().decode())
+    engine.add_request(EngineRequest("a", [1, 2, 3], 1), 0.0)
+    step = engine.schedule(0.0)
+    metrics.record_step(engine.finish_step(step, step.end_time))
+    stale = families(metrics.render().decode())
+    assert value(stale, "vllm:generation_tokens_total") == 1
+    assert value(stale, "vllm:e2e_request_latency_seconds_count") == value(
+        first, "vllm:e2e_request_latency_seconds_count"
+    )
+    now[0] = 1.0
+    fresh = families(metrics.render().decode())
+    assert value(fresh, "vllm:e2e_request_latency_seconds_count") == 1
