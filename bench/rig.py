@@ -12,6 +12,7 @@ from sim.processes import (
     BIN,
     Component,
     free_port,
+    free_port_range,
     http_ok,
     spawn,
     start_envoy,
@@ -61,7 +62,7 @@ class GatewayRig:
                 start_envoy("stub-engines", stub_engine_bootstrap(ports), self.workdir, concurrency=1)
             )
             return ports
-        first = free_port()
+        first = free_port_range(self.endpoints)
         ports = list(range(first, first + self.endpoints))
         argv = [
             str(BIN / "llm-epp-sim"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,6 +29,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_range(count: int, attempts: int = 50) -> int:
+    """First of ``count`` consecutive free loopback ports (for a multi-replica simulator)."""
+    rng = random.Random()
+    for _ in range(attempts):
+        first = rng.randrange(20_000, 60_000 - count)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise ProcessError(f"found no {count} consecutive free ports")
 
 
 @dataclass

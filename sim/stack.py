@@ -1,4 +1,5 @@
-"""``llm-epp-stack``: the whole gateway on loopback — real Envoy, the EPP, simulated vLLM replicas.
+"""``llm-epp-stack``: the whole gateway on loopback — real Envoy, the EPP, and vLLM replicas,
+simulated (default) or real (``--engine vllm``: the CPU build of vLLM serving a tiny model).
 
 Every component is a separate process in its own process group, started in dependency order
 (replicas, EPP, Envoy) and each waited on until it answers; ``stop()`` ends them all. The
@@ -17,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from epp.envoy_config import FailureMode, gateway_bootstrap
 from sim.processes import (
@@ -31,6 +33,7 @@ from sim.processes import (
     wait_until,
     write_endpoints_file,
 )
+from sim.real_vllm import VllmReplicaSpec, start_vllm_replicas
 
 
 @dataclass
@@ -52,6 +55,7 @@ class StackPorts:
 @dataclass
 class StackConfig:
     replicas: int = 4
+    engine: Literal["sim", "vllm"] = "sim"
     ports: StackPorts = field(default_factory=StackPorts)
     sim_profile: str = "default"
     sim_args: Sequence[str] = ()
@@ -89,6 +93,19 @@ class LocalStack:
     def replica_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.replica_ports[index]}"
 
+    def vllm_spec(self, index: int) -> VllmReplicaSpec:
+        return VllmReplicaSpec(
+            port=self.replica_ports[index], workdir=self.workdir, served_model_name=self.config.model
+        )
+
+    def _start_replicas(self) -> list[Component]:
+        if self.config.engine == "vllm":
+            indexes = range(self.config.replicas)
+            return start_vllm_replicas(
+                [self.vllm_spec(i) for i in indexes], [f"replica-{i}" for i in indexes]
+            )
+        return [self.start_replica(i) for i in range(self.config.replicas)]
+
     def start_replica(self, index: int) -> Component:
         port = self.replica_ports[index]
         argv = [
@@ -123,7 +140,7 @@ class LocalStack:
 
     def _start(self) -> None:
         ports = self.config.ports
-        self.replicas = [self.start_replica(i) for i in range(self.config.replicas)]
+        self.replicas = self._start_replicas()
         self.epp = start_epp(
             self.workdir,
             self.write_endpoints(),
@@ -145,6 +162,9 @@ class LocalStack:
         for component in [self.envoy, self.epp, *self.replicas]:
             if component is not None:
                 component.stop()
+        if self.config.engine == "vllm":
+            for i in range(self.config.replicas):
+                shutil.rmtree(self.vllm_spec(i).tmpdir, ignore_errors=True)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -163,24 +183,30 @@ def _curl_example(stack: LocalStack) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="llm-epp-stack", description=__doc__.splitlines()[0])
-    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument(
+        "--engine", choices=["sim", "vllm"], default="sim", help="simulated or real vLLM replicas"
+    )
+    parser.add_argument("--replicas", type=int, default=None, help="default: 4 simulated or 2 real")
     parser.add_argument("--gateway-port", type=int, default=8081)
     parser.add_argument("--first-replica-port", type=int, default=8100)
     parser.add_argument("--sim-profile", default="default", help="simulated engine profile")
     parser.add_argument("--config", default="gie-default", help="EndpointPickerConfig name or path")
     parser.add_argument("--failure-mode", choices=["FailOpen", "FailClose"], default="FailClose")
     args = parser.parse_args(argv)
+    replicas = args.replicas or (2 if args.engine == "vllm" else 4)
     ports = StackPorts(gateway=args.gateway_port, first_replica=args.first_replica_port)
     stack = LocalStack(
         StackConfig(
-            replicas=args.replicas,
+            replicas=replicas,
+            engine=args.engine,
             ports=ports,
             sim_profile=args.sim_profile,
             epp_config=args.config,
             failure_mode=args.failure_mode,
         )
     )
-    print(f"starting {args.replicas} simulated replicas, the EPP and Envoy (logs in {stack.workdir}) ...")
+    kind = "real vLLM (CPU, up to a few minutes)" if args.engine == "vllm" else "simulated"
+    print(f"starting {replicas} {kind} replicas, the EPP and Envoy (logs in {stack.workdir}) ...")
     stopping = False
 
     def request_stop(signum: int, frame: object) -> None:

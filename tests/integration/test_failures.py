@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import metric_sum, start_stack
+from tests.stacks import metric_sum, start_stack, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_killed_replica_mid_stream(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import grpc
 import httpx
@@ -12,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sim.stack import LocalStack
-from tests.integration.conftest import metric_sum
+from tests.stacks import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
 LONG_PROMPT = "You are a helpful assistant for a shipping company. " * 40
@@ -112,12 +111,7 @@ def test_client_disconnect_mid_stream_is_cleaned_up(stack: LocalStack) -> None:
         assert response.status_code == 200
         next(response.iter_lines())
     # The EPP notices the reset and releases the endpoint.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") == 0:
-            break
-        time.sleep(0.1)
-    assert metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") == 0
+    assert wait_for(lambda: metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") == 0)
     aborted = metric_sum(
         stack.epp_metrics_url, "inference_objective_request_error_total", error_code="aborted"
     )

@@ -1,0 +1,86 @@
+"""The gateway in front of real vLLM replicas: the same promises as with simulated ones."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from sim.stack import LocalStack
+from tests.stacks import metric_sum, scrape, start_stack, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+LONG_PROMPT = "def handler(event, context):\n    return {'status': 200, 'body': event['body']}\n" * 20
+
+
+def test_completions_and_chat_streamed_and_not(vllm_client: openai.OpenAI) -> None:
+    completion = vllm_client.completions.create(
+        model="tiny", prompt="Hello world", max_tokens=5, extra_body={"ignore_eos": True}
+    )
+    assert completion.usage.completion_tokens == 5 and completion.usage.prompt_tokens == 5
+    stream = vllm_client.completions.create(
+        model="tiny", prompt="Hello", max_tokens=4, stream=True, extra_body={"ignore_eos": True}
+    )
+    assert sum(1 for c in stream if c.choices and c.choices[0].text) >= 1
+    chat = vllm_client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        extra_body={"ignore_eos": True},
+    )
+    assert chat.usage.completion_tokens == 3
+    chunks = list(
+        vllm_client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+    )  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == 3
+
+
+def test_epp_scrapes_real_vllm_metrics(vllm_stack: LocalStack) -> None:
+    metrics = scrape(vllm_stack.epp_metrics_url)
+    assert metric_sum(vllm_stack.epp_metrics_url, "inference_pool_ready_pods") == 2
+    ages = [v for k, v in metrics.items() if k.startswith("llm_epp_endpoint_metrics_age_seconds")]
+    assert len(ages) == 2 and max(ages) < 2.0  # fresh scrapes of both replicas
+
+
+def test_long_prompt_twice_lands_on_the_replica_that_cached_it(vllm_client: openai.OpenAI) -> None:
+    first = vllm_client.completions.create(model="tiny", prompt=LONG_PROMPT, max_tokens=2)
+    assert first.usage.prompt_tokens > 256
+    second = vllm_client.completions.create(model="tiny", prompt=LONG_PROMPT, max_tokens=2)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= (first.usage.prompt_tokens - 1) // 32 * 32 - 32, cached
+
+
+def test_killed_vllm_replica_mid_stream(tmp_path: Path) -> None:
+    stack = start_stack(tmp_path, replicas=2, engine="vllm")
+    try:
+        client = openai.OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="x", max_retries=0, timeout=60)
+        stream = client.completions.create(
+            model="tiny", prompt="Hi", max_tokens=1500, stream=True, extra_body={"ignore_eos": True}
+        )
+        chunks = iter(stream)
+        next(chunks)
+        running = [metric_sum(stack.replica_url(i) + "/metrics", "vllm:num_requests_running") for i in (0, 1)]
+        victim = running.index(1.0)
+        stack.replicas[victim].stop(signal.SIGKILL)
+        with pytest.raises((openai.APIError, httpx.HTTPError)):
+            for _ in chunks:
+                pass
+        pod = f"replica-{victim}"
+        assert wait_for(
+            lambda: metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_healthy", model_server_pod=pod) == 0
+        )
+        for _ in range(5):
+            r = client.completions.create(
+                model="tiny", prompt="Hello", max_tokens=2, extra_body={"ignore_eos": True}
+            )
+            assert r.usage.completion_tokens == 2
+        assert stack.epp.alive()
+    finally:
+        stack.stop()
