@@ -18,6 +18,7 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.latency.client import PredictorClient
 from epp.metrics import EppMetrics
 from epp.requestcontrol.director import Director
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
@@ -46,8 +47,19 @@ class EppApp:
         self.registry = CollectorRegistry()
         self.metrics = EppMetrics(self.registry, settings.pool_name, self.store, self.clock)
         rng = random.Random(settings.seed)
+        self.predictor: PredictorClient | None = None
+        if settings.predictor_url:
+            self.predictor = PredictorClient(
+                settings.predictor_url,
+                settings.trainer_url,
+                self.clock,
+                self.metrics,
+                timeout_s=settings.prediction_timeout_ms / 1e3,
+                coalesce_window_s=settings.prediction_coalesce_ms / 1e3,
+            )
         config = EndpointPickerConfig.from_file(config_path(settings.config))
-        self.pipeline = build_pipeline(config, PluginContext(clock=self.clock, rng=rng))
+        context = PluginContext(clock=self.clock, rng=rng, latency_predictor=self.predictor)
+        self.pipeline = build_pipeline(config, context)
         self.director = Director(
             self.pipeline, self.store, ModelTokenizer(settings.tokenizer_dir), self.metrics, self.clock, rng
         )
@@ -64,6 +76,8 @@ class EppApp:
         s = self.settings
         self.source.load()
         self.scraper.start()
+        if self.predictor is not None:
+            await self.predictor.start()
         self._tasks.append(asyncio.create_task(self.source.watch(), name="endpoints-file"))
 
         self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
@@ -102,3 +116,5 @@ class EppApp:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         await self.scraper.close()
+        if self.predictor is not None:
+            await self.predictor.close()

@@ -47,3 +47,18 @@ class NoEndpointAvailable(RequestError):
     status = 503
     error_type = "ServiceUnavailableError"
     dropped_reason = "rejected-no-endpoints"
+
+
+class RequestShed(RequestError):
+    """A sheddable request refused because no endpoint can serve it in its SLO; retry later."""
+
+    status = 429
+    error_type = "TooManyRequestsError"
+    dropped_reason = "rejected-saturated"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), "retry-after": str(self.retry_after_s)}

@@ -22,6 +22,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[EppSettings, str]:
     for name, field in EppSettings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         kwargs: dict = {"help": field.description, "dest": name}
+        if field.annotation == list[str]:
+            kwargs["action"] = "append"
+            kwargs["default"] = argparse.SUPPRESS
+            parser.add_argument(flag, **kwargs)
+            continue
         if field.is_required():
             kwargs["required"] = True
         else:
@@ -31,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[EppSettings, str]:
     parser.add_argument("--log-level", default="INFO")
     args = vars(parser.parse_args(argv))
     log_level = args.pop("log_level")
+    if "predictor_url" in args:
+        args["predictor_url"] = [u for value in args["predictor_url"] for u in value.split(",") if u]
     try:
         return EppSettings.model_validate(args), log_level
     except ValidationError as exc:

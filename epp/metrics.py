@@ -157,6 +157,10 @@ class ModelSeries:
     input_tokens: Histogram
     output_tokens: Histogram
     running: Gauge
+    predicted_ttft: Histogram
+    predicted_tpot: Histogram
+    ttft_slo_violations: Counter
+    tpot_slo_violations: Counter
 
 
 class EppMetrics:
@@ -221,6 +225,62 @@ class EppMetrics:
             buckets=SCHEDULER_BUCKETS,
             registry=registry,
         )
+        self.predicted_ttft = Histogram(
+            "inference_objective_request_predicted_ttft_seconds",
+            "Predicted time to first token on the chosen endpoint",
+            model,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.predicted_tpot = Histogram(
+            "inference_objective_request_predicted_tpot_seconds",
+            "Predicted time per output token on the chosen endpoint",
+            model,
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.ttft_slo_violations = Counter(
+            "inference_objective_request_ttft_slo_violation",
+            "Requests whose TTFT exceeded their x-slo-ttft-ms",
+            model,
+            registry=registry,
+        )
+        self.tpot_slo_violations = Counter(
+            "inference_objective_request_tpot_slo_violation",
+            "Streaming requests whose TPOT exceeded their x-slo-tpot-ms",
+            model,
+            registry=registry,
+        )
+        self.prediction_duration = Histogram(
+            "llm_epp_prediction_call_duration_seconds",
+            "Latency of one coalesced bulk call to a predictor",
+            buckets=SCHEDULER_BUCKETS,
+            registry=registry,
+        )
+        self.prediction_batch_rows = Histogram(
+            "llm_epp_prediction_batch_rows",
+            "Feature rows per coalesced predictor call",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 10000),
+            registry=registry,
+        )
+        self.prediction_batch_requests = Histogram(
+            "llm_epp_prediction_batch_requests",
+            "Scheduling requests coalesced into one predictor call",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
+            registry=registry,
+        )
+        self.prediction_fallbacks = Counter(
+            "llm_epp_prediction_fallback",
+            "Requests scheduled without predictions, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.training_rows = Counter(
+            "llm_epp_training_rows",
+            "Training samples sent to the trainer or dropped",
+            ["outcome"],
+            registry=registry,
+        )
         self.upstream_failures = Counter(
             "llm_epp_upstream_failures",
             "Responses showing the endpoint failed (5xx or reset)",
@@ -248,6 +308,10 @@ class EppMetrics:
             self.input_tokens.labels(model, model),
             self.output_tokens.labels(model, model),
             self.running.labels(model),
+            self.predicted_ttft.labels(model, model),
+            self.predicted_tpot.labels(model, model),
+            self.ttft_slo_violations.labels(model, model),
+            self.tpot_slo_violations.labels(model, model),
         )
         self._series[model] = series
         return series

@@ -27,3 +27,11 @@ class EppSettings(BaseModel):
     scrape_timeout_s: float = Field(1.0, gt=0, description="engine /metrics request timeout")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
     seed: int | None = Field(None, description="seed for the scheduling RNG (random if unset)")
+    predictor_url: list[str] = Field(
+        default_factory=list, description="predictor sidecar base URLs (repeat the flag or comma-separate)"
+    )
+    trainer_url: str | None = Field(None, description="trainer sidecar base URL, for training samples")
+    prediction_timeout_ms: float = Field(400.0, gt=0, le=10_000, description="time box of one prediction")
+    prediction_coalesce_ms: float = Field(
+        1.0, ge=0, le=100, description="window merging concurrent predictions"
+    )

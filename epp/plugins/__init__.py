@@ -2,7 +2,12 @@
 
 from epp.plugins import (  # noqa: F401
     kv_cache_utilization_scorer,
+    latency_scorer,
+    latency_slo_admitter,
     pickers,
+    predicted_latency,
+    prefix_affinity_filter,
     prefix_cache,
     queue_scorer,
+    slo_headroom_tier_filter,
 )

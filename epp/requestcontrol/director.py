@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.errors import NoEndpointAvailable, RequestError
+from epp.latency.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK
 from epp.metrics import EppMetrics, ModelSeries
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.requestcontrol.response_meter import ResponseMeter
-from epp.scheduling.framework import CycleState
+from epp.scheduling.framework import CycleState, RequestOutcome
 from epp.scheduling.pipeline import NoCandidates, Pipeline
 from epp.scheduling.types import LLMRequest, SchedulingResult
 from epp.tokenization import ModelTokenizer
@@ -50,6 +51,7 @@ class RequestRecord:
     response_complete: bool = False
     finished_at: float | None = None
     series: ModelSeries | None = None
+    state: CycleState | None = None
 
     @property
     def endpoint_name(self) -> str | None:
@@ -95,11 +97,14 @@ class Director:
         if not candidates:
             raise NoEndpointAvailable("no model server endpoint is ready")
         started = self.clock()
+        record.state = CycleState()
         try:
-            result = self.pipeline.schedule(request, candidates, CycleState())
+            result = await self.pipeline.schedule(request, candidates, record.state)
         except NoCandidates as exc:
             raise NoEndpointAvailable(f"no endpoint can serve this request: {exc}") from None
         self.metrics.scheduling.observe(self.clock() - started)
+        if (fallback := record.state.get(PREDICTION_FALLBACK)) is not None:
+            self.metrics.prediction_fallbacks.labels(fallback).inc()
         return self._routed(record, result)
 
     def schedule_bodyless(self, record: RequestRecord) -> SchedulingResult:
@@ -129,10 +134,19 @@ class Director:
             self._upstream_failed(record, f"HTTP {status}")
 
     def response_body(self, record: RequestRecord, chunk: bytes, end_of_stream: bool) -> None:
-        if record.meter is None:
+        meter = record.meter
+        if meter is None:
             return
-        if record.meter.feed(chunk) and record.first_token_at is None:
-            record.first_token_at = self.clock()
+        if meter.feed(chunk):
+            now = self.clock()
+            first = record.first_token_at is None
+            if first:
+                record.first_token_at = now
+            if record.request is not None and record.result is not None and record.state is not None:
+                for observer in self.pipeline.observers:
+                    if first:
+                        observer.on_first_token(record.request, record.result, record.state, now)
+                    observer.on_progress(record.request, record.result, record.state, meter.tokens, now)
         if end_of_stream:
             record.response_complete = True
 
@@ -144,29 +158,65 @@ class Director:
         if record.result is None:
             return
         self.store.request_finished(record.result.endpoint.name)
-        series = record.series
-        if series is None:  # a body-less request: routed, not metered
+        series, request, state = record.series, record.request, record.state
+        if series is None or request is None or state is None:  # body-less: routed, not metered
             return
         series.running.dec()
-        if not record.response_complete or record.status is None or record.status >= 400:
+        meter = record.meter
+        if meter is not None:
+            meter.finish()
+        completed = record.response_complete and record.status is not None and record.status < 400
+        outcome = RequestOutcome(
+            endpoint=record.result.endpoint,
+            received_at=record.received_at,
+            finished_at=record.finished_at,
+            status=record.status,
+            streaming=meter is not None and meter.streaming,
+            completed=completed,
+            first_token_at=record.first_token_at,
+            completion_tokens=meter.completion_tokens if meter is not None else 0,
+        )
+        for observer in self.pipeline.observers:
+            observer.on_finished(request, record.result, state, outcome)
+        if not completed:
             self.metrics.error(series, str(record.status) if record.response_complete else "aborted")
             return
-        self._observe_latency(record, series)
+        self._observe_latency(request, outcome, series)
+        self._observe_slo(request, state, outcome, series)
 
-    def _observe_latency(self, record: RequestRecord, series: ModelSeries) -> None:
-        meter, request = record.meter, record.request
-        assert meter is not None and request is not None and record.finished_at is not None
-        meter.finish()
-        e2e = record.finished_at - record.received_at
-        series.duration.observe(e2e)
+    def _observe_latency(self, request: LLMRequest, outcome: RequestOutcome, series: ModelSeries) -> None:
+        series.duration.observe(outcome.e2e_s)
         series.input_tokens.observe(request.input_tokens)
-        tokens = meter.completion_tokens
-        series.output_tokens.observe(tokens)
-        if meter.streaming and record.first_token_at is not None:
-            ttft = record.first_token_at - record.received_at
+        series.output_tokens.observe(outcome.completion_tokens)
+        if outcome.streaming and (ttft := outcome.ttft_s) is not None:
             series.ttft.observe(ttft)
-            if tokens > 1:
-                series.tpot.observe((e2e - ttft) / (tokens - 1))
+            if (tpot := outcome.tpot_s) is not None:
+                series.tpot.observe(tpot)
+
+    def _observe_slo(
+        self, request: LLMRequest, state: CycleState, outcome: RequestOutcome, series: ModelSeries
+    ) -> None:
+        predictions = state.get(LATENCY_PREDICTIONS)
+        predicted = predictions.by_endpoint.get(outcome.endpoint.name) if predictions else None
+        if predicted is not None:
+            series.predicted_ttft.observe(predicted.ttft_ms / 1e3)
+            series.predicted_tpot.observe(predicted.tpot_ms / 1e3)
+        # A non-streaming client sees its first token when the whole response arrives.
+        first_token_s = outcome.ttft_s if outcome.streaming else outcome.e2e_s
+        if (
+            request.slo_ttft_ms is not None
+            and first_token_s is not None
+            and first_token_s * 1e3 > request.slo_ttft_ms
+        ):
+            series.ttft_slo_violations.inc()
+        tpot = outcome.tpot_s
+        if (
+            request.slo_tpot_ms is not None
+            and outcome.streaming
+            and tpot is not None
+            and tpot * 1e3 > request.slo_tpot_ms
+        ):
+            series.tpot_slo_violations.inc()
 
     def _upstream_failed(self, record: RequestRecord, why: str) -> None:
         name = record.endpoint_name

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from epp.errors import BadRequest
+from epp.requestcontrol.request_headers import parse_request_hints
 from epp.scheduling.types import ApiKind, LLMRequest
 from epp.tokenization import ChatTemplateError, ModelTokenizer
 
@@ -70,11 +71,18 @@ def parse_openai_request(
     tokenizer: ModelTokenizer,
     request_id: str,
 ) -> LLMRequest:
-    """Build the request the scheduler sees. Raises :class:`BadRequest` for invalid bodies."""
+    """Build the request the scheduler sees. Raises :class:`BadRequest` for invalid bodies or hints."""
     kind = api_kind(path)
+    hints = parse_request_hints(headers)
     if kind is None:
         return LLMRequest(
-            request_id=request_id, model="", api=ApiKind.OTHER, prompt_token_ids=[], headers=headers
+            request_id=request_id,
+            model="",
+            api=ApiKind.OTHER,
+            prompt_token_ids=[],
+            headers=headers,
+            priority=hints.priority,
+            prediction_based=hints.prediction_based,
         )
     data = _decode(body)
     model = data.get("model")
@@ -112,4 +120,8 @@ def parse_openai_request(
         headers=headers,
         cache_salt=salt,
         body=data,
+        slo_ttft_ms=hints.slo_ttft_ms,
+        slo_tpot_ms=hints.slo_tpot_ms,
+        priority=hints.priority,
+        prediction_based=hints.prediction_based,
     )

@@ -1,9 +1,9 @@
 """The plugin interfaces of the scheduling core.
 
-A request is scheduled in this order (see ``epp.requestcontrol.director``):
-data producers (ordered by what they produce and consume) → admitters → filters → scorers
-(weighted sum of [0, 1] scores) → picker → pre-request hooks. Response observers then
-follow the request's lifecycle.
+A request is scheduled in this order (see ``epp.scheduling.pipeline``):
+data producers (ordered by what they produce and consume; they may await, e.g. a remote
+predictor) → admitters → filters → scorers (weighted sum of [0, 1] scores) → picker →
+pre-request hooks. Response observers then follow the request's lifecycle.
 
 Plugins are plain classes registered by kebab-case type name. They receive everything they
 need through arguments and a :class:`PluginContext` (injected clock and RNG), never by
@@ -14,14 +14,18 @@ same code.
 from __future__ import annotations
 
 import random
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
+from epp.scheduling.types import Endpoint, EndpointState, LLMRequest, SchedulingResult
+
+if TYPE_CHECKING:
+    from epp.latency.predictions import LatencyPredictor
 
 T = TypeVar("T")
 
@@ -53,10 +57,14 @@ class CycleState:
 
 @dataclass(slots=True)
 class PluginContext:
-    """What the framework hands every plugin: the clock and the random source to use."""
+    """What the framework hands every plugin: the clock and the random source to use, and the
+    services some plugins need (None when the process runs without them)."""
 
     clock: Callable[[], float]
     rng: random.Random = field(default_factory=random.Random)
+    wall_clock: Callable[[], float] = time.time
+    """Seconds since the epoch, for timestamps that leave the process (training samples)."""
+    latency_predictor: LatencyPredictor | None = None
 
 
 class NoParameters(BaseModel):
@@ -87,10 +95,23 @@ class Plugin:
 
 
 class DataProducer(Plugin, ABC):
-    """Computes data for a request before it is scheduled (prefix matches, predictions, ...)."""
+    """Computes data for a request before it is scheduled (prefix matches, predictions, ...).
+
+    ``produce`` may return an awaitable (a remote call); the pipeline awaits it. A producer
+    that fails writes nothing, and the plugins that read its data fall back.
+    """
 
     @abstractmethod
-    def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState) -> None: ...
+    def produce(
+        self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
+    ) -> Awaitable[None] | None: ...
+
+
+class Admitter(Plugin, ABC):
+    """Decides whether a request is served at all; refuses by raising a ``RequestError``."""
+
+    @abstractmethod
+    def admit(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState) -> None: ...
 
 
 class Filter(Plugin, ABC):
@@ -129,3 +150,52 @@ class PreRequest(Plugin, ABC):
 
     @abstractmethod
     def pre_request(self, request: LLMRequest, result: SchedulingResult, state: CycleState) -> None: ...
+
+
+@dataclass(slots=True)
+class RequestOutcome:
+    """How a routed request ended, as seen by the EPP (times from the injected clock)."""
+
+    endpoint: Endpoint
+    received_at: float
+    finished_at: float
+    status: int | None
+    streaming: bool
+    completed: bool
+    """The response ended normally with a status below 400."""
+    first_token_at: float | None
+    completion_tokens: int
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finished_at - self.received_at
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.received_at
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first, counted in tokens."""
+        if self.first_token_at is None or self.completion_tokens < 2:
+            return None
+        return (self.finished_at - self.first_token_at) / (self.completion_tokens - 1)
+
+
+class ResponseObserver(Plugin):
+    """Follows a routed request's response. Override the steps you need; each is a no-op here."""
+
+    def on_first_token(
+        self, request: LLMRequest, result: SchedulingResult, state: CycleState, now: float
+    ) -> None:
+        """The first generated token reached the gateway."""
+
+    def on_progress(
+        self, request: LLMRequest, result: SchedulingResult, state: CycleState, tokens: int, now: float
+    ) -> None:
+        """``tokens`` output tokens have streamed so far."""
+
+    def on_finished(
+        self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
+    ) -> None:
+        """The request is over: completed, failed upstream, or cancelled by the client."""

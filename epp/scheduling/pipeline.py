@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epp.scheduling.framework import (
+    Admitter,
     CycleState,
     DataProducer,
     Filter,
     Picker,
     Plugin,
     PreRequest,
+    ResponseObserver,
     ScoredEndpoint,
     Scorer,
 )
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
+
+log = logging.getLogger(__name__)
 
 
 class NoCandidates(Exception):
@@ -66,19 +71,37 @@ class Pipeline:
     plugins: dict[str, Plugin]
     producers: list[DataProducer]
     profile: SchedulingProfile
+    admitters: list[Admitter] = field(init=False)
     pre_request: list[PreRequest] = field(init=False)
+    observers: list[ResponseObserver] = field(init=False)
+    producer_failures: int = 0
 
     def __post_init__(self) -> None:
+        self.admitters = [p for p in self.plugins.values() if isinstance(p, Admitter)]
         self.pre_request = [p for p in self.plugins.values() if isinstance(p, PreRequest)]
+        self.observers = [p for p in self.plugins.values() if isinstance(p, ResponseObserver)]
 
-    def schedule(
+    async def schedule(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
     ) -> SchedulingResult:
-        """Run producers, the profile, and pre-request hooks. Pure: no I/O, no wall clock."""
+        """Run producers, admitters, the profile, and pre-request hooks.
+
+        No I/O happens here beyond what producers await, and no wall clock is read. A producer
+        that raises is logged and skipped (its consumers fall back); an admitter's refusal and
+        an empty candidate set propagate.
+        """
         if not endpoints:
             raise NoCandidates("no ready endpoint")
         for producer in self.producers:
-            producer.produce(request, endpoints, state)
+            try:
+                pending = producer.produce(request, endpoints, state)
+                if pending is not None:
+                    await pending
+            except Exception:
+                self.producer_failures += 1
+                log.exception("producer %s failed; its consumers fall back", producer.name)
+        for admitter in self.admitters:
+            admitter.admit(request, endpoints, state)
         result = self.profile.run(request, endpoints, state)
         for hook in self.pre_request:
             hook.pre_request(request, result, state)

@@ -77,6 +77,12 @@ class LLMRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     cache_salt: str | None = None
     body: dict[str, Any] = field(default_factory=dict, repr=False)
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    priority: int = 0
+    """Below zero: sheddable when no endpoint can meet the request's SLO."""
+    prediction_based: bool | None = None
+    """Per-request opt in/out of predicted-latency scheduling; None means the configured default."""
 
     @property
     def input_tokens(self) -> int:

@@ -1,0 +1,244 @@
+"""Client of the predictor and trainer sidecars.
+
+Predictions: concurrent ``predict`` calls that arrive within ``coalesce_window_s`` (1 ms)
+are merged into one ``POST /predict/bulk/strict`` to one predictor instance, chosen round
+robin among those whose circuit breaker is closed, with at most ``max_concurrent_calls`` in
+flight. Every caller waits at most ``timeout_s`` (400 ms) and then gets
+:class:`PredictionUnavailable`; so do callers when every instance's breaker is open or the
+predictors have no model yet. Callers fall back to heuristics; the client never blocks
+scheduling for longer than its time box.
+
+Training: samples are buffered (bounded; the oldest are dropped when full) and flushed in
+bulk with ``POST /add_training_data_bulk`` every ``flush_interval_s`` (1 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from epp.latency.breaker import CircuitBreaker
+from epp.latency.predictions import Prediction, PredictionUnavailable
+from epp.metrics import EppMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Waiter:
+    rows: Sequence[dict[str, Any]]
+    future: asyncio.Future[list[Prediction]]
+
+
+class _Instance:
+    def __init__(self, url: str, breaker: CircuitBreaker) -> None:
+        self.url = url.rstrip("/")
+        self.breaker = breaker
+
+
+class PredictorClient:
+    def __init__(
+        self,
+        predictor_urls: Sequence[str],
+        trainer_url: str | None,
+        clock: Callable[[], float],
+        metrics: EppMetrics,
+        *,
+        timeout_s: float = 0.4,
+        coalesce_window_s: float = 0.001,
+        max_rows_per_call: int = 10_000,
+        max_concurrent_calls: int = 36,
+        flush_interval_s: float = 1.0,
+        max_training_rows_per_flush: int = 10_000,
+        max_buffered_training_rows: int = 100_000,
+    ) -> None:
+        if not predictor_urls:
+            raise ValueError("at least one predictor URL is needed")
+        self.clock = clock
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.coalesce_window_s = coalesce_window_s
+        self.max_rows_per_call = max_rows_per_call
+        self.flush_interval_s = flush_interval_s
+        self.max_training_rows_per_flush = max_training_rows_per_flush
+        self.trainer_url = trainer_url.rstrip("/") if trainer_url else None
+        self._instances = [_Instance(u, CircuitBreaker(clock)) for u in predictor_urls]
+        self._next_instance = 0
+        self._calls = asyncio.Semaphore(max_concurrent_calls)
+        self._waiting: list[_Waiter] = []
+        self._dispatch_handle: asyncio.TimerHandle | None = None
+        self._training: deque[dict[str, Any]] = deque(maxlen=max_buffered_training_rows)
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        if self.trainer_url:
+            self._spawn(self._flush_training_forever())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- predictions ---------------------------------------------------------------------
+
+    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
+        """Predictions for ``rows`` (feature dicts), in order, or :class:`PredictionUnavailable`."""
+        if not any(i.breaker.available for i in self._instances):
+            raise PredictionUnavailable("breaker_open")
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(rows, loop.create_future())
+        self._waiting.append(waiter)
+        if self._dispatch_handle is None:
+            self._dispatch_handle = loop.call_later(self.coalesce_window_s, self._dispatch)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await asyncio.shield(waiter.future)
+        except TimeoutError:
+            raise PredictionUnavailable("timeout") from None
+
+    def _dispatch(self) -> None:
+        self._dispatch_handle = None
+        waiting, self._waiting = self._waiting, []
+        batch: list[_Waiter] = []
+        rows = 0
+        for waiter in waiting:
+            if batch and rows + len(waiter.rows) > self.max_rows_per_call:
+                self._spawn(self._call(batch))
+                batch, rows = [], 0
+            batch.append(waiter)
+            rows += len(waiter.rows)
+        if batch:
+            self._spawn(self._call(batch))
+
+    def _pick_instance(self) -> _Instance | None:
+        n = len(self._instances)
+        for k in range(n):
+            instance = self._instances[(self._next_instance + k) % n]
+            if instance.breaker.allow():
+                self._next_instance = (self._next_instance + k + 1) % n
+                return instance
+        return None
+
+    async def _call(self, batch: list[_Waiter]) -> None:
+        rows = [row for waiter in batch for row in waiter.rows]
+        self.metrics.prediction_batch_rows.observe(len(rows))
+        self.metrics.prediction_batch_requests.observe(len(batch))
+        instance = self._pick_instance()
+        if instance is None:
+            _fail(batch, PredictionUnavailable("breaker_open"))
+            return
+        started = self.clock()
+        try:
+            async with self._calls:
+                predictions = await self._post_predict(instance, rows)
+        except PredictionUnavailable as exc:
+            _fail(batch, exc)
+            return
+        finally:
+            self.metrics.prediction_duration.observe(self.clock() - started)
+        offset = 0
+        for waiter in batch:
+            if not waiter.future.done():
+                waiter.future.set_result(predictions[offset : offset + len(waiter.rows)])
+            offset += len(waiter.rows)
+
+    async def _post_predict(self, instance: _Instance, rows: list[dict[str, Any]]) -> list[Prediction]:
+        assert self._session is not None, "start() first"
+        url = f"{instance.url}/predict/bulk/strict"
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+            async with self._session.post(
+                url,
+                data=json.dumps({"requests": rows}),
+                timeout=timeout,
+                headers={"content-type": "application/json"},
+            ) as response:
+                if response.status == 503:
+                    instance.breaker.record_success()  # alive, just no model yet
+                    raise PredictionUnavailable("warming_up")
+                if response.status != 200:
+                    raise PredictionUnavailable(f"http_{response.status}")
+                body = await response.json(content_type=None)
+            predictions = [Prediction(float(p["ttft_ms"]), float(p["tpot_ms"])) for p in body["predictions"]]
+            if len(predictions) != len(rows):
+                raise PredictionUnavailable("bad_response")
+        except PredictionUnavailable as exc:
+            if exc.reason != "warming_up":
+                instance.breaker.record_failure()
+            raise
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            instance.breaker.record_failure()
+            log.debug("predictor %s failed: %r", instance.url, exc)
+            raise PredictionUnavailable("error") from exc
+        instance.breaker.record_success()
+        return predictions
+
+    # -- training ------------------------------------------------------------------------
+
+    def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
+        """Queue training samples; the oldest are dropped (and counted) when the buffer is full."""
+        if self.trainer_url is None:
+            return
+        overflow = len(self._training) + len(samples) - (self._training.maxlen or 0)
+        if overflow > 0:
+            self.metrics.training_rows.labels("dropped").inc(overflow)
+        self._training.extend(samples)
+
+    async def flush_training(self) -> int:
+        """Send up to one bulk of queued samples now; return how many were accepted."""
+        if not self._training or self.trainer_url is None:
+            return 0
+        assert self._session is not None, "start() first"
+        entries = [
+            self._training.popleft()
+            for _ in range(min(len(self._training), self.max_training_rows_per_flush))
+        ]
+        try:
+            async with self._session.post(
+                f"{self.trainer_url}/add_training_data_bulk",
+                data=json.dumps({"entries": entries}),
+                headers={"content-type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=5.0),
+            ) as response:
+                accepted = response.status in (200, 202)
+                if not accepted:
+                    log.warning(
+                        "trainer refused %d samples: HTTP %d %s",
+                        len(entries),
+                        response.status,
+                        (await response.text())[:300],
+                    )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("trainer unreachable, %d samples dropped: %r", len(entries), exc)
+            accepted = False
+        self.metrics.training_rows.labels("sent" if accepted else "dropped").inc(len(entries))
+        return len(entries) if accepted else 0
+
+    async def _flush_training_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval_s)
+            while await self.flush_training() >= self.max_training_rows_per_flush:
+                pass
+
+
+def _fail(batch: list[_Waiter], error: PredictionUnavailable) -> None:
+    for waiter in batch:
+        if not waiter.future.done():
+            waiter.future.set_exception(error)
+            waiter.future.exception()  # mark retrieved: a caller that timed out never reads it

@@ -1,0 +1,78 @@
+"""Predicted latency as the scheduling core sees it: the predictor interface, and what the
+predicted-latency producer writes for the other plugins to read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from epp.scheduling.framework import DataKey
+
+
+class PredictionUnavailable(Exception):
+    """No prediction within the time box; ``reason`` names why (a metric label)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    ttft_ms: float
+    tpot_ms: float
+
+
+class LatencyPredictor(Protocol):
+    """Predicts latency for feature rows (``trainer.features`` field names) and takes training samples.
+
+    The live EPP's implementation calls predictor sidecars over HTTP; the fleet simulator's runs
+    the model in process. ``predict`` raises :class:`PredictionUnavailable` when it cannot answer.
+    """
+
+    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]: ...
+
+    def add_training(self, samples: Sequence[dict[str, Any]]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointPrediction:
+    """Predicted latency of one request on one endpoint, and its SLO headroom (ms).
+
+    Headroom is ``SLO − prediction``: positive means the endpoint is predicted to meet the
+    objective. With no TTFT SLO its headroom is ``−prediction``, so the lowest prediction has
+    the most. ``tpot_headroom_ms`` is None where no TPOT objective binds.
+    """
+
+    ttft_ms: float
+    tpot_ms: float
+    ttft_headroom_ms: float
+    tpot_headroom_ms: float | None
+
+    @property
+    def meets_slo(self) -> bool:
+        return self.ttft_headroom_ms >= 0 and (self.tpot_headroom_ms is None or self.tpot_headroom_ms >= 0)
+
+
+@dataclass(slots=True)
+class LatencyPredictions:
+    """Per-endpoint predictions for one request (only endpoints that got one), plus the SLOs."""
+
+    by_endpoint: dict[str, EndpointPrediction]
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    tpot_applies: bool = False
+    """TPOT matters for this request (a streaming request under a streaming-mode model)."""
+
+    @property
+    def has_slo(self) -> bool:
+        return self.slo_ttft_ms is not None or self.slo_tpot_ms is not None
+
+
+LATENCY_PREDICTIONS: DataKey[LatencyPredictions] = DataKey("latency-predictions")
+PREDICTION_FALLBACK: DataKey[str] = DataKey("latency-prediction-fallback")
+"""Why this request has no predictions (``disabled``, ``timeout``, ``breaker_open``, ...)."""
+FEATURE_ROWS: DataKey[dict[str, dict[str, Any]]] = DataKey("latency-feature-rows")
+"""Each endpoint's feature row as it was at scheduling time (written even when predictions are
+off or fail), kept so the request can be trained on once it finishes."""

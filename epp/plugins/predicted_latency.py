@@ -1,0 +1,159 @@
+"""``predicted-latency-producer``: predicted TTFT/TPOT of the request on every candidate.
+
+Builds one feature row per candidate (the endpoint's scraped load, the prompt length, its
+prefix-cache match there), makes one bulk prediction call for all of them, and writes each
+endpoint's prediction and SLO headroom (``LATENCY_PREDICTIONS``). Once the request finishes,
+it sends the chosen endpoint's row, as it was at scheduling time, with the measured
+latencies to the trainer: one TTFT sample and (streaming mode) one TPOT sample.
+
+=================================  =======  ===============================================
+parameter                          default  meaning
+=================================  =======  ===============================================
+streamingMode                      false    false: the model predicts end-to-end latency
+                                            (trained on E2E; TPOT neither trained nor used).
+                                            true: TTFT to the first token, TPOT counted in
+                                            tokens, for streaming requests.
+sloBufferFactor                    1.0      SLOs are scaled by this before taking headroom
+predictionBasedSchedulingDefault   true     whether requests without an
+                                            ``x-prediction-based-scheduling`` header use it
+=================================  =======  ===============================================
+
+TTFT headroom is ``SLO × buffer − prediction`` (``−prediction`` with no SLO, so the lowest
+prediction has the most). TPOT headroom exists for streaming requests in streaming mode when
+some TPOT SLO binds on the endpoint: the tightest among this request's and those of the
+streaming requests already running there (a new request slows their decoding too).
+When the predictor cannot answer in time, nothing is written except the reason
+(``PREDICTION_FALLBACK``); consumers fall back to heuristics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field
+
+from epp.latency.predictions import (
+    FEATURE_ROWS,
+    LATENCY_PREDICTIONS,
+    PREDICTION_FALLBACK,
+    EndpointPrediction,
+    LatencyPredictions,
+    LatencyPredictor,
+    PredictionUnavailable,
+)
+from epp.plugins.prefix_cache import PREFIX_MATCH
+from epp.scheduling.config import ConfigError
+from epp.scheduling.framework import (
+    CycleState,
+    DataProducer,
+    PluginContext,
+    PluginParameters,
+    PreRequest,
+    RequestOutcome,
+    ResponseObserver,
+)
+from epp.scheduling.registry import register_default_producer
+from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
+
+
+class PredictedLatencyParameters(PluginParameters):
+    streaming_mode: bool = Field(default=False, alias="streamingMode")
+    slo_buffer_factor: float = Field(default=1.0, gt=0, le=10, alias="sloBufferFactor")
+    prediction_based_scheduling_default: bool = Field(default=True, alias="predictionBasedSchedulingDefault")
+
+
+def feature_row(request: LLMRequest, endpoint: EndpointState, prefix_score: float) -> dict[str, Any]:
+    """The model's view of ``request`` on ``endpoint`` now (``trainer.features.FeatureRow`` fields)."""
+    m = endpoint.metrics
+    return {
+        "kv_cache_percentage": m.kv_cache_usage,
+        "input_token_length": request.input_tokens,
+        "num_request_waiting": m.waiting,
+        "num_request_running": m.running,
+        "num_tokens_generated": 0,
+        "prefix_cache_score": prefix_score,
+        "pod_type": "",
+        "prefill_tokens_in_flight": 0,
+        "decode_tokens_in_flight": 0,
+    }
+
+
+@register_default_producer
+class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
+    type_name = "predicted-latency-producer"
+    Parameters = PredictedLatencyParameters
+    produces = (LATENCY_PREDICTIONS, FEATURE_ROWS, PREDICTION_FALLBACK)
+    consumes = (PREFIX_MATCH,)
+    params: PredictedLatencyParameters
+
+    def __init__(self, name: str, params: PredictedLatencyParameters, context: PluginContext) -> None:
+        super().__init__(name, params, context)
+        if context.latency_predictor is None:
+            raise ConfigError(
+                f"plugin {name!r} needs a latency predictor: start the EPP with --predictor-url"
+            )
+        self.predictor: LatencyPredictor = context.latency_predictor
+        # Streaming requests' TPOT SLOs on each endpoint, by request id.
+        self._running_tpot_slos: dict[str, dict[str, float]] = {}
+
+    def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState):
+        match = state.get(PREFIX_MATCH)
+        rows = {e.name: feature_row(request, e, match.fraction(e.name) if match else 0.0) for e in endpoints}
+        state.put(FEATURE_ROWS, rows)
+        enabled = request.prediction_based
+        if enabled is None:
+            enabled = self.params.prediction_based_scheduling_default
+        if not enabled:
+            state.put(PREDICTION_FALLBACK, "disabled")
+            return None
+        return self._predict(request, rows, state)
+
+    async def _predict(self, request: LLMRequest, rows: dict[str, dict[str, Any]], state: CycleState) -> None:
+        try:
+            predictions = await self.predictor.predict(list(rows.values()))
+        except PredictionUnavailable as exc:
+            state.put(PREDICTION_FALLBACK, exc.reason)
+            return
+        buffer = self.params.slo_buffer_factor
+        ttft_slo, tpot_slo = request.slo_ttft_ms, request.slo_tpot_ms
+        tpot_applies = self.params.streaming_mode and request.stream
+        by_endpoint = {}
+        for name, p in zip(rows, predictions, strict=True):
+            ttft_headroom = (ttft_slo * buffer if ttft_slo else 0.0) - p.ttft_ms
+            tpot_headroom = None
+            if tpot_applies:
+                binding = [*self._running_tpot_slos.get(name, {}).values(), *([tpot_slo] if tpot_slo else [])]
+                if binding:
+                    tpot_headroom = min(binding) * buffer - p.tpot_ms
+            by_endpoint[name] = EndpointPrediction(p.ttft_ms, p.tpot_ms, ttft_headroom, tpot_headroom)
+        state.put(LATENCY_PREDICTIONS, LatencyPredictions(by_endpoint, ttft_slo, tpot_slo, tpot_applies))
+
+    def pre_request(self, request: LLMRequest, result: SchedulingResult, state: CycleState) -> None:
+        if self.params.streaming_mode and request.stream and request.slo_tpot_ms:
+            self._running_tpot_slos.setdefault(result.endpoint.name, {})[request.request_id] = (
+                request.slo_tpot_ms
+            )
+
+    def on_finished(
+        self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
+    ) -> None:
+        running = self._running_tpot_slos.get(result.endpoint.name)
+        if running is not None:
+            running.pop(request.request_id, None)
+        rows = state.get(FEATURE_ROWS)
+        row = rows.get(result.endpoint.name) if rows else None
+        if row is None or not outcome.completed:
+            return
+        self.predictor.add_training(self._samples(row, outcome))
+
+    def _samples(self, row: dict[str, Any], outcome: RequestOutcome) -> list[dict[str, Any]]:
+        now = self.context.wall_clock()
+        if not self.params.streaming_mode:
+            return [{**row, "actual_ttft_ms": outcome.e2e_s * 1e3, "actual_tpot_ms": 0.0, "timestamp": now}]
+        samples = []
+        if outcome.streaming and (ttft := outcome.ttft_s) is not None:
+            samples.append({**row, "actual_ttft_ms": ttft * 1e3, "actual_tpot_ms": 0.0, "timestamp": now})
+        if outcome.streaming and (tpot := outcome.tpot_s) is not None:
+            samples.append({**row, "actual_ttft_ms": 0.0, "actual_tpot_ms": tpot * 1e3, "timestamp": now})
+        return samples

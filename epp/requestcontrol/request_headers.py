@@ -1,0 +1,97 @@
+"""Per-request scheduling hints carried in headers: latency SLOs, priority, prediction opt-in.
+
+=================================  =========================================================
+header                             meaning
+=================================  =========================================================
+``x-llm-d-slo-ttft-ms``            time-to-first-token objective, ms (alias ``x-slo-ttft-ms``)
+``x-llm-d-slo-tpot-ms``            time-per-output-token objective, ms (alias ``x-slo-tpot-ms``)
+``x-llm-d-priority``               integer; below 0 the request may be shed (alias ``x-priority``)
+``x-prediction-based-scheduling``  ``true``/``false``: use predicted latency for this request
+=================================  =========================================================
+
+A malformed value is a 400 whose message names the header; nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from epp.errors import BadRequest
+
+SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+PRIORITY_HEADERS = ("x-llm-d-priority", "x-priority")
+PREDICTION_HEADER = "x-prediction-based-scheduling"
+MAX_SLO_MS = 3_600_000.0
+MAX_ABS_PRIORITY = 1_000_000
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHints:
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    priority: int = 0
+    prediction_based: bool | None = None
+
+
+def _first(headers: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
+    for name in names:
+        value = headers.get(name)
+        if value is not None:
+            return name, value.strip()
+    return None
+
+
+def _slo(headers: Mapping[str, str], names: tuple[str, ...]) -> float | None:
+    found = _first(headers, names)
+    if found is None:
+        return None
+    name, raw = found
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(
+            f"header {name!r} must be a number of milliseconds, got {raw[:40]!r}", param=name
+        ) from None
+    if not math.isfinite(value) or value <= 0 or value > MAX_SLO_MS:
+        raise BadRequest(f"header {name!r} must be in (0, {MAX_SLO_MS:.0f}] ms, got {raw[:40]!r}", param=name)
+    return value
+
+
+def _priority(headers: Mapping[str, str]) -> int:
+    found = _first(headers, PRIORITY_HEADERS)
+    if found is None:
+        return 0
+    name, raw = found
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"header {name!r} must be an integer, got {raw[:40]!r}", param=name) from None
+    if abs(value) > MAX_ABS_PRIORITY:
+        raise BadRequest(f"header {name!r} must be within ±{MAX_ABS_PRIORITY}, got {value}", param=name)
+    return value
+
+
+def _prediction(headers: Mapping[str, str]) -> bool | None:
+    raw = headers.get(PREDICTION_HEADER)
+    if raw is None:
+        return None
+    value = _BOOLEANS.get(raw.strip().lower())
+    if value is None:
+        raise BadRequest(
+            f"header {PREDICTION_HEADER!r} must be true or false, got {raw[:40]!r}", param=PREDICTION_HEADER
+        )
+    return value
+
+
+def parse_request_hints(headers: Mapping[str, str]) -> RequestHints:
+    """Read the scheduling hints; raise :class:`BadRequest` naming the first malformed header."""
+    return RequestHints(
+        slo_ttft_ms=_slo(headers, SLO_TTFT_HEADERS),
+        slo_tpot_ms=_slo(headers, SLO_TPOT_HEADERS),
+        priority=_priority(headers),
+        prediction_based=_prediction(headers),
+    )

@@ -1,0 +1,285 @@
+"""Predicted-latency plugins with an in-process fake predictor."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from epp.configs import config_path
+from epp.errors import RequestShed
+from epp.latency.predictions import (
+    FEATURE_ROWS,
+    LATENCY_PREDICTIONS,
+    PREDICTION_FALLBACK,
+    EndpointPrediction,
+    LatencyPredictions,
+    Prediction,
+    PredictionUnavailable,
+)
+from epp.plugins.latency_scorer import LatencyScorer, LatencyScorerParameters, composite_heuristic
+from epp.plugins.latency_slo_admitter import LatencySloAdmitter, LatencySloAdmitterParameters
+from epp.plugins.predicted_latency import PredictedLatencyParameters, PredictedLatencyProducer
+from epp.plugins.prefix_affinity_filter import PrefixAffinityParameters, PrefixCacheAffinityFilter
+from epp.plugins.prefix_cache import PREFIX_MATCH, PrefixMatch
+from epp.plugins.slo_headroom_tier_filter import SloHeadroomTierFilter, SloHeadroomTierParameters
+from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
+from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
+from epp.scheduling.types import SchedulingResult
+from tests.epp.factories import FakeClock, endpoint_state, make_request
+
+
+class FakePredictor:
+    """TTFT grows with the queue, TPOT with the running batch; records training samples."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.fail = fail
+        self.calls: list[list[dict[str, Any]]] = []
+        self.samples: list[dict[str, Any]] = []
+
+    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
+        self.calls.append(list(rows))
+        if self.fail:
+            raise PredictionUnavailable(self.fail)
+        return [
+            Prediction(100.0 + 100.0 * r["num_request_waiting"], 10.0 + 5.0 * r["num_request_running"])
+            for r in rows
+        ]
+
+    def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
+        self.samples.extend(samples)
+
+
+def run(coro: Any) -> Any:
+    """Drive a coroutine that never suspends (as the fleet simulator does)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("coroutine suspended")
+
+
+def producer(predictor: FakePredictor, **params: Any) -> PredictedLatencyProducer:
+    context = PluginContext(clock=FakeClock(), rng=random.Random(1), wall_clock=lambda: 1.7e9,
+                            latency_predictor=predictor)  # fmt: skip
+    return PredictedLatencyProducer("p", PredictedLatencyParameters(**params), context)
+
+
+def produce(plugin: PredictedLatencyProducer, request, endpoints) -> CycleState:
+    state = CycleState()
+    pending = plugin.produce(request, endpoints, state)
+    if pending is not None:
+        run(pending)
+    return state
+
+
+def streaming_request(**kw: Any):
+    request = make_request(list(range(50)))
+    request.stream = True
+    for k, v in kw.items():
+        setattr(request, k, v)
+    return request
+
+
+def test_producer_predicts_every_candidate_in_one_call_with_headroom() -> None:
+    fake = FakePredictor()
+    plugin = producer(fake, streamingMode=True)
+    endpoints = [endpoint_state(0, waiting=0, running=2), endpoint_state(1, waiting=3, running=0)]
+    state = produce(plugin, streaming_request(slo_ttft_ms=250.0, slo_tpot_ms=12.0), endpoints)
+    assert len(fake.calls) == 1 and len(fake.calls[0]) == 2
+    assert fake.calls[0][1]["num_request_waiting"] == 3 and fake.calls[0][0]["input_token_length"] == 50
+    by = state.get(LATENCY_PREDICTIONS).by_endpoint
+    assert by["e0"] == EndpointPrediction(100.0, 20.0, 150.0, -8.0)
+    assert by["e1"] == EndpointPrediction(400.0, 10.0, -150.0, 2.0)
+    assert not by["e0"].meets_slo and not by["e1"].meets_slo
+
+
+def test_no_slo_means_negative_headroom_and_tpot_only_binds_for_streaming() -> None:
+    plugin = producer(FakePredictor(), streamingMode=True)
+    request = make_request([1, 2, 3])  # not streaming
+    by = produce(plugin, request, [endpoint_state(0)]).get(LATENCY_PREDICTIONS).by_endpoint
+    assert by["e0"].ttft_headroom_ms == -100.0 and by["e0"].tpot_headroom_ms is None
+
+
+def test_tightest_running_tpot_slo_binds() -> None:
+    plugin = producer(FakePredictor(), streamingMode=True)
+    endpoints = [endpoint_state(0)]
+    tight = streaming_request(slo_tpot_ms=5.0, request_id="tight")
+    state = produce(plugin, tight, endpoints)
+    plugin.pre_request(tight, SchedulingResult((endpoints[0].endpoint,), "p"), state)
+    loose = streaming_request(slo_tpot_ms=50.0, request_id="loose")
+    assert (
+        produce(plugin, loose, endpoints).get(LATENCY_PREDICTIONS).by_endpoint["e0"].tpot_headroom_ms == -5.0
+    )
+    plugin.on_finished(
+        tight, SchedulingResult((endpoints[0].endpoint,), "p"), state, outcome(completed=False)
+    )
+    assert (
+        produce(plugin, loose, endpoints).get(LATENCY_PREDICTIONS).by_endpoint["e0"].tpot_headroom_ms == 40.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("fail", "opt_in", "reason"), [("timeout", None, "timeout"), (None, False, "disabled")]
+)
+def test_fallback_writes_only_the_reason_and_features(
+    fail: str | None, opt_in: bool | None, reason: str
+) -> None:
+    fake = FakePredictor(fail=fail)
+    request = streaming_request(prediction_based=opt_in)
+    state = produce(producer(fake), request, [endpoint_state(0)])
+    assert state.get(LATENCY_PREDICTIONS) is None and state.get(PREDICTION_FALLBACK) == reason
+    assert state.get(FEATURE_ROWS)["e0"]["input_token_length"] == 50
+    assert (len(fake.calls) == 0) is (opt_in is False)
+
+
+def outcome(*, completed: bool = True, streaming: bool = True, tokens: int = 11) -> RequestOutcome:
+    e = endpoint_state(0).endpoint
+    return RequestOutcome(e, received_at=10.0, finished_at=12.0, status=200, streaming=streaming,
+                          completed=completed, first_token_at=10.5, completion_tokens=tokens)  # fmt: skip
+
+
+def test_training_samples_from_the_chosen_endpoint_row() -> None:
+    fake = FakePredictor()
+    plugin = producer(fake, streamingMode=True)
+    endpoints = [endpoint_state(0, waiting=1), endpoint_state(1)]
+    request = streaming_request()
+    state = produce(plugin, request, endpoints)
+    plugin.on_finished(request, SchedulingResult((endpoints[0].endpoint,), "p"), state, outcome())
+    ttft, tpot = fake.samples
+    assert (
+        ttft["num_request_waiting"] == 1 and ttft["actual_ttft_ms"] == 500.0 and ttft["actual_tpot_ms"] == 0.0
+    )
+    assert tpot["actual_tpot_ms"] == pytest.approx(150.0) and tpot["actual_ttft_ms"] == 0.0
+    assert ttft["timestamp"] == 1.7e9
+    # Failed requests teach nothing; non-streaming mode trains on end-to-end latency.
+    plugin.on_finished(
+        request, SchedulingResult((endpoints[0].endpoint,), "p"), state, outcome(completed=False)
+    )
+    assert len(fake.samples) == 2
+    e2e = producer(FakePredictor(), streamingMode=False)
+    e2e_state = produce(e2e, request, endpoints)
+    e2e.on_finished(
+        request, SchedulingResult((endpoints[0].endpoint,), "p"), e2e_state, outcome(streaming=False)
+    )
+    assert [s["actual_ttft_ms"] for s in e2e.predictor.samples] == [2000.0]
+
+
+def context() -> PluginContext:
+    return PluginContext(clock=FakeClock(), rng=random.Random(3))
+
+
+def state_with(predictions: dict[str, EndpointPrediction] | None, match: dict[str, int] | None = None,
+               slo: float | None = 300.0) -> CycleState:  # fmt: skip
+    state = CycleState()
+    if predictions is not None:
+        state.put(LATENCY_PREDICTIONS, LatencyPredictions(predictions, slo, None))
+    if match is not None:
+        state.put(PREFIX_MATCH, PrefixMatch(10, match))
+    return state
+
+
+def p(ttft: float, ttft_h: float, tpot: float = 10.0, tpot_h: float | None = None) -> EndpointPrediction:
+    return EndpointPrediction(ttft, tpot, ttft_h, tpot_h)
+
+
+def test_affinity_filter_sticks_unless_exploring_or_gated() -> None:
+    f = PrefixCacheAffinityFilter("a", PrefixAffinityParameters(), context())
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    request = make_request([])
+    assert f.filter(request, endpoints, state_with(None, {"e0": 9})) == [endpoints[0]]
+    assert f.filter(request, endpoints, state_with(None, {"e0": 5})) == endpoints  # 0.5 < 0.8: nobody sticky
+    gated = state_with({"e0": p(9000, 0), "e1": p(100, 0)}, {"e0": 9})
+    assert f.filter(request, endpoints, gated) == endpoints  # sticky is 8.9 s slower: gate opens
+    ok = state_with({"e0": p(3000, 0), "e1": p(100, 0)}, {"e0": 9})
+    assert f.filter(request, endpoints, ok) == [endpoints[0]]
+    explorer = PrefixCacheAffinityFilter("a", PrefixAffinityParameters(explorationProbability=1.0), context())
+    assert explorer.filter(request, endpoints, state_with(None, {"e0": 9})) == endpoints
+
+
+def test_tier_filter_prefers_endpoints_meeting_the_slo() -> None:
+    endpoints = [endpoint_state(0), endpoint_state(1), endpoint_state(2)]
+    preds = {"e0": p(100, 200), "e1": p(500, -200), "e2": p(250, 50)}
+    f = SloHeadroomTierFilter("t", SloHeadroomTierParameters(epsilonExploreNeg=0.0), context())
+    assert f.filter(make_request([]), endpoints, state_with(preds)) == [endpoints[0], endpoints[2]]
+    explore = SloHeadroomTierFilter("t", SloHeadroomTierParameters(epsilonExploreNeg=1.0), context())
+    assert explore.filter(make_request([]), endpoints, state_with(preds)) == [endpoints[1]]
+    assert f.filter(make_request([]), endpoints, state_with(None)) == endpoints
+
+
+def scorer(strategy: str = "least") -> LatencyScorer:
+    return LatencyScorer("s", LatencyScorerParameters(headroomSelectionStrategy=strategy), context())
+
+
+def test_scorer_best_fit_or_most_slack_among_endpoints_meeting_the_slo() -> None:
+    endpoints = [endpoint_state(0, running=1), endpoint_state(1, running=1), endpoint_state(2, running=1)]
+    preds = {"e0": p(100, 200), "e1": p(250, 50), "e2": p(500, -200)}
+    least = scorer("least").score(make_request([]), endpoints, state_with(preds))
+    most = scorer("most").score(make_request([]), endpoints, state_with(preds))
+    assert least[1] > least[0] > least[2] == 0.0
+    assert most[0] > most[1] > most[2] == 0.0
+
+
+def test_scorer_without_slo_prefers_the_lowest_prediction() -> None:
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    scores = scorer().score(
+        make_request([]), endpoints, state_with({"e0": p(400, -400), "e1": p(100, -100)}, slo=None)
+    )
+    assert scores[1] > scores[0] > 0
+
+
+def test_scorer_when_nobody_meets_the_slo_idle_then_smallest_deficit() -> None:
+    busy = [endpoint_state(i, running=2) for i in range(3)]
+    preds = {"e0": p(900, -600), "e1": p(400, -100), "e2": p(200, 10, tpot_h=-5)}
+    scores = scorer().score(make_request([]), busy, state_with(preds))
+    assert scores[2] > scores[1] > scores[0]  # TPOT-only deficit, then the smaller TTFT deficit
+    with_idle = [endpoint_state(0, running=2), endpoint_state(1), endpoint_state(2, running=2)]
+    idle_scores = scorer().score(make_request([]), with_idle, state_with(preds))
+    assert idle_scores.index(max(idle_scores)) == 1
+
+
+def test_scorer_falls_back_to_the_composite_heuristic() -> None:
+    endpoints = [endpoint_state(0, waiting=4, kv=0.5), endpoint_state(1, waiting=0, kv=0.1)]
+    state = state_with(None, {"e0": 10})
+    scores = scorer().score(make_request([]), endpoints, state)
+    assert (
+        scores
+        == composite_heuristic(endpoints, state)
+        == pytest.approx([(0.5 + 0 + 1) / 3, (0.9 + 1 + 0) / 3])
+    )
+
+
+def test_admitter_sheds_only_sheddable_requests_nobody_can_serve_in_slo() -> None:
+    admitter = LatencySloAdmitter("adm", LatencySloAdmitterParameters(retryAfterSeconds=2), context())
+    busy = [endpoint_state(0, running=3, kv=0.5), endpoint_state(1, waiting=2, kv=0.5)]
+    hopeless = state_with({"e0": p(900, -600), "e1": p(800, -500)})
+    sheddable, normal = make_request([]), make_request([])
+    sheddable.priority = -1
+    admitter.admit(normal, busy, hopeless)
+    with pytest.raises(RequestShed) as info:
+        admitter.admit(sheddable, busy, hopeless)
+    assert info.value.status == 429 and info.value.headers()["retry-after"] == "2"
+    admitter.admit(sheddable, busy, state_with({"e0": p(900, -600), "e1": p(100, 200)}))
+    admitter.admit(sheddable, [*busy, endpoint_state(2)], hopeless)  # an idle endpoint
+    admitter.admit(sheddable, busy, state_with(None))  # no predictions: cannot judge
+
+
+def test_shipped_config_avoids_the_endpoint_predicted_to_violate_the_slo() -> None:
+    fake = FakePredictor()
+    ctx = PluginContext(clock=FakeClock(), rng=random.Random(5), latency_predictor=fake)
+    pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path("predicted-latency")), ctx)
+    endpoints = [endpoint_state(0, waiting=5, running=4), endpoint_state(1, waiting=0, running=4)]
+    picks = []
+    for i in range(200):
+        request = streaming_request(slo_ttft_ms=300.0, request_id=f"r{i}")
+        request.prompt_token_ids = list(range(i * 100, i * 100 + 70))
+        picks.append(run(pipeline.schedule(request, endpoints, CycleState())).endpoint.name)
+    # e0's predicted TTFT is 600 ms > 300 ms; only the tier filter's 1% exploration sends work there.
+    assert picks.count("e0") <= 8, picks.count("e0")
+
+
+def test_predicted_latency_config_needs_a_predictor() -> None:
+    with pytest.raises(ConfigError, match="needs a latency predictor"):
+        build_pipeline(EndpointPickerConfig.from_file(config_path("predicted-latency")), context())

@@ -1,0 +1,152 @@
+"""The predictor client against real HTTP servers on loopback (aiohttp), one per 'instance'."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from epp.datalayer.endpoints import EndpointStore
+from epp.latency.client import PredictorClient
+from epp.latency.predictions import Prediction, PredictionUnavailable
+from epp.metrics import EppMetrics
+
+
+@dataclass
+class FakeServer:
+    """Answers like a predictor (ttft = input length) or like a trainer, as configured."""
+
+    status: int = 200
+    delay_s: float = 0.0
+    calls: list[list[dict[str, Any]]] = field(default_factory=list)
+    training: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+
+    async def predict(self, request: web.Request) -> web.Response:
+        rows = (await request.json())["requests"]
+        self.calls.append(rows)
+        await asyncio.sleep(self.delay_s)
+        if self.status != 200:
+            return web.json_response({"detail": "no"}, status=self.status)
+        return web.json_response(
+            {"predictions": [{"ttft_ms": r["input_token_length"], "tpot_ms": 1.0} for r in rows]}
+        )
+
+    async def train(self, request: web.Request) -> web.Response:
+        self.training.extend((await request.json())["entries"])
+        return web.json_response({"accepted": len(self.training)}, status=202)
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[list[FakeServer]]:
+    fakes, runners = [FakeServer(), FakeServer()], []
+    for fake in fakes:
+        app = web.Application()
+        app.router.add_post("/predict/bulk/strict", fake.predict)
+        app.router.add_post("/add_training_data_bulk", fake.train)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        fake.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        runners.append(runner)
+    yield fakes
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def client_for(urls: list[str], trainer: str | None = None, **kw: Any) -> PredictorClient:
+    metrics = EppMetrics(CollectorRegistry(), "pool", EndpointStore(), time.monotonic)
+    client = PredictorClient(urls, trainer, time.monotonic, metrics, **kw)
+    await client.start()
+    return client
+
+
+def rows(*lengths: int) -> list[dict[str, Any]]:
+    return [{"input_token_length": n} for n in lengths]
+
+
+async def test_concurrent_callers_are_coalesced_into_one_call(servers: list[FakeServer]) -> None:
+    client = await client_for([servers[0].url])
+    try:
+        results = await asyncio.gather(*(client.predict(rows(i, i + 1)) for i in range(10)))
+        assert results[3] == [Prediction(3.0, 1.0), Prediction(4.0, 1.0)]
+        assert len(servers[0].calls) == 1 and len(servers[0].calls[0]) == 20
+    finally:
+        await client.close()
+
+
+async def test_calls_are_spread_over_instances(servers: list[FakeServer]) -> None:
+    client = await client_for([s.url for s in servers])
+    try:
+        for i in range(6):
+            await client.predict(rows(i))
+        assert len(servers[0].calls) == 3 and len(servers[1].calls) == 3
+    finally:
+        await client.close()
+
+
+async def test_slow_predictor_is_time_boxed(servers: list[FakeServer]) -> None:
+    servers[0].delay_s = 2.0
+    client = await client_for([servers[0].url], timeout_s=0.1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(PredictionUnavailable) as info:
+            await client.predict(rows(1))
+        assert info.value.reason == "timeout" and time.monotonic() - started < 1.0
+    finally:
+        await client.close()
+
+
+async def test_failing_instance_trips_its_breaker_and_others_serve(servers: list[FakeServer]) -> None:
+    servers[0].status = 500
+    client = await client_for([s.url for s in servers])
+    try:
+        outcomes = []
+        for i in range(12):
+            try:
+                await client.predict(rows(i))
+                outcomes.append("ok")
+            except PredictionUnavailable as exc:
+                outcomes.append(exc.reason)
+        assert outcomes.count("http_500") == 3  # three strikes, then instance 0 is skipped
+        assert outcomes[-4:] == ["ok"] * 4 and len(servers[0].calls) == 3
+    finally:
+        await client.close()
+
+
+async def test_all_breakers_open_fails_fast_and_warming_up_does_not_trip(servers: list[FakeServer]) -> None:
+    servers[0].status = 503
+    client = await client_for([servers[0].url])
+    try:
+        for _ in range(5):
+            with pytest.raises(PredictionUnavailable, match="warming_up"):
+                await client.predict(rows(1))
+        servers[0].status = 500
+        for _ in range(3):
+            with pytest.raises(PredictionUnavailable, match="http_500"):
+                await client.predict(rows(1))
+        calls = len(servers[0].calls)
+        with pytest.raises(PredictionUnavailable, match="breaker_open"):
+            await client.predict(rows(1))
+        assert len(servers[0].calls) == calls
+    finally:
+        await client.close()
+
+
+async def test_training_samples_flush_in_bulk(servers: list[FakeServer]) -> None:
+    client = await client_for([servers[0].url], trainer=servers[1].url, max_training_rows_per_flush=3)
+    try:
+        client.add_training([{"n": i} for i in range(5)])
+        assert await client.flush_training() == 3
+        assert await client.flush_training() == 2
+        assert await client.flush_training() == 0
+        assert [e["n"] for e in servers[1].training] == [0, 1, 2, 3, 4]
+    finally:
+        await client.close()
