@@ -76,6 +76,14 @@ def route_to(
     return ProcessingResponse(request_headers=HeadersResponse(response=common), dynamic_metadata=metadata)
 
 
+def add_response_headers(headers: Mapping[str, str]) -> ProcessingResponse:
+    """Response-headers reply that adds ``headers`` to the response (continue otherwise)."""
+    if not headers:
+        return CONTINUE_RESPONSE_HEADERS
+    common = CommonResponse(header_mutation=_set_headers(headers))
+    return ProcessingResponse(response_headers=HeadersResponse(response=common))
+
+
 def streamed_request_body(body: bytes) -> list[ProcessingResponse]:
     """Re-emit a buffered request body in chunks (full-duplex streamed mode), last one marked."""
     chunks = [body[i : i + BODY_CHUNK_BYTES] for i in range(0, len(body), BODY_CHUNK_BYTES)] or [b""]

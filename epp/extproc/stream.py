@@ -136,18 +136,21 @@ class ExtProcStream:
         return [messages.route_to(targets, extra), *messages.streamed_request_body(body)]
 
     def _response_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
-        if self.record is not None and self.phase is Phase.FORWARDED:
-            headers = messages.header_dict(message.response_headers.headers)
-            try:
-                status = int(headers.get(":status", "0"))
-            except ValueError:
-                status = 0
-            self.director.response_headers(self.record, status, headers.get("content-type", ""))
-            self.phase = Phase.RESPONSE
-            if message.response_headers.end_of_stream:
-                self.director.response_body(self.record, b"", end_of_stream=True)
-                self._finish()
-        return [messages.CONTINUE_RESPONSE_HEADERS]
+        record = self.record
+        if record is None or self.phase is not Phase.FORWARDED:
+            return [messages.CONTINUE_RESPONSE_HEADERS]
+        headers = messages.header_dict(message.response_headers.headers)
+        try:
+            status = int(headers.get(":status", "0"))
+        except ValueError:
+            status = 0
+        self.director.response_headers(record, status, headers.get("content-type", ""))
+        reply = messages.add_response_headers(self.director.debug_headers(record))
+        self.phase = Phase.RESPONSE
+        if message.response_headers.end_of_stream:
+            self.director.response_body(record, b"", end_of_stream=True)
+            self._finish()
+        return [reply]
 
     def _response_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
         if self.record is not None and self.phase is Phase.RESPONSE:

@@ -126,6 +126,21 @@ class Director:
         """The EPP answered the request itself with ``error``."""
         self.metrics.error(record.series, str(error.status))
 
+    def debug_headers(self, record: RequestRecord) -> dict[str, str]:
+        """The routing decision, for requests that asked for it with ``x-llm-epp-debug``."""
+        request, result, state = record.request, record.result, record.state
+        if request is None or not request.debug or result is None or state is None:
+            return {}
+        headers = {"x-llm-epp-endpoint": result.endpoint.name}
+        predictions = state.get(LATENCY_PREDICTIONS)
+        predicted = predictions.by_endpoint.get(result.endpoint.name) if predictions else None
+        if predicted is not None:
+            headers["x-llm-epp-predicted-ttft-ms"] = f"{predicted.ttft_ms:.3f}"
+            headers["x-llm-epp-predicted-tpot-ms"] = f"{predicted.tpot_ms:.3f}"
+        if (fallback := state.get(PREDICTION_FALLBACK)) is not None:
+            headers["x-llm-epp-prediction-fallback"] = fallback
+        return headers
+
     def response_headers(self, record: RequestRecord, status: int, content_type: str) -> None:
         record.status = status
         streaming = content_type.startswith("text/event-stream")

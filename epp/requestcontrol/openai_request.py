@@ -83,6 +83,7 @@ def parse_openai_request(
             headers=headers,
             priority=hints.priority,
             prediction_based=hints.prediction_based,
+            debug=hints.debug,
         )
     data = _decode(body)
     model = data.get("model")
@@ -124,4 +125,5 @@ def parse_openai_request(
         slo_tpot_ms=hints.slo_tpot_ms,
         priority=hints.priority,
         prediction_based=hints.prediction_based,
+        debug=hints.debug,
     )

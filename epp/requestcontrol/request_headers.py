@@ -7,6 +7,9 @@ header                             meaning
 ``x-llm-d-slo-tpot-ms``            time-per-output-token objective, ms (alias ``x-slo-tpot-ms``)
 ``x-llm-d-priority``               integer; below 0 the request may be shed (alias ``x-priority``)
 ``x-prediction-based-scheduling``  ``true``/``false``: use predicted latency for this request
+``x-llm-epp-debug``                ``true``: the response carries the routing decision
+                                   (``x-llm-epp-endpoint``, ``x-llm-epp-predicted-ttft-ms``,
+                                   ``x-llm-epp-predicted-tpot-ms``, ``x-llm-epp-prediction-fallback``)
 =================================  =========================================================
 
 A malformed value is a 400 whose message names the header; nothing is silently ignored.
@@ -24,6 +27,7 @@ SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
 SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
 PRIORITY_HEADERS = ("x-llm-d-priority", "x-priority")
 PREDICTION_HEADER = "x-prediction-based-scheduling"
+DEBUG_HEADER = "x-llm-epp-debug"
 MAX_SLO_MS = 3_600_000.0
 MAX_ABS_PRIORITY = 1_000_000
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -35,6 +39,7 @@ class RequestHints:
     slo_tpot_ms: float | None = None
     priority: int = 0
     prediction_based: bool | None = None
+    debug: bool = False
 
 
 def _first(headers: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
@@ -75,15 +80,13 @@ def _priority(headers: Mapping[str, str]) -> int:
     return value
 
 
-def _prediction(headers: Mapping[str, str]) -> bool | None:
-    raw = headers.get(PREDICTION_HEADER)
+def _boolean(headers: Mapping[str, str], name: str) -> bool | None:
+    raw = headers.get(name)
     if raw is None:
         return None
     value = _BOOLEANS.get(raw.strip().lower())
     if value is None:
-        raise BadRequest(
-            f"header {PREDICTION_HEADER!r} must be true or false, got {raw[:40]!r}", param=PREDICTION_HEADER
-        )
+        raise BadRequest(f"header {name!r} must be true or false, got {raw[:40]!r}", param=name)
     return value
 
 
@@ -93,5 +96,6 @@ def parse_request_hints(headers: Mapping[str, str]) -> RequestHints:
         slo_ttft_ms=_slo(headers, SLO_TTFT_HEADERS),
         slo_tpot_ms=_slo(headers, SLO_TPOT_HEADERS),
         priority=_priority(headers),
-        prediction_based=_prediction(headers),
+        prediction_based=_boolean(headers, PREDICTION_HEADER),
+        debug=bool(_boolean(headers, DEBUG_HEADER)),
     )

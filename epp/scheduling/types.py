@@ -83,6 +83,8 @@ class LLMRequest:
     """Below zero: sheddable when no endpoint can meet the request's SLO."""
     prediction_based: bool | None = None
     """Per-request opt in/out of predicted-latency scheduling; None means the configured default."""
+    debug: bool = False
+    """Report the routing decision in response headers."""
 
     @property
     def input_tokens(self) -> int:

@@ -268,3 +268,22 @@ async def test_only_plain_request_ids_are_kept(given: str, kept: bool) -> None:
     mutation = reply.request_headers.response.header_mutation.set_headers
     request_id = {o.header.key: o.header.raw_value.decode() for o in mutation}["x-request-id"]
     assert (request_id == given) is kept and len(request_id) <= 128
+
+
+async def test_debug_header_reports_the_routing_decision_in_the_response() -> None:
+    h = Harness()
+    s = h.stream()
+    await s.on_message(headers_msg(**{"x-llm-epp-debug": "true"}))
+    replies = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    (reply,) = await s.on_message(response_headers_msg())
+    added = {
+        o.header.key: o.header.raw_value.decode()
+        for o in reply.response_headers.response.header_mutation.set_headers
+    }
+    target = routed_destination(replies[0])
+    assert added["x-llm-epp-endpoint"] == ("e0" if target.endswith(":8000") else "e1")
+    plain = h.stream()
+    await plain.on_message(headers_msg())
+    await plain.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    (quiet,) = await plain.on_message(response_headers_msg())
+    assert not quiet.response_headers.HasField("response")
