@@ -73,6 +73,8 @@ def ext_proc_filter(epp_cluster: str, failure_mode: FailureMode) -> dict[str, An
             "failure_mode_allow": fail_open,
             "message_timeout": "5s",
             "send_body_without_waiting_for_header_response": True,
+            # The EPP skips the response body of non-streamed requests per request.
+            "allow_mode_override": True,
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "request_body_mode": "BUFFERED" if fail_open else "FULL_DUPLEX_STREAMED",

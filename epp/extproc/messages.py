@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
     BodyMutation,
     BodyResponse,
@@ -26,6 +27,7 @@ LB_METADATA_NAMESPACE = "envoy.lb"
 # Envoy recommends body chunks of at most 64 KiB; the anchor re-chunks at 62,000 bytes.
 BODY_CHUNK_BYTES = 62_000
 
+SKIP_RESPONSE_BODY = ProcessingMode(response_body_mode=ProcessingMode.NONE)
 CONTINUE_REQUEST_HEADERS = ProcessingResponse(request_headers=HeadersResponse())
 CONTINUE_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse())
 CONTINUE_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
@@ -56,7 +58,11 @@ def _set_headers(headers: Mapping[str, str]) -> HeaderMutation:
 
 
 def route_to(
-    targets: Iterable[str], extra_headers: Mapping[str, str], *, in_body_reply: bool = False
+    targets: Iterable[str],
+    extra_headers: Mapping[str, str],
+    *,
+    in_body_reply: bool = False,
+    skip_response_body: bool = False,
 ) -> ProcessingResponse:
     """The reply that sends the request to ``targets[0]``.
 
@@ -64,16 +70,22 @@ def route_to(
     in ``envoy.lb`` dynamic metadata (comma-separated, fallbacks after the first), and the
     route cache is cleared so the new header takes effect. It answers the request headers,
     or, when Envoy buffers the body (``in_body_reply``), the request body: request headers
-    are still mutable then.
+    are still mutable then. ``skip_response_body`` tells Envoy not to send this request's
+    response body (a ``mode_override``; the filter must allow overrides).
     """
     targets = list(targets)
     headers = {DESTINATION_HEADER: targets[0], **extra_headers}
     destination = Struct(fields={DESTINATION_HEADER: Value(string_value=",".join(targets))})
     metadata = Struct(fields={LB_METADATA_NAMESPACE: Value(struct_value=destination)})
     common = CommonResponse(header_mutation=_set_headers(headers), clear_route_cache=True)
+    reply = ProcessingResponse(dynamic_metadata=metadata)
     if in_body_reply:
-        return ProcessingResponse(request_body=BodyResponse(response=common), dynamic_metadata=metadata)
-    return ProcessingResponse(request_headers=HeadersResponse(response=common), dynamic_metadata=metadata)
+        reply.request_body.response.CopyFrom(common)
+    else:
+        reply.request_headers.response.CopyFrom(common)
+    if skip_response_body:
+        reply.mode_override.CopyFrom(SKIP_RESPONSE_BODY)
+    return reply
 
 
 def add_response_headers(headers: Mapping[str, str]) -> ProcessingResponse:

@@ -56,6 +56,7 @@ class ExtProcStream:
         self._body: list[bytes] = []
         self._body_size = 0
         self._duplex = True
+        self._watch_response_body = True
 
     async def on_message(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         kind = message.WhichOneof("request")
@@ -93,11 +94,9 @@ class ExtProcStream:
         except RequestError as error:
             return self._reject(error)
         self.phase = Phase.FORWARDED
-        return [
-            messages.route_to(
-                [t.hostport for t in result.targets], {REQUEST_ID_HEADER: self.record.request_id}
-            )
-        ]
+        self._watch_response_body = False
+        extra = {REQUEST_ID_HEADER: self.record.request_id}
+        return [messages.route_to([t.hostport for t in result.targets], extra, skip_response_body=True)]
 
     async def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
         if self.phase is not Phase.BODY:
@@ -128,12 +127,18 @@ class ExtProcStream:
             return self._reject(error)
         self.phase = Phase.FORWARDED
         targets = [t.hostport for t in result.targets]
+        # Only streamed responses are metered token by token; for the others the response
+        # headers carry all the EPP needs (status, completion time), so their body is skipped.
+        self._watch_response_body = self.record.request is not None and self.record.request.stream
+        skip_body = not self._watch_response_body
         if not self._duplex:
-            return [
-                messages.route_to(targets, {REQUEST_ID_HEADER: self.record.request_id}, in_body_reply=True)
-            ]
+            extra = {REQUEST_ID_HEADER: self.record.request_id}
+            return [messages.route_to(targets, extra, in_body_reply=True, skip_response_body=skip_body)]
         extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: self.record.request_id}
-        return [messages.route_to(targets, extra), *messages.streamed_request_body(body)]
+        return [
+            messages.route_to(targets, extra, skip_response_body=skip_body),
+            *messages.streamed_request_body(body),
+        ]
 
     def _response_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         record = self.record
@@ -144,11 +149,11 @@ class ExtProcStream:
             status = int(headers.get(":status", "0"))
         except ValueError:
             status = 0
-        self.director.response_headers(record, status, headers.get("content-type", ""))
+        body_follows = self._watch_response_body and not message.response_headers.end_of_stream
+        self.director.response_headers(record, status, headers.get("content-type", ""), body_follows)
         reply = messages.add_response_headers(self.director.debug_headers(record))
         self.phase = Phase.RESPONSE
-        if message.response_headers.end_of_stream:
-            self.director.response_body(record, b"", end_of_stream=True)
+        if not body_follows:
             self._finish()
         return [reply]
 

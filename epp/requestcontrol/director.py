@@ -141,10 +141,15 @@ class Director:
             headers["x-llm-epp-prediction-fallback"] = fallback
         return headers
 
-    def response_headers(self, record: RequestRecord, status: int, content_type: str) -> None:
+    def response_headers(
+        self, record: RequestRecord, status: int, content_type: str, body_follows: bool
+    ) -> None:
+        """The response started. Without a body to watch, the request is complete now."""
         record.status = status
-        streaming = content_type.startswith("text/event-stream")
-        record.meter = ResponseMeter(streaming=streaming)
+        if body_follows:
+            record.meter = ResponseMeter(streaming=content_type.startswith("text/event-stream"))
+        else:
+            record.response_complete = True
         if status >= 500 and record.endpoint_name:
             self._upstream_failed(record, f"HTTP {status}")
 
@@ -189,7 +194,7 @@ class Director:
             streaming=meter is not None and meter.streaming,
             completed=completed,
             first_token_at=record.first_token_at,
-            completion_tokens=meter.completion_tokens if meter is not None else 0,
+            completion_tokens=meter.completion_tokens if meter is not None else None,
         )
         for observer in self.pipeline.observers:
             observer.on_finished(request, record.result, state, outcome)
@@ -202,7 +207,8 @@ class Director:
     def _observe_latency(self, request: LLMRequest, outcome: RequestOutcome, series: ModelSeries) -> None:
         series.duration.observe(outcome.e2e_s)
         series.input_tokens.observe(request.input_tokens)
-        series.output_tokens.observe(outcome.completion_tokens)
+        if outcome.completion_tokens is not None:
+            series.output_tokens.observe(outcome.completion_tokens)
         if outcome.streaming and (ttft := outcome.ttft_s) is not None:
             series.ttft.observe(ttft)
             if (tpot := outcome.tpot_s) is not None:

@@ -164,7 +164,8 @@ class RequestOutcome:
     completed: bool
     """The response ended normally with a status below 400."""
     first_token_at: float | None
-    completion_tokens: int
+    completion_tokens: int | None
+    """Output tokens, when the response body was watched (streaming responses)."""
 
     @property
     def e2e_s(self) -> float:
@@ -177,7 +178,7 @@ class RequestOutcome:
     @property
     def tpot_s(self) -> float | None:
         """Mean time per output token after the first, counted in tokens."""
-        if self.first_token_at is None or self.completion_tokens < 2:
+        if self.first_token_at is None or self.completion_tokens is None or self.completion_tokens < 2:
             return None
         return (self.finished_at - self.first_token_at) / (self.completion_tokens - 1)
 

@@ -287,3 +287,23 @@ async def test_debug_header_reports_the_routing_decision_in_the_response() -> No
     await plain.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
     (quiet,) = await plain.on_message(response_headers_msg())
     assert not quiet.response_headers.HasField("response")
+
+
+async def test_non_streamed_requests_skip_the_response_body_and_finish_on_headers() -> None:
+    h = Harness()
+    s = h.stream()
+    await s.on_message(headers_msg())
+    replies = await s.on_message(body_msg(json.dumps({**COMPLETION, "stream": False}).encode(), eos=True))
+    assert replies[0].HasField("mode_override")
+    assert replies[0].mode_override.response_body_mode == ProcessingMode.NONE
+    h.clock.advance(0.25)
+    await s.on_message(response_headers_msg(200, "application/json"))
+    assert s.phase is Phase.DONE and h.in_flight() == 0
+    labels = {"model_name": "tiny", "target_model_name": "tiny"}
+    assert h.metric("inference_objective_request_duration_seconds_sum", **labels) == pytest.approx(0.25)
+    assert h.metric("inference_objective_output_tokens_count", **labels) == 0  # tokens unknown, not zero
+
+    streamed = h.stream()
+    await streamed.on_message(headers_msg())
+    (route, _) = await streamed.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    assert not route.HasField("mode_override")
