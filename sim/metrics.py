@@ -276,16 +276,48 @@ class EngineMetrics:
         )
 
     def _define_cache_config_info(self, config: EngineConfig) -> None:
+        # vLLM publishes its whole CacheConfig as labels. These are vLLM 0.32's names, with this
+        # engine's geometry, and elsewhere the values vLLM shows for a Llama model with default
+        # cache settings (so a scraper finds every label it would find on vLLM).
+        blocks_per_request = -(-config.max_model_len // config.block_size)
         labels = {
+            "_block_size_resolved": "True",
             "block_size": str(config.block_size),
             "cache_dtype": "auto",
+            "cache_hit_alignment_tokens": "None",
+            "effective_attention_block_size": str(config.block_size),
+            "enable_mamba_shared_prefix_checkpoint": "False",
             "enable_prefix_caching": str(config.enable_prefix_caching),
             "engine": "0",
-            "gpu_memory_utilization": "0.9",
+            "gpu_memory_utilization": "0.92",
+            "hash_block_size": "None",
+            "is_attention_free": "False",
+            "kv_cache_dtype_skip_layers": "[]",
+            "kv_cache_layout": "None",
+            "kv_cache_max_concurrency": str(config.num_gpu_blocks / blocks_per_request),
+            "kv_cache_memory_bytes": "None",
             "kv_cache_size_tokens": str(config.num_gpu_blocks * config.block_size),
+            "kv_offloading_backend": "native",
+            "kv_offloading_size": "None",
+            "kv_sharing_fast_prefill": "False",
+            "mamba_block_size": "None",
+            "mamba_cache_dtype": "auto",
+            "mamba_cache_mode": "none",
+            "mamba_page_size_padded": "None",
+            "mamba_ssm_cache_dtype": "float32",
             "num_cpu_blocks": "None",
             "num_gpu_blocks": str(config.num_gpu_blocks),
+            "num_gpu_blocks_override": "None",
+            "prefix_cache_retention_interval": "0",
             "prefix_caching_hash_algo": "sha256",
+            "prefix_match_unit": "None",
+            "replayssm_buffer_len": "16",
+            "skip_page_size_padded": "None",
+            "sliding_window": "None",
+            "swa_bounded_replay": "True",
+            "use_kda_recoverssm": "False",
+            "use_replayssm": "False",
+            "user_specified_block_size": "True",
         }
         info = Gauge(
             "vllm:cache_config_info",

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
 VLLM_VERSION = "0.32.0"
@@ -43,8 +43,11 @@ class GenerationRequest(BaseModel):
     cache_salt: str | None = None
 
 
+TokenId = Annotated[int, Field(ge=0)]
+
+
 class CompletionRequest(GenerationRequest):
-    prompt: list[int] | list[list[int]] | str | list[str] | None = None
+    prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
     max_tokens: int | None = 16
 
 
@@ -59,7 +62,8 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    prompt: str | list[int] | None = None
+    prompt: Any = None
+    """A string; anything else is refused by ``OpenAIServing.tokenize`` in vLLM's words."""
     messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
 

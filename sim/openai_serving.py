@@ -1,10 +1,11 @@
 """The OpenAI endpoints of one simulated server: request checks, engine requests, responses.
 
 Requests are checked with vLLM 0.32's wording and in its order where it matters: the model name
-(404); an output limit above ``max_model_len``; the prompt (missing, or longer than
-``max_model_len``); and last the output length actually left, ``min(max_model_len - prompt,
-max_tokens)``, which must be at least 1 (so a long prompt silently shortens the output, as in
-vLLM).
+(404); an output limit above ``max_model_len``; the prompt (missing, an empty batch, a text longer
+than any ``max_model_len`` tokens can spell, more than ``max_model_len`` tokens); the output length
+actually left, ``min(max_model_len - prompt, max_tokens)``, which must be at least 1 (so a long
+prompt silently shortens the output, as in vLLM); and last the token ids (an empty prompt in a
+batch of one, ids outside the vocabulary).
 
 The simulated model never stops on its own: a request generates ``max_tokens`` tokens. The
 ``x-sim-output-tokens: N`` header makes it stop after N tokens with ``finish_reason: "stop"``,
@@ -18,12 +19,14 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
+from tokenizers import Tokenizer
 
 from epp.tokenization import GIL_FREE_CHARS, ChatTemplateError, ModelTokenizer
 from sim.driver import EngineDeadError, EngineDriver, RequestStream
@@ -51,12 +54,18 @@ SIM_OUTPUT_TOKENS_HEADER = "x-sim-output-tokens"
 
 
 class ServedModel:
-    """The tokenizer of the served model and what generation needs from it, shared by replicas."""
+    """The tokenizer of the served model and what generation needs from it, shared by replicas.
+
+    ``root`` is the model directory the tokenizer was loaded from.
+    """
 
     def __init__(self, tokenizer: ModelTokenizer, name: str, root: str) -> None:
         self.tokenizer = tokenizer
         self.name = name
         self.root = root
+        # vLLM refuses, before tokenizing, a prompt longer than max_model_len times this.
+        vocab = Tokenizer.from_file(str(Path(root) / "tokenizer.json")).get_vocab()
+        self.max_chars_per_token = max(map(len, vocab))
         # Each generated token's text is its own decode, computed once per vocabulary entry.
         self.token_texts = [tokenizer.decode([token_id]) for token_id in range(tokenizer.vocab_size)]
         special = tokenizer.special_token_ids
@@ -127,24 +136,27 @@ class OpenAIServing:
         else:
             max_tokens, param = body.max_tokens, "max_tokens"
         self._check_request(body, max_tokens, param)
-        prompt_ids = await self._chat_prompt(body.messages, body.add_generation_prompt)
+        text = self._render_chat(body.messages, body.add_generation_prompt)
+        prompt_ids = await self._generation_prompt_ids(text)
         return await self._generate(body, prompt_ids, True, max_tokens, raw, arrival, chat=True)
 
     async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
-        self._check_model(body.model)
         if body.messages is not None:
-            tokens = await self._chat_prompt(body.messages, body.add_generation_prompt)
+            self._check_model(body.model)
+            tokens = await self._encode(self._render_chat(body.messages, body.add_generation_prompt))
         elif isinstance(body.prompt, str):
+            self._check_model(body.model)
             tokens = await self._encode(body.prompt)
-        elif body.prompt is not None:
-            tokens = self._checked_token_ids(body.prompt)
         else:
+            # vLLM's body is a union of a prompt request and a messages request: both failed.
             received = body.model_dump(exclude_unset=True)
+            prompt_error = (
+                _field_error("string_type", "prompt", "Input should be a valid string", body.prompt)
+                if "prompt" in received
+                else _field_error("missing", "prompt", "Field required", received)
+            )
             raise RequestValidationError(
-                [
-                    {"type": "missing", "loc": ("body", field), "msg": "Field required", "input": received}
-                    for field in ("prompt", "messages")
-                ]
+                [prompt_error, _field_error("missing", "messages", "Field required", received)]
             )
         return {
             "count": len(tokens),
@@ -179,32 +191,44 @@ class OpenAIServing:
             )
 
     async def _completion_prompt(self, prompt: Any) -> tuple[list[int], bool]:
-        """Token ids of a completion prompt, and whether they came from text."""
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]  # a batch of one
-        if not prompt:
+        """Token ids of a completion prompt, and whether they came from text.
+
+        An empty prompt in a batch of one (``[""]``, ``[[]]``) passes here, as in vLLM, and is
+        refused after the output-length check (``_engine_request``).
+        """
+        if prompt is None or prompt == "":
             raise bad_request(
                 "Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt"
             )
+        if prompt == []:
+            raise ApiError(400, "BadRequestError", "You must pass at least one prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
-            return await self._encode(prompt), True
+            return await self._generation_prompt_ids(prompt), True
         if all(isinstance(token, int) for token in prompt):
             return prompt, False
         raise bad_request("the simulated server takes one prompt per request", parameter="prompt")
 
-    def _checked_token_ids(self, token_ids: list[int]) -> list[int]:
-        if token_ids:
-            lowest, highest = min(token_ids), max(token_ids)
-            if lowest < 0 or highest >= self.model.tokenizer.vocab_size:
-                bad = lowest if lowest < 0 else highest
-                raise bad_request(f"Token id {bad} is out of vocabulary", parameter="prompt")
-        return token_ids
-
-    async def _chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+    def _render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         try:
-            text = self.model.tokenizer.render_chat(messages, add_generation_prompt=add_generation_prompt)
+            return self.model.tokenizer.render_chat(messages, add_generation_prompt=add_generation_prompt)
         except ChatTemplateError as exc:
             raise ApiError(400, "BadRequestError", str(exc)) from None
+
+    async def _generation_prompt_ids(self, text: str) -> list[int]:
+        """Tokenize the text of a prompt to generate from. Like vLLM, refuse first, untokenized, a
+        text longer than ``max_model_len`` of the vocabulary's longest tokens."""
+        max_chars = self.max_model_len * self.model.max_chars_per_token
+        if len(text) > max_chars:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"prompt contains {len(text)} characters (more than {max_chars} characters, which is "
+                f"the upper bound for {self.max_model_len} input tokens). Please reduce the length of "
+                "the input prompt.",
+                parameter="input_text",
+                value=len(text),
+            )
         return await self._encode(text)
 
     async def _encode(self, text: str) -> list[int]:
@@ -262,12 +286,15 @@ class OpenAIServing:
         *,
         chat: bool,
     ) -> EngineRequest:
-        """Check the prompt and output lengths (vLLM's wording) and build the engine request."""
+        """Check the prompt and output lengths and the token ids (vLLM's wording and order) and build
+        the engine request."""
         limit = self.max_model_len
         num_prompt = len(prompt_ids)
         if num_prompt > limit:
-            # vLLM tokenizes text with truncation at limit + 1, so it can only say "at least".
-            shown, qualifier = (limit + 1, "at least ") if from_text else (num_prompt, "")
+            # vLLM tokenizes text with truncation at limit + 1, so a text is "at least" that long; it
+            # says so for any prompt of exactly limit + 1 tokens, having no way to tell them apart.
+            shown = min(num_prompt, limit + 1) if from_text else num_prompt
+            qualifier = "at least " if shown == limit + 1 else ""
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, your prompt contains "
                 f"{qualifier}{shown} input tokens, which exceeds this limit even without any output tokens. "
@@ -275,8 +302,6 @@ class OpenAIServing:
                 parameter="input_tokens",
                 value=shown,
             )
-        if not from_text:
-            self._checked_token_ids(prompt_ids)
         output_tokens = limit - num_prompt if max_tokens is None else min(limit - num_prompt, max_tokens)
         if output_tokens < 1:
             raise bad_request(
@@ -284,6 +309,11 @@ class OpenAIServing:
                 parameter="max_tokens",
                 value=output_tokens,
             )
+        if not prompt_ids:
+            raise ApiError(400, "BadRequestError", "The decoder prompt cannot be empty")
+        if not from_text and max(prompt_ids) >= self.model.tokenizer.vocab_size:
+            # Negative ids never get here: the request schema refuses them, as vLLM's does.
+            raise ApiError(400, "BadRequestError", f"Token id {max(prompt_ids)} is out of vocabulary")
         return EngineRequest(
             f"{'chatcmpl' if chat else 'cmpl'}-{os.urandom(8).hex()}",
             prompt_ids,
@@ -377,6 +407,11 @@ class OpenAIServing:
                     )
                 )
         yield SSE_DONE
+
+
+def _field_error(kind: str, field: str, message: str, value: Any) -> dict[str, Any]:
+    """A request-body validation error as pydantic words it."""
+    return {"type": kind, "loc": ("body", field), "msg": message, "input": value}
 
 
 async def _gather_output(stream: RequestStream) -> tuple[list[int], str]:

@@ -7,7 +7,12 @@ endpoints are run cheaply on a small machine::
     llm-epp-sim --port 8100 --replicas 4 --profile default
 
 Routes: POST /v1/completions, /v1/chat/completions, /tokenize, /reset_prefix_cache;
-GET /v1/models, /health, /version, /metrics.
+GET /v1/models, /health, /version, /metrics, /kv_event_sources.
+
+KV events: ``--kv-events-config`` takes vLLM's JSON (``sim.kv_events``), so one launcher serves
+both. Replica ``i`` of ``--replicas N`` publishes on its own endpoints, derived as vLLM derives a
+data-parallel rank's: a tcp port plus ``i``, an ipc path with ``_dp{i}`` appended (replica 0 uses
+the endpoints as given). ``/kv_event_sources`` reports each replica's own.
 """
 
 from __future__ import annotations
@@ -26,15 +31,18 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+import zmq
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
 from sim.driver import EngineDriver
-from sim.engine import Engine, EngineConfigError, Profile, ProfileError, load_profile
+from sim.engine import Engine, EngineConfigError, Profile, ProfileError, RequestOutput, load_profile
+from sim.kv_events import KVEventPublisher, KVEventsConfig
 from sim.metrics import EngineMetrics
 from sim.openai_api import (
     VLLM_VERSION,
@@ -58,7 +66,8 @@ class ServerSettings:
     """What one simulated server serves and how its engine is sized.
 
     ``engine_overrides`` replaces fields of the profile's engine limits (any ``EngineConfig``
-    field, e.g. ``{"num_gpu_blocks": 64}``).
+    field, e.g. ``{"num_gpu_blocks": 64}``). ``kv_events`` is vLLM's ``--kv-events-config``, as
+    given to the whole server (``KVEventsConfig.for_replica`` derives each replica's).
     """
 
     model_dir: Path = TINY_MODEL_DIR
@@ -66,23 +75,40 @@ class ServerSettings:
     profile: str = "default"
     engine_overrides: Mapping[str, Any] = field(default_factory=dict)
     histogram_refresh_s: float = 1.0
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
 
 class Replica:
-    """One simulated vLLM server: its engine, the driver stepping it, its metrics and its app."""
+    """One simulated vLLM server: its engine, the driver stepping it, its metrics, its KV-event
+    publisher (when enabled; its sockets are bound here) and its app.
 
-    def __init__(self, settings: ServerSettings, model: ServedModel | None = None) -> None:
+    ``index`` is the replica's place in a multi-replica server; it picks the KV-event endpoints.
+    """
+
+    def __init__(self, settings: ServerSettings, model: ServedModel | None = None, index: int = 0) -> None:
         self.settings = settings
         self.profile: Profile = load_profile(settings.profile)
-        config = dataclasses.replace(self.profile.engine, **settings.engine_overrides)
+        overrides = dict(settings.engine_overrides)
+        kv_events = settings.kv_events.for_replica(index)
+        if kv_events.publishes:
+            overrides["enable_kv_events"] = True
+        config = dataclasses.replace(self.profile.engine, **overrides)
         self.model = model or load_served_model(settings)
         self.engine = Engine(config, self.profile.cost, self.model.output_vocab)
         self.metrics = EngineMetrics(
             self.engine, self.model.name, histogram_refresh_s=settings.histogram_refresh_s
         )
-        self.driver = EngineDriver(self.engine, on_step=self.metrics.record_step)
+        self.kv_events = KVEventPublisher(kv_events) if kv_events.publishes else None
+        self.driver = EngineDriver(self.engine, on_step=self._on_step)
         self.serving = OpenAIServing(self.model, self.driver)
         self.app = _create_app(self)
+
+    def _on_step(self, outputs: list[RequestOutput]) -> None:
+        self.metrics.record_step(outputs)
+        if self.kv_events is not None:
+            # One batch per step, with whatever happened since the last one: as in vLLM, an
+            # AllBlocksCleared from /reset_prefix_cache goes out with the next step.
+            self.kv_events.publish(self.engine.drain_kv_events())
 
 
 def load_served_model(settings: ServerSettings) -> ServedModel:
@@ -99,8 +125,14 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 def _create_app(replica: Replica) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        publisher = replica.kv_events
+        replay = asyncio.create_task(publisher.serve_replay()) if publisher is not None else None
         yield
         await replica.driver.stop()
+        if publisher is not None and replay is not None:
+            replay.cancel()
+            await asyncio.gather(replay, return_exceptions=True)
+            publisher.close()
 
     app = FastAPI(title="llm-epp simulated vLLM", version=VLLM_VERSION, lifespan=lifespan, openapi_url=None)
     app.state.replica = replica
@@ -158,6 +190,12 @@ def _create_app(replica: Replica) -> FastAPI:
     async def metrics() -> Response:
         return Response(replica.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/kv_event_sources")
+    async def kv_event_sources() -> dict[str, Any]:
+        """The publisher's config per data-parallel rank (always rank 0 here), {} when disabled."""
+        publisher = replica.kv_events
+        return {"0": publisher.config.model_dump()} if publisher is not None else {}
+
     return app
 
 
@@ -175,7 +213,7 @@ class ReplicaServer(uvicorn.Server):
 def build_replicas(settings: ServerSettings, count: int) -> list[Replica]:
     """``count`` independent replicas sharing one loaded tokenizer."""
     model = load_served_model(settings)
-    return [Replica(settings, model) for _ in range(count)]
+    return [Replica(settings, model, index) for index in range(count)]
 
 
 def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
@@ -249,9 +287,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True, help="(default: on)"
     )
     parser.add_argument(
+        "--kv-events-config",
+        type=parse_kv_events_config,
+        default=KVEventsConfig(),
+        metavar="JSON",
+        help="vLLM's KV-events config, e.g. "
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'; '
+        "replica i publishes on the endpoint's port + i (tcp) or path + _dp{i} (ipc)",
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
     return parser
+
+
+def parse_kv_events_config(text: str) -> KVEventsConfig:
+    try:
+        return KVEventsConfig.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, error['loc'])) or 'JSON'}: {error['msg']}" for error in exc.errors()
+        )
+        raise argparse.ArgumentTypeError(f"invalid KV events config: {problems}") from None
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
@@ -263,6 +320,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         served_model_name=args.served_model_name,
         profile=args.profile,
         engine_overrides=overrides,
+        kv_events=args.kv_events_config,
     )
 
 
@@ -278,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         replicas = build_replicas(settings_from_args(args), args.replicas)
     except (ProfileError, EngineConfigError, TypeError) as exc:
         parser.error(str(exc))
+    except zmq.ZMQError as exc:
+        parser.error(f"cannot open the KV events endpoint: {exc}")
     except Exception as exc:  # the tokenizer library raises its own exception types
         parser.error(f"cannot load the model from {args.model_dir}: {exc}")
     try:

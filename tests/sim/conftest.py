@@ -16,6 +16,7 @@ import uvicorn
 from epp.tokenization import ModelTokenizer
 from sim.engine import DecodeTerms, Engine, EngineConfig, EngineRequest, PrefillTerms, StepCostModel
 from sim.engine.engine import RequestOutput, ScheduledStep
+from sim.kv_events import KVEventsConfig
 from sim.openai_serving import ServedModel
 from sim.server import Replica, ReplicaServer, ServerSettings
 
@@ -87,16 +88,24 @@ VLLM_LIKE = {"max_model_len": 2048, "block_size": 32, "num_gpu_blocks": 512}
 
 @asynccontextmanager
 async def running_replica(
-    served_model: ServedModel, profile: str = "instant", **engine_overrides: Any
+    served_model: ServedModel,
+    profile: str = "instant",
+    *,
+    kv_events: KVEventsConfig | None = None,
+    index: int = 0,
+    **engine_overrides: Any,
 ) -> AsyncIterator[tuple[Replica, str]]:
-    """A replica served by uvicorn on a free loopback port, in this event loop.
+    """Replica ``index`` of a server, served by uvicorn on a free loopback port, in this event loop.
 
     Histograms are re-rendered on every scrape, so tests see them current.
     """
     settings = ServerSettings(
-        profile=profile, engine_overrides={**VLLM_LIKE, **engine_overrides}, histogram_refresh_s=0.0
+        profile=profile,
+        engine_overrides={**VLLM_LIKE, **engine_overrides},
+        histogram_refresh_s=0.0,
+        kv_events=kv_events or KVEventsConfig(),
     )
-    replica = Replica(settings, served_model)
+    replica = Replica(settings, served_model, index)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -143,22 +152,3 @@ def vllm_error_sample(title: str) -> tuple[dict[str, Any], int]:
     """A recorded error body and its status (the line ends with `` [status]``)."""
     body, _, status = vllm_samples()[title].rpartition(" [")
     return json.loads(body), int(status.rstrip("]"))
-
-
-def sse_payloads(text: str) -> list[Any]:
-    """The JSON payloads of an SSE body, and "[DONE]"."""
-    payloads = []
-    for line in text.splitlines():
-        if line.startswith("data: "):
-            data = line[len("data: ") :]
-            payloads.append(data if data == "[DONE]" else json.loads(data))
-    return payloads
-
-
-def shape(value: Any) -> Any:
-    """Keys (in order) and value types of a JSON document, to compare layouts, not values."""
-    if isinstance(value, dict):
-        return [(key, shape(item)) for key, item in value.items()]
-    if isinstance(value, list):
-        return [shape(item) for item in value]
-    return type(value).__name__

@@ -10,8 +10,9 @@ import pytest
 
 from sim.openai_serving import ServedModel
 from sim.server import ServerSettings, create_app
+from tests.openai_wire import shape, sse_payloads
 
-from .conftest import running_replica, shape, sse_payloads, vllm_error_sample, vllm_samples
+from .conftest import running_replica, vllm_error_sample, vllm_samples
 
 
 def client_for(url: str) -> openai.AsyncOpenAI:
@@ -130,6 +131,62 @@ async def test_errors_match_vllm(served_model: ServedModel, title: str, path: st
         # The server stays up and serves the next request.
         ok = await http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
         assert ok.status_code == 200
+
+
+TOO_LONG = (
+    "This model's maximum context length is 2048 tokens. However, your prompt contains {} input tokens, "
+    "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
+    "(parameter=input_tokens, value={})"
+)
+TOO_MANY_CHARS = (
+    "This model's maximum context length is 2048 tokens. However, your prompt contains {0} characters "
+    "(more than 75776 characters, which is the upper bound for 2048 input tokens). Please reduce the length "
+    "of the input prompt. (parameter=input_text, value={0})"
+)
+TOKENIZE_UNION = (
+    "2 validation errors:\n  {{'type': '{}', 'loc': 'body.prompt', 'msg': '{}', 'input': '{}'}}\n  "
+    "{{'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', 'input': '<dict of {} items>'}}"
+)
+# Answers of vLLM 0.32 on the tiny model (2,048-token context, longest token 37 characters), seen live.
+PROMPT_ERROR_CASES = [
+    ("/v1/completions", {"prompt": []}, "You must pass at least one prompt", None),
+    ("/v1/completions", {"prompt": [""]}, "The decoder prompt cannot be empty", None),
+    ("/v1/completions", {"prompt": [[]], "max_tokens": -1}, "max_tokens must be at least 1, got -1. "
+     "(parameter=max_tokens, value=-1)", "max_tokens"),
+    ("/v1/completions", {"prompt": [5] * 2049}, TOO_LONG.format("at least 2049", 2049), "input_tokens"),
+    ("/v1/completions", {"prompt": [5] * 3000}, TOO_LONG.format(3000, 3000), "input_tokens"),
+    ("/v1/completions", {"prompt": [2048, 5]}, "Token id 2048 is out of vocabulary", None),
+    ("/v1/completions", {"prompt": [99999] * 2048}, "max_tokens must be at least 1, got 0. "
+     "(parameter=max_tokens, value=0)", "max_tokens"),
+    ("/v1/completions", {"prompt": "a" * 80_000}, TOO_MANY_CHARS.format(80_000), "input_text"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * 80_000}]},
+     TOO_MANY_CHARS.format(80_031), "input_text"),
+    ("/tokenize", {"model": "nope"},
+     TOKENIZE_UNION.format("missing", "Field required", "<dict of 1 items>", 1), "body.prompt"),
+    ("/tokenize", {"prompt": [5, 6]}, TOKENIZE_UNION.format("string_type", "Input should be a valid string",
+     "<list of 2 items>", 1), "body.prompt"),
+    ("/tokenize", {"prompt": None}, TOKENIZE_UNION.format("string_type", "Input should be a valid string",
+     "None", 1), "body.prompt"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "payload", "message", "param"), PROMPT_ERROR_CASES)
+async def test_prompt_errors_in_vllms_words_and_order(
+    served_model: ServedModel, path: str, payload: dict[str, object], message: str, param: str | None
+) -> None:
+    async with running_replica(served_model) as (_, url), httpx.AsyncClient(base_url=url) as http:
+        response = await http.post(path, json=payload)
+        error = response.json()["error"]
+        assert (response.status_code, error["message"], error["param"]) == (400, message, param)
+        assert error["type"] == ("Bad Request" if path == "/tokenize" else "BadRequestError")
+
+
+async def test_negative_token_ids_fail_the_request_schema(served_model: ServedModel) -> None:
+    async with running_replica(served_model) as (_, url), httpx.AsyncClient(base_url=url) as http:
+        error = (await http.post("/v1/completions", json={"prompt": [-1, 5]})).json()["error"]
+        assert (error["type"], error["param"]) == ("Bad Request", "body.prompt.0")
+        # Every branch of vLLM's prompt union, as vLLM lists them.
+        assert error["message"].startswith("6 validation errors:\n  {'type': 'greater_than_equal'")
 
 
 async def test_other_errors_keep_vllm_shape(served_model: ServedModel) -> None:

@@ -115,7 +115,11 @@ def free_port_pair() -> int:
 
 def test_cli_serves_replicas_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port_pair()
-    command = [sys.executable, "-m", "sim.server", "--port", str(port), "--replicas", "2"]
+    kv_events = f'{{"enable_kv_cache_events": true, "endpoint": "ipc://{tmp_path}/kv.sock"}}'
+    command = [
+        *(sys.executable, "-m", "sim.server", "--port", str(port), "--replicas", "2"),
+        *("--kv-events-config", kv_events),
+    ]
     log = (tmp_path / "server.log").open("w")
     process = subprocess.Popen([*command, "--profile", "instant"], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -133,10 +137,14 @@ def test_cli_serves_replicas_and_stops_on_sigterm(tmp_path: Path) -> None:
         for url in urls:
             done = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 3}).json()
             assert done["usage"]["completion_tokens"] == 3
-        # Independent engines: each counted only its own request.
-        for url in urls:
+        # Independent engines: each counted only its own request, each publishes KV events on its own
+        # endpoint (the second one's derived from the flag's).
+        for index, url in enumerate(urls):
             lines = httpx.get(f"{url}/metrics").text.splitlines()
             assert 'vllm:generation_tokens_total{engine="0",model_name="tiny"} 3.0' in lines
+            endpoint = httpx.get(f"{url}/kv_event_sources").json()["0"]["endpoint"]
+            assert endpoint == f"ipc://{tmp_path}/kv.sock" + ("_dp1" if index else "")
+            assert Path(endpoint.removeprefix("ipc://")).is_socket()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
     finally:
