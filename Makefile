@@ -9,6 +9,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 PYTEST_ARGS ?=
 REAL_VLLM ?=
+PREDICTOR ?= 1
 
 .PHONY: install vllm-env run test test-fast bench lint clean
 
@@ -33,7 +34,7 @@ install: $(STAMP)
 vllm-env: $(VLLM_STAMP)
 
 run: $(STAMP) $(if $(REAL_VLLM),$(VLLM_STAMP))
-	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm)
+	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm) $(if $(filter 0,$(PREDICTOR)),--predictors 0)
 
 test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -44,12 +44,13 @@ class StackPorts:
     epp_metrics: int = 9090
     envoy_admin: int = 9901
     first_replica: int = 8100
+    trainer: int = 8000
+    first_predictor: int = 8001
 
     @classmethod
     def free(cls) -> StackPorts:
-        ports = cls(*(free_port() for _ in range(5)))
-        ports.first_replica = 0  # replicas get individual free ports
-        return ports
+        """Free ports for every process; replicas and predictors get individual free ports."""
+        return cls(*(free_port() for _ in range(5)), first_replica=0, trainer=free_port(), first_predictor=0)
 
 
 @dataclass
@@ -59,8 +60,13 @@ class StackConfig:
     ports: StackPorts = field(default_factory=StackPorts)
     sim_profile: str = "default"
     sim_args: Sequence[str] = ()
-    epp_config: str = "gie-default"
+    epp_config: str | None = None
+    """EndpointPickerConfig name or path; default: ``predicted-latency`` with predictors, else
+    ``gie-default``."""
     epp_args: Sequence[str] = ()
+    predictors: int = 0
+    """Prediction sidecars (plus one trainer) to run; 0 runs none."""
+    trainer_args: Sequence[str] = ()
     failure_mode: FailureMode = "FailClose"
     model: str = "tiny"
     workdir: Path | None = None
@@ -78,7 +84,14 @@ class LocalStack:
             if config.ports.first_replica
             else [free_port() for _ in range(config.replicas)]
         )
+        self.predictor_ports = (
+            [config.ports.first_predictor + i for i in range(config.predictors)]
+            if config.ports.first_predictor
+            else [free_port() for _ in range(config.predictors)]
+        )
         self.replicas: list[Component] = []
+        self.trainer: Component | None = None
+        self.predictors: list[Component] = []
         self.epp: Component | None = None
         self.envoy: Component | None = None
 
@@ -92,6 +105,36 @@ class LocalStack:
 
     def replica_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.replica_ports[index]}"
+
+    @property
+    def trainer_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.ports.trainer}"
+
+    def predictor_url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.predictor_ports[index]}"
+
+    def _start_latency_sidecars(self) -> list[str]:
+        """Start the trainer and predictors; return the EPP flags that point at them."""
+        if not self.config.predictors:
+            return []
+        self.trainer = spawn(
+            "trainer",
+            [str(BIN / "llm-epp-trainer"), "--host", "127.0.0.1", "--port", str(self.config.ports.trainer),
+             "--model-dir", str(self.workdir / "models"), *self.config.trainer_args],
+            self.workdir,
+        )  # fmt: skip
+        wait_until(self.trainer, http_ok(f"{self.trainer_url}/healthz"))
+        for i, port in enumerate(self.predictor_ports):
+            predictor = spawn(
+                f"predictor-{i}",
+                [str(BIN / "llm-epp-predictor"), "--host", "127.0.0.1", "--port", str(port),
+                 "--trainer-url", self.trainer_url, "--poll-interval-s", "1"],
+                self.workdir,
+            )  # fmt: skip
+            self.predictors.append(predictor)
+            wait_until(predictor, http_ok(f"{self.predictor_url(i)}/healthz"))
+        urls = ",".join(self.predictor_url(i) for i in range(self.config.predictors))
+        return ["--predictor-url", urls, "--trainer-url", self.trainer_url]
 
     def vllm_spec(self, index: int) -> VllmReplicaSpec:
         return VllmReplicaSpec(
@@ -141,6 +184,9 @@ class LocalStack:
     def _start(self) -> None:
         ports = self.config.ports
         self.replicas = self._start_replicas()
+        latency_flags = self._start_latency_sidecars()
+        default_config = "predicted-latency" if self.config.predictors else "gie-default"
+        epp_config = self.config.epp_config or default_config
         self.epp = start_epp(
             self.workdir,
             self.write_endpoints(),
@@ -148,7 +194,7 @@ class LocalStack:
             health_port=ports.epp_health,
             metrics_port=ports.epp_metrics,
             expected_endpoints=self.config.replicas,
-            extra_args=["--config", self.config.epp_config, *self.config.epp_args],
+            extra_args=["--config", epp_config, *latency_flags, *self.config.epp_args],
         )
         bootstrap = gateway_bootstrap(
             listen_port=ports.gateway,
@@ -158,10 +204,14 @@ class LocalStack:
         )
         self.envoy = start_envoy("envoy", bootstrap, self.workdir, admin_port=ports.envoy_admin)
 
+    def components(self) -> list[Component]:
+        """Every started process, gateway first."""
+        started = [self.envoy, self.epp, *self.predictors, self.trainer, *self.replicas]
+        return [c for c in started if c is not None]
+
     def stop(self) -> None:
-        for component in [self.envoy, self.epp, *self.replicas]:
-            if component is not None:
-                component.stop()
+        for component in self.components():
+            component.stop()
         if self.config.engine == "vllm":
             for i in range(self.config.replicas):
                 shutil.rmtree(self.vllm_spec(i).tmpdir, ignore_errors=True)
@@ -169,7 +219,7 @@ class LocalStack:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _curl_example(stack: LocalStack) -> str:
+def _try_it(stack: LocalStack) -> str:
     body = json.dumps(
         {
             "model": stack.config.model,
@@ -178,7 +228,22 @@ def _curl_example(stack: LocalStack) -> str:
             "stream": True,
         }
     )
-    return f"curl -N {stack.gateway_url}/v1/chat/completions -H 'content-type: application/json' -d '{body}'"
+    slo = (
+        " -H 'x-slo-ttft-ms: 500' -H 'x-slo-tpot-ms: 50' -H 'x-llm-epp-debug: true'"
+        if stack.predictors
+        else ""
+    )
+    url = f"{stack.gateway_url}/v1/chat/completions"
+    lines = [f"  curl -N {url} -H 'content-type: application/json'{slo} -d '{body}'"]
+    if stack.predictors:
+        lines += [
+            "",
+            "Predicted vs actual TTFT (the model trains for a few seconds first; -i on curl shows",
+            "x-llm-epp-predicted-ttft-ms per request):",
+            f"  curl -s {stack.epp_metrics_url} | grep -E "
+            "'^inference_objective_request_(predicted_)?ttft_seconds_(sum|count)'",
+        ]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,7 +255,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gateway-port", type=int, default=8081)
     parser.add_argument("--first-replica-port", type=int, default=8100)
     parser.add_argument("--sim-profile", default="default", help="simulated engine profile")
-    parser.add_argument("--config", default="gie-default", help="EndpointPickerConfig name or path")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="EndpointPickerConfig name or path (default: predicted-latency, or "
+        "gie-default with --predictors 0)",
+    )
+    parser.add_argument(
+        "--predictors", type=int, default=2, help="prediction sidecars (0: no trainer/predictors)"
+    )
     parser.add_argument("--failure-mode", choices=["FailOpen", "FailClose"], default="FailClose")
     args = parser.parse_args(argv)
     replicas = args.replicas or (2 if args.engine == "vllm" else 4)
@@ -202,11 +275,13 @@ def main(argv: list[str] | None = None) -> None:
             ports=ports,
             sim_profile=args.sim_profile,
             epp_config=args.config,
+            predictors=args.predictors,
             failure_mode=args.failure_mode,
         )
     )
     kind = "real vLLM (CPU, up to a few minutes)" if args.engine == "vllm" else "simulated"
-    print(f"starting {replicas} {kind} replicas, the EPP and Envoy (logs in {stack.workdir}) ...")
+    sidecars = f", a trainer, {args.predictors} predictors" if args.predictors else ""
+    print(f"starting {replicas} {kind} replicas{sidecars}, the EPP and Envoy (logs in {stack.workdir}) ...")
     stopping = False
 
     def request_stop(signum: int, frame: object) -> None:
@@ -218,11 +293,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         stack.start()
         print(f"\nGateway ready on {stack.gateway_url} (EPP metrics: {stack.epp_metrics_url}). Try:\n")
-        print("  " + _curl_example(stack) + "\n")
+        print(_try_it(stack) + "\n")
         print("Ctrl-C stops everything.")
         while not stopping:
-            for component in [stack.envoy, stack.epp, *stack.replicas]:
-                if component is not None and not component.alive():
+            for component in stack.components():
+                if not component.alive():
                     raise ProcessError(f"{component.name} exited:\n{component.log_tail()}")
             time.sleep(0.5)
     except ProcessError as exc:

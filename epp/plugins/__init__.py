@@ -10,4 +10,5 @@ from epp.plugins import (  # noqa: F401
     prefix_cache,
     queue_scorer,
     slo_headroom_tier_filter,
+    token_load,
 )

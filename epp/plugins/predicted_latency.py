@@ -1,7 +1,8 @@
 """``predicted-latency-producer``: predicted TTFT/TPOT of the request on every candidate.
 
-Builds one feature row per candidate (the endpoint's scraped load, the prompt length, its
-prefix-cache match there), makes one bulk prediction call for all of them, and writes each
+Builds one feature row per candidate (the endpoint's scraped load, the EPP's own in-flight
+token load there, the prompt length, its prefix-cache match there), makes one bulk prediction
+call for all of them, and writes each
 endpoint's prediction and SLO headroom (``LATENCY_PREDICTIONS``). Once the request finishes,
 it sends the chosen endpoint's row, as it was at scheduling time, with the measured
 latencies to the trainer: one TTFT sample and (streaming mode) one TPOT sample.
@@ -42,7 +43,9 @@ from epp.latency.predictions import (
     LatencyPredictor,
     PredictionUnavailable,
 )
+from epp.load.token_load import EndpointLoad
 from epp.plugins.prefix_cache import PREFIX_MATCH
+from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.config import ConfigError
 from epp.scheduling.framework import (
     CycleState,
@@ -56,6 +59,8 @@ from epp.scheduling.framework import (
 from epp.scheduling.registry import register_default_producer
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
 
+NO_LOAD = EndpointLoad()
+
 
 class PredictedLatencyParameters(PluginParameters):
     streaming_mode: bool = Field(default=False, alias="streamingMode")
@@ -63,7 +68,9 @@ class PredictedLatencyParameters(PluginParameters):
     prediction_based_scheduling_default: bool = Field(default=True, alias="predictionBasedSchedulingDefault")
 
 
-def feature_row(request: LLMRequest, endpoint: EndpointState, prefix_score: float) -> dict[str, Any]:
+def feature_row(
+    request: LLMRequest, endpoint: EndpointState, prefix_score: float, load: EndpointLoad
+) -> dict[str, Any]:
     """The model's view of ``request`` on ``endpoint`` now (``trainer.features.FeatureRow`` fields)."""
     m = endpoint.metrics
     return {
@@ -74,8 +81,8 @@ def feature_row(request: LLMRequest, endpoint: EndpointState, prefix_score: floa
         "num_tokens_generated": 0,
         "prefix_cache_score": prefix_score,
         "pod_type": "",
-        "prefill_tokens_in_flight": 0,
-        "decode_tokens_in_flight": 0,
+        "prefill_tokens_in_flight": load.prefill_tokens,
+        "decode_tokens_in_flight": load.decode_tokens,
     }
 
 
@@ -84,7 +91,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
     type_name = "predicted-latency-producer"
     Parameters = PredictedLatencyParameters
     produces = (LATENCY_PREDICTIONS, FEATURE_ROWS, PREDICTION_FALLBACK)
-    consumes = (PREFIX_MATCH,)
+    consumes = (PREFIX_MATCH, TOKEN_LOAD)
     params: PredictedLatencyParameters
 
     def __init__(self, name: str, params: PredictedLatencyParameters, context: PluginContext) -> None:
@@ -99,7 +106,13 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState):
         match = state.get(PREFIX_MATCH)
-        rows = {e.name: feature_row(request, e, match.fraction(e.name) if match else 0.0) for e in endpoints}
+        loads = state.get(TOKEN_LOAD) or {}
+        rows = {
+            e.name: feature_row(
+                request, e, match.fraction(e.name) if match else 0.0, loads.get(e.name, NO_LOAD)
+            )
+            for e in endpoints
+        }
         state.put(FEATURE_ROWS, rows)
         enabled = request.prediction_based
         if enabled is None:

@@ -49,11 +49,16 @@ class PrefixMatch:
     total_blocks: int
     matched_blocks: dict[str, int] = field(default_factory=dict)
     block_hashes: list[int] = field(default_factory=list, repr=False)
+    block_size_tokens: int = 0
 
     def fraction(self, endpoint: str) -> float:
         if self.total_blocks == 0:
             return 0.0
         return self.matched_blocks.get(endpoint, 0) / self.total_blocks
+
+    def cached_tokens(self, endpoint: str, prompt_tokens: int) -> int:
+        """Prompt tokens likely cached on ``endpoint`` (an engine always recomputes the last one)."""
+        return min(self.matched_blocks.get(endpoint, 0) * self.block_size_tokens, max(0, prompt_tokens - 1))
 
 
 PREFIX_MATCH: DataKey[PrefixMatch] = DataKey("prefix-cache-match")
@@ -86,7 +91,8 @@ class ApproximatePrefixCacheProducer(DataProducer, PreRequest):
         )
         for e in endpoints:
             self._capacity[e.name] = self._capacity_for(e)
-        state.put(PREFIX_MATCH, PrefixMatch(len(hashes), self.index.longest_prefix(hashes), hashes))
+        matched = self.index.longest_prefix(hashes)
+        state.put(PREFIX_MATCH, PrefixMatch(len(hashes), matched, hashes, self.params.block_size_tokens))
 
     def _capacity_for(self, endpoint: EndpointState) -> int:
         configured = self.params.lru_capacity_per_server

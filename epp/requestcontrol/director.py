@@ -137,6 +137,10 @@ class Director:
         if predicted is not None:
             headers["x-llm-epp-predicted-ttft-ms"] = f"{predicted.ttft_ms:.3f}"
             headers["x-llm-epp-predicted-tpot-ms"] = f"{predicted.tpot_ms:.3f}"
+        if predictions is not None:
+            headers["x-llm-epp-candidates-ttft-ms"] = ",".join(
+                f"{name}={p.ttft_ms:.1f}" for name, p in predictions.by_endpoint.items()
+            )
         if (fallback := state.get(PREDICTION_FALLBACK)) is not None:
             headers["x-llm-epp-prediction-fallback"] = fallback
         return headers

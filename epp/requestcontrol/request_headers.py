@@ -9,7 +9,8 @@ header                             meaning
 ``x-prediction-based-scheduling``  ``true``/``false``: use predicted latency for this request
 ``x-llm-epp-debug``                ``true``: the response carries the routing decision
                                    (``x-llm-epp-endpoint``, ``x-llm-epp-predicted-ttft-ms``,
-                                   ``x-llm-epp-predicted-tpot-ms``, ``x-llm-epp-prediction-fallback``)
+                                   ``x-llm-epp-predicted-tpot-ms``, every candidate's
+                                   ``x-llm-epp-candidates-ttft-ms``, ``x-llm-epp-prediction-fallback``)
 =================================  =========================================================
 
 A malformed value is a 400 whose message names the header; nothing is silently ignored.

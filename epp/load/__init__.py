@@ -1,0 +1,1 @@
+"""In-flight load the EPP itself has put on each endpoint, counted in tokens."""

@@ -1,0 +1,121 @@
+"""Token load per endpoint: work routed there and not yet done, updated at each lifecycle step.
+
+Request counts are a poor load signal when prompts and outputs vary by 1000×. What an engine
+still has to do for the requests the EPP sent it is (a) the prompt tokens it has not yet
+prefilled — the uncached part of each prompt, until the first token comes back — and (b) the
+KV tokens of requests that are decoding, which grow with every generated token and bound
+how fast the batch decodes. Both are known the moment a request is routed, unlike the
+engine's own metrics, which reach the EPP a scrape later.
+
+Lifecycle: ``admit`` (routed) → ``first_token`` (prefill done) → ``progress`` (tokens
+streamed) → ``finish`` (completed, failed upstream, or cancelled). ``finish`` removes every
+trace of the request, so aborted streams leak nothing. Aggregates are updated incrementally:
+every call is O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointLoad:
+    requests: int = 0
+    prefill_tokens: int = 0
+    """Uncached prompt tokens routed here and not yet prefilled."""
+    decode_tokens: int = 0
+    """KV tokens (prompt + generated) of requests here that are decoding."""
+    expected_remaining_tokens: int = 0
+    """Output tokens still expected from requests here (estimates, corrected as tokens arrive)."""
+
+
+@dataclass(slots=True)
+class _Booking:
+    endpoint: str
+    prompt_tokens: int
+    uncached_tokens: int
+    expected_output: int
+    generated: int = 0
+    decoding: bool = False
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.expected_output - self.generated)
+
+
+@dataclass(slots=True)
+class _Totals:
+    requests: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    expected_remaining_tokens: int = 0
+
+
+class TokenLoadTracker:
+    def __init__(self) -> None:
+        self._bookings: dict[str, _Booking] = {}
+        self._totals: dict[str, _Totals] = {}
+
+    def admit(
+        self, request_id: str, endpoint: str, prompt_tokens: int, cached_tokens: int, expected_output: int
+    ) -> None:
+        """Book a request routed to ``endpoint``. Re-admitting an id first releases the old booking."""
+        self.finish(request_id)
+        uncached = max(0, prompt_tokens - min(cached_tokens, prompt_tokens))
+        booking = _Booking(endpoint, prompt_tokens, uncached, max(1, expected_output))
+        self._bookings[request_id] = booking
+        totals = self._totals.setdefault(endpoint, _Totals())
+        totals.requests += 1
+        totals.prefill_tokens += uncached
+        totals.expected_remaining_tokens += booking.remaining
+
+    def first_token(self, request_id: str) -> None:
+        """Prefill is done: the prompt's tokens move from the prefill to the decode account."""
+        booking = self._bookings.get(request_id)
+        if booking is None or booking.decoding:
+            return
+        totals = self._totals[booking.endpoint]
+        booking.decoding = True
+        totals.prefill_tokens -= booking.uncached_tokens
+        totals.decode_tokens += booking.prompt_tokens + booking.generated
+        if booking.generated == 0:
+            self.progress(request_id, 1)
+
+    def progress(self, request_id: str, generated: int) -> None:
+        """``generated`` output tokens so far; the output estimate grows if it was too small."""
+        booking = self._bookings.get(request_id)
+        if booking is None or generated <= booking.generated:
+            return
+        totals = self._totals[booking.endpoint]
+        before = booking.remaining
+        if booking.decoding:
+            totals.decode_tokens += generated - booking.generated
+        booking.generated = generated
+        booking.expected_output = max(booking.expected_output, generated)
+        totals.expected_remaining_tokens += booking.remaining - before
+
+    def finish(self, request_id: str) -> None:
+        """The request is over, however it ended: release everything it booked."""
+        booking = self._bookings.pop(request_id, None)
+        if booking is None:
+            return
+        totals = self._totals[booking.endpoint]
+        totals.requests -= 1
+        totals.expected_remaining_tokens -= booking.remaining
+        if booking.decoding:
+            totals.decode_tokens -= booking.prompt_tokens + booking.generated
+        else:
+            totals.prefill_tokens -= booking.uncached_tokens
+        if totals.requests == 0:
+            del self._totals[booking.endpoint]
+
+    def load(self, endpoint: str) -> EndpointLoad:
+        totals = self._totals.get(endpoint)
+        if totals is None:
+            return EndpointLoad()
+        return EndpointLoad(
+            totals.requests, totals.prefill_tokens, totals.decode_tokens, totals.expected_remaining_tokens
+        )
+
+    def in_flight(self) -> int:
+        return len(self._bookings)

@@ -1,0 +1,87 @@
+"""``token-load-producer``: the EPP's own in-flight token load per endpoint (see ``epp.load``).
+
+Writes each candidate's load (``TOKEN_LOAD``) before scheduling, books the request on its
+target after the pick (its uncached prompt from the prefix match, its expected output), and
+follows it through first token, streamed tokens and finish.
+
+==============  =======  =================================================================
+parameter       default  meaning
+==============  =======  =================================================================
+outputRatio     1.5      expected output tokens per prompt token when the request gives no
+                         ``max_tokens``; the estimate is corrected as tokens arrive
+maxOutputGuess  8192     cap on that estimate
+==============  =======  =================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from epp.load.token_load import EndpointLoad, TokenLoadTracker
+from epp.plugins.prefix_cache import PREFIX_MATCH
+from epp.scheduling.framework import (
+    CycleState,
+    DataKey,
+    DataProducer,
+    PluginContext,
+    PluginParameters,
+    PreRequest,
+    RequestOutcome,
+    ResponseObserver,
+)
+from epp.scheduling.registry import register_default_producer
+from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
+
+TOKEN_LOAD: DataKey[dict[str, EndpointLoad]] = DataKey("token-load")
+
+
+class TokenLoadParameters(PluginParameters):
+    output_ratio: float = Field(default=1.5, gt=0, le=100, alias="outputRatio")
+    max_output_guess: int = Field(default=8192, ge=1, alias="maxOutputGuess")
+
+
+@register_default_producer
+class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
+    type_name = "token-load-producer"
+    Parameters = TokenLoadParameters
+    produces = (TOKEN_LOAD,)
+    params: TokenLoadParameters
+
+    def __init__(self, name: str, params: TokenLoadParameters, context: PluginContext) -> None:
+        super().__init__(name, params, context)
+        self.tracker = TokenLoadTracker()
+
+    def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState) -> None:
+        state.put(TOKEN_LOAD, {e.name: self.tracker.load(e.name) for e in endpoints})
+
+    def expected_output(self, request: LLMRequest) -> int:
+        if request.max_tokens is not None:
+            return request.max_tokens
+        return min(
+            self.params.max_output_guess, max(1, round(self.params.output_ratio * request.input_tokens))
+        )
+
+    def pre_request(self, request: LLMRequest, result: SchedulingResult, state: CycleState) -> None:
+        target = result.endpoint.name
+        match = state.get(PREFIX_MATCH)
+        cached = match.cached_tokens(target, request.input_tokens) if match else 0
+        self.tracker.admit(
+            request.request_id, target, request.input_tokens, cached, self.expected_output(request)
+        )
+
+    def on_first_token(
+        self, request: LLMRequest, result: SchedulingResult, state: CycleState, now: float
+    ) -> None:
+        self.tracker.first_token(request.request_id)
+
+    def on_progress(
+        self, request: LLMRequest, result: SchedulingResult, state: CycleState, tokens: int, now: float
+    ) -> None:
+        self.tracker.progress(request.request_id, tokens)
+
+    def on_finished(
+        self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
+    ) -> None:
+        self.tracker.finish(request.request_id)

@@ -1,0 +1,76 @@
+"""The models a predictor serves: one verified booster per latency, grouped by version.
+
+A :class:`ModelSet` is what a version's manifest describes, loaded and verified; it is
+immutable, so swapping the one a server holds swaps both models at once. It can also be used
+in process (the fleet simulator) without any server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import xgboost as xgb
+
+from trainer.artifacts import ArtifactError, Manifest, ModelInfo, ModelName, load_verified_booster
+from trainer.training import latency_from_margin
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    info: ModelInfo
+    booster: xgb.Booster
+
+    def predict_ms(self, features: np.ndarray) -> np.ndarray:
+        """Latency in milliseconds for each row of a ``FEATURE_COLUMNS`` matrix (float32)."""
+        return latency_from_margin(self.booster.inplace_predict(features), self.info.target_transform)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSet:
+    """The models of one version. ``tpot`` is None until the trainer has had TPOT samples
+    (non-streaming traffic has none); TPOT predictions are then 0."""
+
+    version: int
+    ttft: ServedModel
+    tpot: ServedModel | None
+    loaded_at: datetime
+    source: str
+
+    @property
+    def quantile(self) -> float | None:
+        """The quantile the models predict (quantile objective), None for mean models."""
+        return self.ttft.info.quantile
+
+    def predict(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(TTFT ms, TPOT ms) for each row of a ``FEATURE_COLUMNS`` matrix."""
+        ttft = self.ttft.predict_ms(features)
+        tpot = self.tpot.predict_ms(features) if self.tpot else np.zeros(len(features))
+        return ttft, tpot
+
+
+def build_model_set(
+    manifest: Manifest,
+    blobs: Mapping[ModelName, bytes],
+    *,
+    loaded_at: datetime,
+    source: str,
+    threads: int = 1,
+) -> ModelSet:
+    """Verify and load every model ``manifest`` lists from ``blobs`` (its bytes, by name).
+
+    Raises :class:`ArtifactError` if the manifest has no TTFT model or any model fails
+    verification; nothing of a version that fails is ever served.
+    """
+    served: dict[ModelName, ServedModel] = {}
+    for name, info in manifest.models.items():
+        if name not in blobs:
+            raise ArtifactError("missing", f"no bytes for the {name} model of version {manifest.version}")
+        booster = load_verified_booster(info, blobs[name])
+        booster.set_param({"nthread": threads})
+        served[name] = ServedModel(info, booster)
+    if "ttft" not in served:
+        raise ArtifactError("missing", f"version {manifest.version} has no TTFT model")
+    return ModelSet(manifest.version, served["ttft"], served.get("tpot"), loaded_at, source)

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.load.token_load import EndpointLoad, TokenLoadTracker
+from epp.plugins.prefix_cache import PREFIX_MATCH, PrefixMatch
+from epp.plugins.token_load import TOKEN_LOAD, TokenLoadParameters, TokenLoadProducer
+from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
+from epp.scheduling.types import SchedulingResult
+from tests.epp.factories import FakeClock, endpoint_state, make_request
+
+
+def test_lifecycle_moves_tokens_between_accounts() -> None:
+    t = TokenLoadTracker()
+    t.admit("r", "a", prompt_tokens=1000, cached_tokens=600, expected_output=50)
+    assert t.load("a") == EndpointLoad(1, 400, 0, 50)
+    t.first_token("r")
+    assert t.load("a") == EndpointLoad(1, 0, 1001, 49)
+    t.progress("r", 60)  # more than expected: the estimate follows
+    assert t.load("a") == EndpointLoad(1, 0, 1060, 0)
+    t.finish("r")
+    assert t.load("a") == EndpointLoad() and t.in_flight() == 0
+    t.finish("r")  # idempotent
+    t.admit("s", "b", 10, 50, 5)  # a cache hit larger than the prompt never goes negative
+    assert t.load("b").prefill_tokens == 0
+
+
+def reference(bookings: dict[str, dict]) -> dict[str, EndpointLoad]:
+    totals: dict[str, list[int]] = {}
+    for b in bookings.values():
+        acc = totals.setdefault(b["endpoint"], [0, 0, 0, 0])
+        acc[0] += 1
+        if b["decoding"]:
+            acc[2] += b["prompt"] + b["generated"]
+        else:
+            acc[1] += b["uncached"]
+        acc[3] += max(0, max(b["expected"], b["generated"]) - b["generated"])
+    return {e: EndpointLoad(*v) for e, v in totals.items()}
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "first", "progress", "finish"]),
+        st.sampled_from(["r1", "r2", "r3", "r4"]),
+        st.sampled_from(["a", "b"]),
+        st.integers(0, 500),
+        st.integers(0, 500),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_aggregates_match_a_recount_and_drain_to_zero(operations) -> None:
+    t = TokenLoadTracker()
+    model: dict[str, dict] = {}
+    for op, rid, endpoint, x, y in operations:
+        if op == "admit":
+            t.admit(rid, endpoint, x, y, y)
+            model[rid] = {"endpoint": endpoint, "prompt": x, "uncached": max(0, x - min(y, x)),
+                          "expected": max(1, y), "generated": 0, "decoding": False}  # fmt: skip
+        elif op == "first" and rid in model:
+            t.first_token(rid)
+            b = model[rid]
+            if not b["decoding"]:
+                b["decoding"] = True
+                b["generated"] = max(b["generated"], 1)
+        elif op == "progress" and rid in model:
+            t.progress(rid, x)
+            b = model[rid]
+            if x > b["generated"]:
+                b["generated"] = x
+                b["expected"] = max(b["expected"], x)
+        elif op == "finish":
+            t.finish(rid)
+            model.pop(rid, None)
+        expected = reference(model)
+        for e in ("a", "b"):
+            assert t.load(e) == expected.get(e, EndpointLoad())
+    for rid in list(model):
+        t.finish(rid)
+    assert t.load("a") == t.load("b") == EndpointLoad() and t.in_flight() == 0
+
+
+def test_producer_books_on_pick_and_releases_on_finish_however_it_ends() -> None:
+    context = PluginContext(clock=FakeClock(), rng=random.Random(1))
+    producer = TokenLoadProducer("t", TokenLoadParameters(), context)
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    request = make_request(list(range(100)))
+    request.max_tokens = 20
+    state = CycleState()
+    state.put(PREFIX_MATCH, PrefixMatch(1, {"e1": 1}, [1], block_size_tokens=64))
+    producer.produce(request, endpoints, state)
+    assert state.get(TOKEN_LOAD) == {"e0": EndpointLoad(), "e1": EndpointLoad()}
+    result = SchedulingResult((endpoints[1].endpoint,), "p")
+    producer.pre_request(request, result, state)
+    assert producer.tracker.load("e1") == EndpointLoad(1, 36, 0, 20)  # 64 of 100 prompt tokens cached
+    producer.on_first_token(request, result, state, 0.0)
+    producer.on_progress(request, result, state, 5, 0.0)
+    assert producer.tracker.load("e1") == EndpointLoad(1, 0, 105, 15)
+    aborted = RequestOutcome(endpoints[1].endpoint, 0.0, 1.0, 200, True, False, 0.5, 5)
+    producer.on_finished(request, result, state, aborted)
+    assert producer.tracker.load("e1") == EndpointLoad()
+    unbounded = make_request(list(range(10)))
+    assert producer.expected_output(unbounded) == 15

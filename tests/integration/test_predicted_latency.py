@@ -1,0 +1,218 @@
+"""Predicted-latency routing end to end: real Envoy, the EPP, the trainer, two predictors and
+simulated replicas with a small, slow engine (4 sequences at once, a 128k-token KV cache, the
+default step times ×4) so that queues and KV pressure appear at test-sized loads and engine
+time dominates the scheduling noise of a busy 2-core machine."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from sim.engine import profiles
+from sim.stack import LocalStack
+from tests.stacks import metric_sum, start_stack, wait_for
+
+pytestmark = pytest.mark.integration
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+]
+
+
+def small_engine_profile(path: Path, slowdown: float = 4.0) -> Path:
+    """The default (Dynamo-polynomial) step times, scaled, on a deliberately small engine."""
+    data = yaml.safe_load((Path(profiles.__file__).parent / "default.yaml").read_text())
+    data["name"] = "small-test-engine"
+    data["engine"].update({"max_num_seqs": 4, "num_gpu_blocks": 8000, "max_num_batched_tokens": 4096})
+    for part in data["step_time_ms"].values():
+        for term in part:
+            part[term] *= slowdown
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def prompt(i: int, words: int) -> str:
+    return f"request {i}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(words))
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: httpx.Headers
+    text: str
+    ttft_ms: float | None
+    """Client-side time to the first event carrying generated text."""
+
+    def json(self) -> dict:
+        return json.loads(self.text)
+
+
+def send(
+    stack: LocalStack, i: int, words: int, max_tokens: int, headers: dict[str, str] | None = None
+) -> Reply:
+    body = {"model": "tiny", "prompt": prompt(i, words), "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    started, ttft_ms, lines = time.perf_counter(), None, []
+    with httpx.stream("POST", f"{stack.gateway_url}/v1/completions", json=body, timeout=60,
+                      headers={"x-llm-epp-debug": "true", **(headers or {})}) as response:  # fmt: skip
+        for line in response.iter_lines():
+            lines.append(line)
+            if (
+                ttft_ms is None
+                and line.startswith("data: {")
+                and '"text":"' in line
+                and '"text":""' not in line
+            ):
+                ttft_ms = (time.perf_counter() - started) * 1e3
+        return Reply(response.status_code, response.headers, "\n".join(lines), ttft_ms)
+
+
+def rank_correlation(a: list[float], b: list[float]) -> float:
+    """Spearman's rho: the correlation of ranks, robust to a few scheduling-noise outliers."""
+    return float(np.corrcoef(np.argsort(np.argsort(a)), np.argsort(np.argsort(b)))[0, 1])
+
+
+def model_version(stack: LocalStack) -> int:
+    status = httpx.get(f"{stack.predictor_url(0)}/status", timeout=5).json()
+    return int(status.get("model_version") or 0)
+
+
+@pytest.fixture(scope="module")
+def latency_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    workdir = tmp_path_factory.mktemp("latency")
+    profile = small_engine_profile(workdir / "small.yaml")
+    stack = start_stack(
+        workdir, replicas=3, sim_profile=str(profile), predictors=2,
+        trainer_args=["--retrain-interval-s", "1", "--min-samples", "60"],
+    )  # fmt: skip
+    # Warm up on a mix of prompt lengths and loads, so the model sees queues form and drain.
+    with cf.ThreadPoolExecutor(24) as pool:
+        list(pool.map(lambda i: send(stack, i, 20 + (i * 37) % 900, 4 + i % 48), range(480)))
+    assert wait_for(lambda: model_version(stack) >= 2, timeout=60), "the trainer never produced a model"
+    yield stack
+    stack.stop()
+
+
+def test_predictions_exist_and_track_actual_ttft(latency_stack: LocalStack) -> None:
+    # Light load and prompts from 40 to ~9,000 tokens: prefill time, which the model can see
+    # through the prompt length, dominates TTFT rather than scheduling noise on a busy machine.
+    predicted, actual = [], []
+    with cf.ThreadPoolExecutor(3) as pool:
+        responses = list(
+            pool.map(lambda i: send(latency_stack, 1000 + i, 20 + (i * 911) % 5000, 8), range(60))
+        )
+    assert all(r.status == 200 for r in responses)
+    with_prediction = [r for r in responses if "x-llm-epp-predicted-ttft-ms" in r.headers]
+    assert len(with_prediction) >= 55, "after warm-up nearly every request gets a prediction"
+    assert metric_sum(latency_stack.epp_metrics_url, "inference_objective_request_ttft_seconds_count") >= 460
+    # Correlate per request: the predicted TTFT header against the TTFT the client saw.
+    for r in with_prediction:
+        predicted.append(float(r.headers["x-llm-epp-predicted-ttft-ms"]))
+        actual.append(r.ttft_ms)
+    assert rank_correlation(predicted, actual) > 0.5
+    assert (
+        metric_sum(latency_stack.epp_metrics_url, "inference_objective_request_predicted_ttft_seconds_count")
+        > 0
+    )
+
+
+def load_directly(stack: LocalStack, replica: int, count: int) -> cf.ThreadPoolExecutor:
+    """Keep ``count`` long requests (distinct prompts, so they fill the KV cache) running on one
+    replica, bypassing the gateway."""
+    pool = cf.ThreadPoolExecutor(count)
+    url = f"{stack.replica_url(replica)}/v1/completions"
+    for k in range(count):
+        body = {"model": "tiny", "prompt": prompt(10_000 * (replica + 1) + k, 700), "max_tokens": 150}
+        pool.submit(httpx.post, url, json=body, timeout=120)
+    return pool
+
+
+def waiting(stack: LocalStack, replica: int) -> float:
+    return metric_sum(stack.replica_url(replica) + "/metrics", "vllm:num_requests_waiting")
+
+
+def candidate_ttft(response: httpx.Response) -> dict[str, float]:
+    pairs = response.headers["x-llm-epp-candidates-ttft-ms"].split(",")
+    return {name: float(ms) for name, ms in (p.split("=") for p in pairs)}
+
+
+def test_endpoint_predicted_to_violate_the_slo_is_avoided(latency_stack: LocalStack) -> None:
+    pool = load_directly(latency_stack, 0, 10)
+    try:
+        assert wait_for(lambda: waiting(latency_stack, 0) >= 4)
+        probe = candidate_ttft(send(latency_stack, 1999, 50, 4))
+        others = max(probe["replica-1"], probe["replica-2"])
+        assert probe["replica-0"] > 1.5 * others, f"the model should see replica-0's queue: {probe}"
+        slo = (probe["replica-0"] + others) / 2
+        decided = []  # requests where replica-0 alone was predicted to miss the SLO
+        for i in range(30):
+            r = send(latency_stack, 2000 + i, 50, 4, {"x-slo-ttft-ms": f"{slo:.0f}"})
+            assert r.status == 200
+            ttft = candidate_ttft(r)
+            if ttft["replica-0"] > slo and min(ttft["replica-1"], ttft["replica-2"]) <= slo:
+                decided.append(r.headers["x-llm-epp-endpoint"])
+        assert len(decided) >= 10, "the loaded replica should stay predicted to miss the SLO"
+        assert decided.count("replica-0") <= len(decided) // 10, decided
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_sheddable_requests_are_shed_when_saturated(latency_stack: LocalStack) -> None:
+    pools = [load_directly(latency_stack, i, 10) for i in range(3)]
+    try:
+        assert wait_for(lambda: all(waiting(latency_stack, i) >= 4 for i in range(3)))
+        tight = {"x-slo-ttft-ms": "1", "x-llm-d-priority": "-1"}
+        shed = send(latency_stack, 3000, 50, 4, tight)
+        assert shed.status == 429, {k: v for k, v in shed.headers.items() if k.startswith("x-llm")}
+        assert shed.headers["retry-after"] == "1"
+        assert shed.json()["error"]["code"] == 429
+        assert shed.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
+        served = send(latency_stack, 3001, 50, 4, {**tight, "x-llm-d-priority": "0"})
+        assert served.status == 200
+    finally:
+        for pool in pools:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_invalid_slo_header_is_a_400_naming_it(latency_stack: LocalStack) -> None:
+    r = send(latency_stack, 4000, 10, 2, {"x-slo-ttft-ms": "soon"})
+    assert r.status == 400 and "x-slo-ttft-ms" in r.json()["error"]["message"]
+
+
+def test_killing_every_predictor_mid_load_falls_back_without_failures(latency_stack: LocalStack) -> None:
+    fallbacks = "llm_epp_prediction_fallback_total"
+    before = metric_sum(latency_stack.epp_metrics_url, fallbacks)
+    with cf.ThreadPoolExecutor(6) as pool:
+        first = [pool.submit(send, latency_stack, 5000 + i, 30 + i % 200, 6) for i in range(60)]
+        cf.wait(first[:20])
+        for predictor in latency_stack.predictors:
+            predictor.stop(signal.SIGKILL)
+        rest = [pool.submit(send, latency_stack, 6000 + i, 30 + i % 200, 6) for i in range(60)]
+        statuses = [f.result().status for f in first + rest]
+    assert statuses == [200] * 120
+    assert metric_sum(latency_stack.epp_metrics_url, fallbacks) - before >= 40

@@ -1,0 +1,186 @@
+"""The prediction server's HTTP API, in process, on a model directory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from predictor.models import build_model_set
+from predictor.reload import ModelReloader
+from predictor.server import create_app
+from predictor.settings import PredictorSettings
+from tests.trainer.synthetic import feature_rows, publish_version, training_samples, true_ttft_ms
+from trainer.artifacts import Manifest
+from trainer.features import decode_feature_rows
+from trainer.service import TrainerService
+from trainer.settings import TrainerSettings
+
+
+async def running(settings: PredictorSettings) -> AsyncIterator[tuple[httpx.AsyncClient, ModelReloader]]:
+    """A predictor app (lifespan started) and its reloader; tests poll the reloader themselves."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://predictor") as client:
+            yield client, app.state.reloader
+
+
+async def loaded(settings: PredictorSettings) -> AsyncIterator[httpx.AsyncClient]:
+    async for client, reloader in running(settings):
+        assert await reloader.poll_once()
+        yield client
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("models")
+    asyncio.run(publish_version(directory, n=3000))
+    return directory
+
+
+@pytest.fixture
+async def client(model_dir: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async for c in loaded(PredictorSettings(model_dir=model_dir, poll_interval_s=3600)):
+        yield c
+
+
+async def test_not_ready_until_a_model_is_loaded(tmp_path: Path) -> None:
+    async for client, reloader in running(PredictorSettings(model_dir=tmp_path, poll_interval_s=3600)):
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/readyz")).status_code == 503
+        response = await client.post("/predict/bulk/strict", json={"requests": feature_rows(2)})
+        assert response.status_code == 503
+        assert (await client.get("/status")).json()["ready"] is False
+        await publish_version(tmp_path, n=300)
+        assert await reloader.poll_once()
+        assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_strict_predictions(client: httpx.AsyncClient, model_dir: Path) -> None:
+    rows = feature_rows(100, seed=7)
+    response = await client.post("/predict/bulk/strict", json={"requests": rows})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["total_requests"] == 100
+    assert body["model_version"] == 1
+    assert body["processing_time_ms"] >= 0
+    first = body["predictions"][0]
+    assert set(first) == {"ttft_ms", "tpot_ms", "model_type", "quantile", "last_model_load"}
+    assert (first["model_type"], first["quantile"]) == ("xgboost", None)
+    datetime.fromisoformat(first["last_model_load"])
+    # The served numbers are the model's, to the 3 decimals sent.
+    manifest = Manifest.model_validate_json((model_dir / "manifest.json").read_bytes())
+    models = build_model_set(
+        manifest,
+        {n: (model_dir / i.file).read_bytes() for n, i in manifest.models.items()},
+        loaded_at=datetime.now(UTC),
+        source="test",
+    )
+    ttft, tpot = models.predict(decode_feature_rows(rows))
+    assert [p["ttft_ms"] for p in body["predictions"]] == pytest.approx(ttft.tolist(), abs=1e-3)
+    assert [p["tpot_ms"] for p in body["predictions"]] == pytest.approx(tpot.tolist(), abs=1e-3)
+    # ... and they are good predictions of the known function.
+    actual = np.array([true_ttft_ms(r) for r in rows])
+    assert np.mean(np.abs(ttft - actual) / actual) < 0.05
+
+
+async def test_strict_refuses_the_whole_call_for_one_bad_row(client: httpx.AsyncClient) -> None:
+    rows = feature_rows(10)
+    rows[6]["num_request_waiting"] = -1
+    response = await client.post("/predict/bulk/strict", json={"requests": rows})
+    assert response.status_code == 422
+    body = response.json()
+    assert body["errors"][0]["index"] == 6
+    assert body["errors"][0]["field"] == "num_request_waiting"
+    assert "predictions" not in body
+
+
+async def test_bulk_reports_errors_per_row(client: httpx.AsyncClient) -> None:
+    rows: list[object] = list(feature_rows(5))
+    rows[1] = {**rows[1], "kv_cache_percentage": "high"}  # type: ignore[dict-item]
+    rows[3] = 42
+    response = await client.post("/predict/bulk", json={"requests": rows})
+    assert response.status_code == 200
+    body = response.json()
+    assert [p is None for p in body["predictions"]] == [False, True, False, True, False]
+    assert [e["index"] for e in body["errors"]] == [1, 3]
+    assert "kv_cache_percentage" in body["errors"][0]["error"]
+    strict = await client.post("/predict/bulk/strict", json={"requests": [rows[0], rows[2], rows[4]]})
+    good = [p for p in body["predictions"] if p is not None]
+    assert [p["ttft_ms"] for p in good] == [p["ttft_ms"] for p in strict.json()["predictions"]]
+
+
+@pytest.mark.parametrize("endpoint", ["/predict/bulk/strict", "/predict/bulk"])
+@pytest.mark.parametrize("count", [0, 10_001])
+async def test_row_count_limits(client: httpx.AsyncClient, endpoint: str, count: int) -> None:
+    rows = feature_rows(1) * count
+    response = await client.post(endpoint, json={"requests": rows})
+    assert response.status_code == 422
+    assert "1 to 10000 rows" in response.json()["detail"]
+
+
+async def test_the_largest_call_is_served(client: httpx.AsyncClient) -> None:
+    response = await client.post("/predict/bulk/strict", json={"requests": feature_rows(10_000)})
+    assert response.status_code == 200
+    assert response.json()["total_requests"] == 10_000
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [(b"nope", 400), (b"[]", 422), (b'{"rows": []}', 422), (b'{"requests": {}}', 422)],
+)
+async def test_malformed_bodies(client: httpx.AsyncClient, body: bytes, status: int) -> None:
+    assert (await client.post("/predict/bulk/strict", content=body)).status_code == status
+
+
+async def test_oversized_bodies_get_413(model_dir: Path) -> None:
+    settings = PredictorSettings(model_dir=model_dir, poll_interval_s=3600, max_body_bytes=4096)
+    async for client in loaded(settings):
+        response = await client.post(
+            "/predict/bulk/strict", content=json.dumps({"requests": feature_rows(100)})
+        )
+        assert response.status_code == 413
+
+
+async def test_status_and_metrics(client: httpx.AsyncClient) -> None:
+    await client.post("/predict/bulk/strict", json={"requests": feature_rows(3)})
+    status = (await client.get("/status")).json()
+    assert status["ready"] is True
+    assert status["model_version"] == 1
+    assert status["source"].startswith("directory ")
+    assert status["models"]["ttft"]["version"] == 1
+    assert status["models"]["tpot"]["objective"] == "mean"
+    assert status["counts"]["model_loads"] == 1
+    assert status["counts"]["rows_predicted"] == 3
+    assert status["counts"]["calls_ok"] == 1
+    text = (await client.get("/metrics")).text
+    assert "predictor_model_version 1.0" in text
+    assert 'predictor_calls_total{endpoint="strict",outcome="ok"} 1.0' in text
+
+
+async def test_without_a_tpot_model_tpot_is_zero(tmp_path: Path) -> None:
+    service = TrainerService(TrainerSettings(model_dir=tmp_path))
+    samples = training_samples(300)
+    for sample in samples:
+        sample["actual_tpot_ms"] = 0.0
+    service.add_samples(samples)
+    await service.retrain()
+    async for client in loaded(PredictorSettings(model_dir=tmp_path, poll_interval_s=3600)):
+        body = (await client.post("/predict/bulk/strict", json={"requests": feature_rows(4)})).json()
+        assert [p["tpot_ms"] for p in body["predictions"]] == [0.0] * 4
+        assert all(p["ttft_ms"] > 0 for p in body["predictions"])
+        assert (await client.get("/status")).json()["models"]["tpot"] is None
+
+
+async def test_quantile_models_say_their_quantile(tmp_path: Path) -> None:
+    await publish_version(tmp_path, n=300, objective="quantile", quantile_alpha=0.9)
+    async for client in loaded(PredictorSettings(model_dir=tmp_path, poll_interval_s=3600)):
+        body = (await client.post("/predict/bulk/strict", json={"requests": feature_rows(2)})).json()
+        assert [p["quantile"] for p in body["predictions"]] == [0.9, 0.9]

@@ -1,0 +1,84 @@
+"""Synthetic training data with a known latency function, and a trained model directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer.artifacts import Manifest
+from trainer.service import TrainerService
+from trainer.settings import TrainerSettings
+
+ROW_FIELDS = (
+    "kv_cache_percentage",
+    "input_token_length",
+    "num_request_waiting",
+    "num_request_running",
+    "num_tokens_generated",
+    "prefix_cache_score",
+    "pod_type",
+    "prefill_tokens_in_flight",
+    "decode_tokens_in_flight",
+)
+
+
+def true_ttft_ms(row: dict[str, Any]) -> float:
+    uncached = row["input_token_length"] * (1.0 - row["prefix_cache_score"])
+    return (
+        15.0
+        + 0.04 * uncached
+        + 25.0 * row["num_request_waiting"]
+        + 0.002 * row["prefill_tokens_in_flight"]
+        + 8.0 * row["kv_cache_percentage"]
+    )
+
+
+def true_tpot_ms(row: dict[str, Any]) -> float:
+    return 6.0 + 0.25 * row["num_request_running"] + 30.0 * row["kv_cache_percentage"]
+
+
+def feature_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` valid feature rows (JSON types) spread over every window bucket."""
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "kv_cache_percentage": float(rng.random()),
+            "input_token_length": int(rng.integers(1, 4000)),
+            "num_request_waiting": int(rng.integers(0, 16)),
+            "num_request_running": int(rng.integers(0, 64)),
+            "num_tokens_generated": 0,
+            "prefix_cache_score": float(rng.random()),
+            "pod_type": "",
+            "prefill_tokens_in_flight": int(rng.integers(0, 20_000)),
+            "decode_tokens_in_flight": int(rng.integers(0, 50_000)),
+        }
+        for _ in range(n)
+    ]
+
+
+def training_samples(n: int, seed: int = 0, noise: float = 0.02) -> list[dict[str, Any]]:
+    """``n`` samples whose latencies follow the known functions, within ±``noise`` (relative)."""
+    rng = np.random.default_rng(seed + 1)
+    samples = []
+    for row in feature_rows(n, seed):
+        ttft, tpot = true_ttft_ms(row), true_tpot_ms(row)
+        samples.append(
+            {
+                **row,
+                "actual_ttft_ms": ttft * float(rng.uniform(1 - noise, 1 + noise)),
+                "actual_tpot_ms": tpot * float(rng.uniform(1 - noise, 1 + noise)),
+                "timestamp": 1_700_000_000.0,
+            }
+        )
+    return samples
+
+
+async def publish_version(model_dir: Path, n: int = 2000, seed: int = 0, **settings: Any) -> Manifest:
+    """Train both models on ``n`` synthetic samples and publish them as the next version."""
+    service = TrainerService(TrainerSettings(model_dir=model_dir, **settings))
+    service.add_samples(training_samples(n, seed))
+    manifest = await service.retrain()
+    assert manifest is not None
+    return manifest

@@ -1,0 +1,66 @@
+"""Retraining on data with a known latency function."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.trainer.synthetic import training_samples
+from trainer.features import TRAINING_SAMPLE_DECODER, matrix_from_columns
+from trainer.settings import TrainingSettings
+from trainer.training import TrainingError, evaluate, latency_from_margin, train_model
+
+
+def dataset(n: int, seed: int = 0, noise: float = 0.02) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    columns = TRAINING_SAMPLE_DECODER.decode(training_samples(n, seed, noise))
+    return matrix_from_columns(columns), columns["actual_ttft_ms"], columns["actual_tpot_ms"]
+
+
+@pytest.mark.parametrize("transform", ["log", "raw"])
+def test_mean_models_learn_a_clean_latency_function(transform: str) -> None:
+    features, ttft, tpot = dataset(4000)
+    settings = TrainingSettings(target_transform=transform)
+    for latencies in (ttft, tpot):
+        model = train_model(features, latencies, settings, np.random.default_rng(0))
+        assert model.holdout.samples == 400
+        assert model.training_samples == 3600
+        assert model.holdout.mape is not None and model.holdout.mape < 0.04
+        assert model.holdout.pinball_loss is None and model.holdout.coverage is None
+        assert model.booster.feature_names is not None
+
+
+def test_quantile_models_report_pinball_loss_and_coverage() -> None:
+    features, ttft, _ = dataset(4000, noise=0.2)
+    settings = TrainingSettings(objective="quantile", quantile_alpha=0.9)
+    model = train_model(features, ttft, settings, np.random.default_rng(0))
+    assert model.holdout.mape is None
+    assert model.holdout.pinball_loss is not None and model.holdout.pinball_loss > 0
+    assert model.holdout.coverage is not None and 0.75 <= model.holdout.coverage <= 0.99
+
+
+def test_a_model_generalises_to_unseen_samples() -> None:
+    features, ttft, _ = dataset(4000, seed=1)
+    model = train_model(features, ttft, TrainingSettings(), np.random.default_rng(0))
+    fresh_features, fresh_ttft, _ = dataset(1000, seed=99)
+    assert evaluate(model.booster, fresh_features, fresh_ttft, TrainingSettings()).mape < 0.04
+
+
+def test_nothing_held_out_means_no_metrics() -> None:
+    features, ttft, _ = dataset(200)
+    model = train_model(features, ttft, TrainingSettings(holdout_fraction=0.0), np.random.default_rng(0))
+    assert model.holdout.samples == 0
+    assert model.holdout.mape is None
+
+
+def test_latency_from_margin_clips_and_inverts() -> None:
+    assert latency_from_margin(np.log(np.array([5.0, 50.0])), "log").tolist() == pytest.approx([5.0, 50.0])
+    assert latency_from_margin(np.array([-3.0, 7.0]), "raw").tolist() == [0.0, 7.0]
+    assert latency_from_margin(np.array([1e9]), "raw").tolist() == [3_600_000.0]
+
+
+def test_unusable_data_is_refused() -> None:
+    features, ttft, _ = dataset(20)
+    with pytest.raises(TrainingError):
+        train_model(features[:1], ttft[:1], TrainingSettings(), np.random.default_rng(0))
+    with pytest.raises(TrainingError):
+        train_model(features, np.zeros(20), TrainingSettings(), np.random.default_rng(0))

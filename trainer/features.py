@@ -1,0 +1,318 @@
+"""The latency model's features: wire schema shared by the EPP, the trainer and the predictors.
+
+Field names follow the public llm-d latency predictor, so its clients and dashboards work
+against ours. A *feature row* describes one request on one endpoint at the moment it was
+scheduled; a *training sample* adds what actually happened. ``feature_matrix`` and
+``decode_feature_rows`` turn rows into the model's input columns; both go through
+``matrix_from_columns``, the one place derived features are computed, so training and serving
+can never disagree.
+
+Types are strict (JSON integers for integer fields, numbers for float fields, one of the
+``PodType`` strings for ``pod_type``): a row that needs coercion is a wrong row.
+
+Validating rows one by one with pydantic costs several microseconds per row, too slow for the
+predictor's hot path (100 rows per call, 1,000 calls a second). :class:`ColumnDecoder` checks a
+whole batch of parsed JSON objects column by column with numpy against the rules it reads from
+the pydantic model's fields (types, bounds, finiteness, defaults, literal values), and asks
+pydantic only when that check fails, to name the bad row and field. Its fast check accepts a
+subset of what pydantic accepts, with the same values, so the two paths cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
+from typing import Any, Literal
+
+import annotated_types
+import numpy as np
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, ValidationError
+
+PodType = Literal["", "prefill", "decode"]
+POD_TYPES: tuple[str, ...] = typing.get_args(PodType)
+MAX_TOKENS_FEATURE = 10_000_000
+MAX_LATENCY_MS = 3_600_000.0
+
+
+class FeatureRow(BaseModel):
+    """One (request, endpoint) pair as the scheduler saw it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    kv_cache_percentage: float = Field(
+        ge=0.0, le=1.0, allow_inf_nan=False, description="engine KV-cache usage, a fraction"
+    )
+    input_token_length: int = Field(ge=0, le=MAX_TOKENS_FEATURE, description="prompt tokens")
+    num_request_waiting: int = Field(ge=0, le=1_000_000, description="engine queue length")
+    num_request_running: int = Field(ge=0, le=1_000_000, description="requests in the engine's batch")
+    num_tokens_generated: int = Field(
+        default=0, ge=0, le=MAX_TOKENS_FEATURE, description="output tokens so far (0 when scheduling)"
+    )
+    prefix_cache_score: float = Field(
+        default=0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="fraction of prompt cached"
+    )
+    pod_type: PodType = Field(default="", description="role in prefill/decode disaggregation")
+    prefill_tokens_in_flight: int = Field(
+        default=0, ge=0, le=MAX_TOKENS_FEATURE, description="uncached prompt tokens routed, not yet prefilled"
+    )
+    decode_tokens_in_flight: int = Field(
+        default=0, ge=0, le=MAX_TOKENS_FEATURE, description="KV tokens of requests decoding"
+    )
+
+
+class TrainingSample(FeatureRow):
+    """A feature row plus the latencies the request actually saw."""
+
+    actual_ttft_ms: float = Field(
+        ge=0.0, le=MAX_LATENCY_MS, allow_inf_nan=False, description="0 when not measured"
+    )
+    actual_tpot_ms: float = Field(
+        ge=0.0, le=MAX_LATENCY_MS, allow_inf_nan=False, description="0 when not measured"
+    )
+    timestamp: float = Field(
+        ge=0.0, allow_inf_nan=False, description="seconds since the epoch when the request finished"
+    )
+
+
+FEATURE_COLUMNS = (
+    "kv_cache_percentage",
+    "input_token_length",
+    "num_request_waiting",
+    "num_request_running",
+    "num_tokens_generated",
+    "prefix_cache_score",
+    "prefill_tokens_in_flight",
+    "decode_tokens_in_flight",
+    "effective_input_tokens",
+    "is_queued",
+    "is_prefill_pod",
+    "is_decode_pod",
+)
+
+Columns = Mapping[str, np.ndarray]
+"""Validated rows by field: numbers as float64, literal fields as int8 indexes into their values."""
+
+
+def matrix_from_columns(columns: Columns) -> np.ndarray:
+    """Model input, columns in ``FEATURE_COLUMNS`` order (float32); derived features made here."""
+    length = columns["input_token_length"]
+    prefix = columns["prefix_cache_score"]
+    pod = columns["pod_type"]
+    n = len(length)
+    out = np.empty((n, len(FEATURE_COLUMNS)), dtype=np.float32)
+    for i, name in enumerate(FEATURE_COLUMNS[:8]):
+        out[:, i] = columns[name]
+    out[:, 8] = (1.0 - prefix) * length
+    out[:, 9] = columns["num_request_waiting"] > 0
+    out[:, 10] = pod == POD_TYPES.index("prefill")
+    out[:, 11] = pod == POD_TYPES.index("decode")
+    return out
+
+
+def feature_matrix(rows: Sequence[FeatureRow]) -> np.ndarray:
+    """Model input, one row per feature row, columns in ``FEATURE_COLUMNS`` order (float32)."""
+    return matrix_from_columns(_columns_of_models(FeatureRow, rows))
+
+
+class RowError(ValueError):
+    """Row ``index`` of a batch is invalid.
+
+    ``field`` names the offending field ("" when the row itself is not an object), ``message``
+    says what is wrong and ``error_type`` is pydantic's error type (``missing``,
+    ``extra_forbidden``, ``int_type``, ``finite_number``, ``less_than_equal``, ...).
+    """
+
+    def __init__(self, index: int, field: str, message: str, error_type: str) -> None:
+        super().__init__(f"row {index}: {field or 'row'}: {message}")
+        self.index = index
+        self.field = field
+        self.message = message
+        self.error_type = error_type
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldRule:
+    name: str
+    kind: Literal["int", "float", "literal"]
+    required: bool
+    default: Any
+    low: float
+    high: float
+    finite: bool
+    codes: dict[str, int]
+    """A literal field's values and their indexes."""
+
+
+def _rules(model: type[BaseModel]) -> tuple[_FieldRule, ...]:
+    """The constraints of each field of ``model``, read from its pydantic field definitions."""
+    rules = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        values: tuple[Any, ...] = ()
+        kind: Literal["int", "float", "literal"]
+        if typing.get_origin(annotation) is Literal:
+            kind, values = "literal", typing.get_args(annotation)
+            if not all(isinstance(v, str) for v in values):
+                raise TypeError(f"{model.__name__}.{name}: only string literals are supported")
+        elif annotation is int:
+            kind = "int"
+        elif annotation is float:
+            kind = "float"
+        else:
+            raise TypeError(f"{model.__name__}.{name}: unsupported type {annotation!r}")
+        low, high, finite = -math.inf, math.inf, kind == "int"
+        for meta in info.metadata:
+            if isinstance(meta, annotated_types.Ge):
+                low = float(meta.ge)
+            elif isinstance(meta, annotated_types.Le):
+                high = float(meta.le)
+            elif isinstance(meta, AllowInfNan):
+                finite = not meta.allow_inf_nan
+            else:
+                raise TypeError(f"{model.__name__}.{name}: unsupported constraint {meta!r}")
+        required = info.is_required()
+        default = None if required else info.default
+        codes = {value: code for code, value in enumerate(values)}
+        rules.append(_FieldRule(name, kind, required, default, low, high, finite, codes))
+    return tuple(rules)
+
+
+class _FastCheckFailed(Exception):
+    """An item needs pydantic to say what is wrong with it."""
+
+
+class ColumnDecoder:
+    """Validates batches of parsed JSON objects against a flat pydantic model, into columns.
+
+    The model's fields must be ``int``, ``float`` or a ``Literal`` of strings, constrained only
+    by ``ge``, ``le`` and ``allow_inf_nan``; the model must be strict, forbid extra fields and
+    have at least two fields.
+    Columns come back as :data:`Columns`.
+    """
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        config = model.model_config
+        if config.get("extra") != "forbid" or not config.get("strict") or len(model.model_fields) < 2:
+            raise TypeError(f"{model.__name__} must be strict, forbid extra fields and have 2+ fields")
+        self.model = model
+        rules = _rules(model)
+        self._rules = rules
+        self._names = tuple(rule.name for rule in rules)
+        self._known = frozenset(self._names)
+        self._defaults = {rule.name: rule.default for rule in rules if not rule.required}
+        self._get_all = itemgetter(*self._names)
+        self._ints = [i for i, rule in enumerate(rules) if rule.kind == "int"]
+        self._floats = [i for i, rule in enumerate(rules) if rule.kind == "float"]
+        self._literals = [i for i, rule in enumerate(rules) if rule.kind == "literal"]
+        self._numeric = self._ints + self._floats
+        numeric_rules = [rules[i] for i in self._numeric]
+        self._low = np.array([[rule.low] for rule in numeric_rules])
+        self._high = np.array([[rule.high] for rule in numeric_rules])
+        self._finite = [j for j, rule in enumerate(numeric_rules) if rule.finite]
+
+    def decode(self, items: Sequence[Any]) -> dict[str, np.ndarray]:
+        """Columns of ``items``; raises :class:`RowError` for the first invalid one (all or nothing)."""
+        columns = self._fast_columns(items)
+        if columns is not None:
+            return columns
+        models, errors = self._validate_each(items)
+        if errors:
+            raise errors[min(errors)]
+        return _columns_of_models(self.model, list(models.values()))
+
+    def decode_valid(self, items: Sequence[Any]) -> tuple[dict[str, np.ndarray], dict[int, RowError]]:
+        """Columns of every item (an invalid item's values are placeholders) and the errors by index."""
+        columns = self._fast_columns(items)
+        if columns is not None:
+            return columns, {}
+        models, errors = self._validate_each(items)
+        placeholder = self.model.model_construct(
+            **{rule.name: next(iter(rule.codes), 0) for rule in self._rules}
+        )
+        filled = [models.get(i, placeholder) for i in range(len(items))]
+        return _columns_of_models(self.model, filled), errors
+
+    def _fast_columns(self, items: Sequence[Any]) -> dict[str, np.ndarray] | None:
+        """The columns if every item passes the vectorised check, else None."""
+        if not items or set(map(type, items)) != {dict}:
+            return None
+        try:
+            if set(map(len, items)) == {len(self._names)}:
+                # As many keys as fields: any unknown key means a missing one, a KeyError here.
+                rows = list(map(self._get_all, items))
+            else:
+                rows = list(map(self._get_all, map(self._with_defaults, items)))
+        except (KeyError, _FastCheckFailed):
+            return None
+        columns = list(zip(*rows, strict=True))
+        if not set(map(type, chain.from_iterable(columns[i] for i in self._ints))) <= {int}:
+            return None
+        if not set(map(type, chain.from_iterable(columns[i] for i in self._floats))) <= {int, float}:
+            return None
+        try:
+            numeric = np.array([columns[i] for i in self._numeric], dtype=np.float64)
+        except OverflowError:  # an integer beyond float64
+            return None
+        if not ((numeric >= self._low) & (numeric <= self._high)).all():
+            return None
+        if self._finite and not np.isfinite(numeric[self._finite]).all():
+            return None
+        out = {self._names[i]: numeric[j] for j, i in enumerate(self._numeric)}
+        for i in self._literals:
+            codes = self._rules[i].codes
+            try:
+                if not set(columns[i]) <= codes.keys():
+                    return None
+            except TypeError:  # an unhashable value
+                return None
+            out[self._names[i]] = np.fromiter(map(codes.__getitem__, columns[i]), np.int8, len(items))
+        return out
+
+    def _with_defaults(self, item: dict[str, Any]) -> dict[str, Any]:
+        if not item.keys() <= self._known:
+            raise _FastCheckFailed
+        return {**self._defaults, **item}
+
+    def _validate_each(self, items: Sequence[Any]) -> tuple[dict[int, BaseModel], dict[int, RowError]]:
+        models: dict[int, BaseModel] = {}
+        errors: dict[int, RowError] = {}
+        for index, item in enumerate(items):
+            try:
+                models[index] = self.model.model_validate(item)
+            except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                field = ".".join(str(part) for part in first["loc"])
+                errors[index] = RowError(index, field, first["msg"], first["type"])
+        return models, errors
+
+
+def _columns_of_models(model: type[BaseModel], rows: Sequence[BaseModel]) -> dict[str, np.ndarray]:
+    columns: dict[str, np.ndarray] = {}
+    for name, info in model.model_fields.items():
+        values = [getattr(row, name) for row in rows]
+        if typing.get_origin(info.annotation) is Literal:
+            codes = typing.get_args(info.annotation)
+            columns[name] = np.array([codes.index(v) for v in values], dtype=np.int8)
+        else:
+            columns[name] = np.array(values, dtype=np.float64)
+    return columns
+
+
+FEATURE_ROW_DECODER = ColumnDecoder(FeatureRow)
+TRAINING_SAMPLE_DECODER = ColumnDecoder(TrainingSample)
+
+
+def decode_feature_rows(items: Sequence[Any]) -> np.ndarray:
+    """Model input for parsed JSON feature rows, as ``feature_matrix`` would build it from
+    validated rows; raises :class:`RowError` naming the first invalid row and field."""
+    return matrix_from_columns(FEATURE_ROW_DECODER.decode(items))
+
+
+def decode_feature_rows_partial(items: Sequence[Any]) -> tuple[np.ndarray, dict[int, RowError]]:
+    """Model input for every row (an invalid row's line is meaningless) and the errors by index."""
+    columns, errors = FEATURE_ROW_DECODER.decode_valid(items)
+    return matrix_from_columns(columns), errors

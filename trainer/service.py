@@ -1,0 +1,167 @@
+"""The training server's work, apart from HTTP: sample intake into the two windows, periodic
+retraining in a worker thread, and publication of each new version.
+
+Intake is all or nothing: a bulk with any invalid sample is refused whole (as the llm-d
+training server's bulk endpoint does), every sample in it is counted as rejected, and none
+reaches a window, so a poisoned sample is never trained on.
+
+A sample goes to the TTFT window when its ``actual_ttft_ms`` is > 0 and to the TPOT window when
+its ``actual_tpot_ms`` is > 0 (the EPP sends one row of each kind per request). A model is
+retrained when its window holds ``min_samples`` and changed since its last fit. A version is
+published only when it has a TTFT model (fresh or carried over); the TPOT model is optional,
+since non-streaming traffic never trains one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainer.artifacts import MODEL_NAMES, ArtifactStore, Manifest, ModelName, NewModel
+from trainer.features import FEATURE_COLUMNS, TRAINING_SAMPLE_DECODER, RowError, matrix_from_columns
+from trainer.metrics import TrainerMetrics, rejection_reason
+from trainer.settings import TrainerSettings
+from trainer.training import train_model
+from trainer.window import StratifiedWindow
+
+log = logging.getLogger(__name__)
+
+_LATENCY_COLUMN: dict[ModelName, str] = {"ttft": "actual_ttft_ms", "tpot": "actual_tpot_ms"}
+
+
+class SamplesRejected(Exception):
+    """A bulk of samples was refused whole; ``errors`` name each bad entry, by index."""
+
+    def __init__(self, errors: list[RowError], total: int) -> None:
+        super().__init__(f"{len(errors)} of {total} samples are invalid; none was accepted")
+        self.errors = errors
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    features: np.ndarray
+    latencies_ms: np.ndarray
+    window_mark: int
+
+
+class TrainerService:
+    def __init__(self, settings: TrainerSettings, metrics: TrainerMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or TrainerMetrics()
+        self.store = ArtifactStore(settings.model_dir, settings.keep_versions)
+        self.windows = {
+            name: StratifiedWindow(len(FEATURE_COLUMNS), settings.bucket_capacity) for name in MODEL_NAMES
+        }
+        self._fitted_mark: dict[ModelName, int] = dict.fromkeys(MODEL_NAMES, -1)
+        self._retrain_lock = asyncio.Lock()
+        self._rng = np.random.default_rng(settings.seed)
+        if self.store.current is not None:
+            self._report(self.store.current)
+
+    def add_samples(self, entries: Sequence[Any]) -> int:
+        """Validate parsed JSON samples and add them to the windows; returns how many.
+
+        Raises :class:`SamplesRejected` (nothing added) if any entry is invalid.
+        """
+        columns, errors = TRAINING_SAMPLE_DECODER.decode_valid(entries)
+        if errors:
+            for error in errors.values():
+                self.metrics.rejected_samples.labels(rejection_reason(error.error_type)).inc()
+            if len(entries) > len(errors):
+                self.metrics.rejected_samples.labels("batch_rejected").inc(len(entries) - len(errors))
+            raise SamplesRejected([errors[i] for i in sorted(errors)], len(entries))
+        features = matrix_from_columns(columns)
+        used = np.zeros(len(entries), dtype=bool)
+        for name, window in self.windows.items():
+            latencies = columns[_LATENCY_COLUMN[name]]
+            measured = latencies > 0
+            window.add(features[measured], latencies[measured])
+            used |= measured
+            self.metrics.samples.labels(name).inc(int(measured.sum()))
+            self.metrics.window_samples.labels(name).set(len(window))
+        self.metrics.samples.labels("unused").inc(int((~used).sum()))
+        return len(entries)
+
+    def data_status(self) -> dict[str, Any]:
+        return {
+            "min_samples": self.settings.min_samples,
+            "models": {name: window.status() for name, window in self.windows.items()},
+        }
+
+    async def run_forever(self) -> None:
+        """Retrain every ``retrain_interval_s`` until cancelled; failures are logged and counted."""
+        while True:
+            await asyncio.sleep(self.settings.retrain_interval_s)
+            try:
+                await self.retrain()
+            except Exception:
+                log.exception("retraining failed")
+                self.metrics.retrain_failures.inc()
+
+    async def retrain(self) -> Manifest | None:
+        """Fit every model that is due and publish a version; None if nothing was due.
+
+        The fitting runs in a worker thread (XGBoost releases the GIL), so the event loop keeps
+        taking samples meanwhile; the windows are copied first.
+        """
+        async with self._retrain_lock:
+            jobs = self._due_jobs()
+            if not jobs:
+                return None
+            manifest = await asyncio.to_thread(self._fit_and_publish, jobs)
+            for name, job in jobs.items():
+                self._fitted_mark[name] = job.window_mark
+            self._report(manifest)
+            log.info(
+                "published version %d (%s)",
+                manifest.version,
+                ", ".join(f"{n}: {info.training_samples} samples" for n, info in manifest.models.items()),
+            )
+            return manifest
+
+    def _due_jobs(self) -> dict[ModelName, _Job]:
+        jobs: dict[ModelName, _Job] = {}
+        for name, window in self.windows.items():
+            if len(window) >= self.settings.min_samples and window.added_total != self._fitted_mark[name]:
+                features, latencies = window.snapshot()
+                jobs[name] = _Job(features, latencies, window.added_total)
+        current = self.store.current
+        has_ttft = "ttft" in jobs or (current is not None and "ttft" in current.models)
+        return jobs if has_ttft else {}
+
+    def _fit_and_publish(self, jobs: dict[ModelName, _Job]) -> Manifest:
+        training = self.settings.training()
+        quantile = training.quantile_alpha if training.objective == "quantile" else None
+        models: dict[ModelName, NewModel] = {}
+        for name, job in jobs.items():
+            fitted = train_model(job.features, job.latencies_ms, training, self._rng)
+            self.metrics.retrain_duration.labels(name).observe(fitted.duration_s)
+            models[name] = NewModel(
+                data=bytes(fitted.booster.save_raw("ubj")),
+                objective=training.objective,
+                quantile=quantile,
+                target_transform=training.target_transform,
+                training_samples=fitted.training_samples,
+                holdout=fitted.holdout,
+            )
+        return self.store.publish(models)
+
+    def _report(self, manifest: Manifest) -> None:
+        m = self.metrics
+        m.model_version.set(manifest.version)
+        for name, info in manifest.models.items():
+            m.training_samples.labels(name).set(info.training_samples)
+            for gauge, value in (
+                (m.mape, info.holdout.mape),
+                (m.pinball_loss, info.holdout.pinball_loss),
+                (m.coverage, info.holdout.coverage),
+            ):
+                if value is None:
+                    gauge.remove(name)  # does not apply to this objective (or nothing was held out)
+                else:
+                    gauge.labels(name).set(value)

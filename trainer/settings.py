@@ -1,0 +1,47 @@
+"""The training server's one configuration model. Command-line flags map onto it one to one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Objective = Literal["mean", "quantile"]
+TargetTransform = Literal["log", "raw"]
+
+
+class TrainingSettings(BaseModel):
+    """How one model is fitted and evaluated (shared by both models)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    objective: Objective = Field(
+        "mean", description="mean: reg:squarederror; quantile: reg:quantileerror at quantile_alpha"
+    )
+    quantile_alpha: float = Field(0.9, gt=0.0, lt=1.0, description="the quantile a quantile model predicts")
+    target_transform: TargetTransform = Field(
+        "log", description="fit log(latency) (relative errors) or raw milliseconds"
+    )
+    n_estimators: int = Field(200, ge=1, le=5000, description="boosting rounds (trees)")
+    max_depth: int = Field(6, ge=1, le=16, description="depth of each tree")
+    learning_rate: float = Field(0.05, gt=0.0, le=1.0, description="shrinkage per tree")
+    holdout_fraction: float = Field(0.1, ge=0.0, lt=0.5, description="share of samples held out to evaluate")
+    train_threads: int = Field(0, ge=0, le=256, description="xgboost threads while training (0: all cores)")
+    seed: int = Field(0, description="seed of the holdout split and of xgboost")
+
+
+class TrainerSettings(TrainingSettings):
+    host: str = Field("0.0.0.0", description="address to bind")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port")
+    model_dir: Path = Field(Path("models"), description="where model artifacts and the manifest are written")
+    retrain_interval_s: float = Field(10.0, gt=0.0, description="seconds between retraining attempts")
+    min_samples: int = Field(100, ge=10, description="samples a model's window needs before it is trained")
+    bucket_capacity: int = Field(500, ge=1, le=100_000, description="samples kept per window bucket")
+    keep_versions: int = Field(3, ge=1, le=100, description="model versions kept on disk")
+    max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
+
+    def training(self) -> TrainingSettings:
+        return TrainingSettings.model_validate(
+            {name: getattr(self, name) for name in TrainingSettings.model_fields}
+        )

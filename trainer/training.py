@@ -1,0 +1,108 @@
+"""Fitting one latency model with XGBoost, and judging it on held-out samples.
+
+A model maps a feature matrix (``trainer.features.FEATURE_COLUMNS``) to a latency in
+milliseconds. With ``target_transform="log"`` the trees fit log(latency): squared error on the
+log scale penalises relative, not absolute, errors, so a 20 ms TTFT and a 20 s one weigh the
+same; quantiles are unchanged by the monotone transform, so quantile models fit it too. The
+inverse (:func:`latency_from_margin`) is shared by the trainer's evaluation and the predictors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import xgboost as xgb
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainer.features import FEATURE_COLUMNS, MAX_LATENCY_MS
+from trainer.settings import TargetTransform, TrainingSettings
+
+
+class TrainingError(RuntimeError):
+    """A model could not be fitted (too few samples, or XGBoost failed)."""
+
+
+class HoldoutMetrics(BaseModel):
+    """Accuracy on the held-out samples (None when nothing was held out or it does not apply).
+
+    ``mape``: mean |predicted − actual| / actual (mean models). ``pinball_loss``: mean quantile
+    loss in milliseconds, and ``coverage``: share of actuals at or below the prediction
+    (quantile models; a well-calibrated model's coverage is its quantile).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    samples: int = Field(ge=0)
+    mape: float | None = None
+    pinball_loss: float | None = None
+    coverage: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrainedModel:
+    booster: xgb.Booster
+    training_samples: int
+    holdout: HoldoutMetrics
+    duration_s: float
+
+
+def latency_from_margin(margin: np.ndarray, transform: TargetTransform) -> np.ndarray:
+    """Milliseconds from a model's raw output, within [0, MAX_LATENCY_MS]."""
+    values = np.exp(margin) if transform == "log" else margin
+    return np.clip(values, 0.0, MAX_LATENCY_MS)
+
+
+def train_model(
+    features: np.ndarray, latencies_ms: np.ndarray, settings: TrainingSettings, rng: np.random.Generator
+) -> TrainedModel:
+    """Fit a model to ``latencies_ms`` (all > 0), holding out ``settings.holdout_fraction``."""
+    n = len(features)
+    if n < 2 or len(latencies_ms) != n:
+        raise TrainingError(f"need at least 2 samples with one latency each, got {n}")
+    if not np.all(latencies_ms > 0):
+        raise TrainingError("latencies must be positive")
+    started = time.perf_counter()
+    n_holdout = round(n * settings.holdout_fraction)
+    if settings.holdout_fraction > 0 and n >= 10:
+        n_holdout = max(n_holdout, 1)
+    order = rng.permutation(n)
+    held, kept = order[:n_holdout], order[n_holdout:]
+    target = np.log(latencies_ms) if settings.target_transform == "log" else latencies_ms
+    params: dict[str, object] = {
+        "tree_method": "hist",
+        "max_depth": settings.max_depth,
+        "eta": settings.learning_rate,
+        "seed": settings.seed,
+        "objective": "reg:squarederror" if settings.objective == "mean" else "reg:quantileerror",
+    }
+    if settings.objective == "quantile":
+        params["quantile_alpha"] = settings.quantile_alpha
+    if settings.train_threads:
+        params["nthread"] = settings.train_threads
+    try:
+        train = xgb.DMatrix(features[kept], label=target[kept], feature_names=list(FEATURE_COLUMNS))
+        booster = xgb.train(params, train, num_boost_round=settings.n_estimators)
+    except xgb.core.XGBoostError as exc:
+        raise TrainingError(f"xgboost failed: {exc}") from exc
+    holdout = evaluate(booster, features[held], latencies_ms[held], settings)
+    return TrainedModel(booster, len(kept), holdout, time.perf_counter() - started)
+
+
+def evaluate(
+    booster: xgb.Booster, features: np.ndarray, latencies_ms: np.ndarray, settings: TrainingSettings
+) -> HoldoutMetrics:
+    """The metrics that apply to ``settings.objective`` on these samples."""
+    n = len(features)
+    if n == 0:
+        return HoldoutMetrics(samples=0)
+    predicted = latency_from_margin(booster.inplace_predict(features), settings.target_transform)
+    if settings.objective == "mean":
+        mape = float(np.mean(np.abs(predicted - latencies_ms) / latencies_ms))
+        return HoldoutMetrics(samples=n, mape=mape)
+    alpha = settings.quantile_alpha
+    error = latencies_ms - predicted
+    pinball = float(np.mean(np.maximum(alpha * error, (alpha - 1.0) * error)))
+    coverage = float(np.mean(latencies_ms <= predicted))
+    return HoldoutMetrics(samples=n, pinball_loss=pinball, coverage=coverage)

@@ -1,0 +1,127 @@
+"""HTTP plumbing the training server and the prediction servers share: JSON errors, a body size
+limit, liveness/readiness/metrics routes, command-line flags generated from a settings model,
+and the uvicorn runner."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, ValidationError
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
+
+
+class BadBody(Exception):
+    """The request body cannot be used; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(content), status, headers=headers, media_type=JSON)
+
+
+def json_error(status: int, message: str, **details: Any) -> Response:
+    """An error as clients of FastAPI services expect it: ``{"detail": message, ...}``."""
+    return json_response({"detail": message, **details}, status)
+
+
+async def read_json_body(request: Request, limit: int) -> Any:
+    """The parsed JSON body; :class:`BadBody` 413 past ``limit`` bytes, 400 if it is not JSON.
+
+    The size is checked against Content-Length before reading and again while reading, so a
+    chunked upload cannot get past it.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadBody(413, f"request body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadBody(413, f"request body is larger than {limit} bytes")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadBody(400, f"request body is not valid JSON: {exc}") from None
+
+
+def add_common_routes(app: FastAPI, registry: CollectorRegistry, ready: Callable[[], str | None]) -> None:
+    """``/healthz`` (200 while the process serves), ``/readyz`` (200 when ``ready()`` returns
+    None, else 503 with its reason) and ``/metrics`` (``registry``), plus JSON for unhandled errors."""
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        reason = ready()
+        if reason is not None:
+            return json_error(503, reason)
+        return json_response({"status": "ready"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(Exception)
+    async def unhandled(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return json_error(500, f"internal error: {type(exc).__name__}")
+
+
+def parse_settings(
+    model: type[SettingsT], argv: Sequence[str] | None, prog: str, description: str
+) -> tuple[SettingsT, str]:
+    """Settings from command-line flags, one per field of ``model`` (``--retrain-interval-s``
+    for ``retrain_interval_s``), plus ``--log-level``; exits with a usage error if invalid."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    for name, field in model.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        kwargs: dict[str, Any] = {"dest": name, "help": field.description}
+        annotation = field.annotation
+        if annotation is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(annotation) is Literal:
+            kwargs["choices"] = typing.get_args(annotation)
+        if field.is_required():
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = argparse.SUPPRESS
+            kwargs["help"] = f"{field.description} (default: {field.default})"
+        parser.add_argument(flag, **kwargs)
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = vars(parser.parse_args(argv))
+    log_level = args.pop("log_level")
+    try:
+        return model.model_validate(args), log_level
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"--{'.'.join(map(str, e['loc'])).replace('_', '-') or 'settings'}: {e['msg']}"
+            for e in exc.errors()
+        )
+        parser.error(problems)
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str) -> None:
+    """Run ``app`` under uvicorn until SIGINT/SIGTERM."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
