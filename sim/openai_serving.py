@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 
 from epp.tokenization import GIL_FREE_CHARS, ChatTemplateError, ModelTokenizer
 from sim.driver import EngineDeadError, EngineDriver, RequestStream
-from sim.engine import EngineRequest, RequestRejectedError
+from sim.engine import EngineRequest, FrontendTerms, RequestRejectedError
 from sim.openai_api import (
     SSE_DONE,
     ApiError,
@@ -118,10 +118,13 @@ class EngineStreamResponse(StreamingResponse):
 class OpenAIServing:
     """The OpenAI routes of one replica: requests into engine requests, outputs into responses."""
 
-    def __init__(self, model: ServedModel, driver: EngineDriver) -> None:
+    def __init__(
+        self, model: ServedModel, driver: EngineDriver, frontend: FrontendTerms | None = None
+    ) -> None:
         self.model = model
         self.driver = driver
         self.max_model_len = driver.engine.config.max_model_len
+        self.frontend = frontend or FrontendTerms()
 
     async def create_completion(self, body: CompletionRequest, raw: Request) -> Response:
         arrival = self.driver.now()
@@ -256,6 +259,11 @@ class OpenAIServing:
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
             created=int(time.time()),
         )
+        # The modelled front end (vLLM's input and output processing) delays the request without
+        # occupying the engine, which keeps stepping the requests it has meanwhile.
+        delay = self.frontend.delay(request.num_prompt_tokens)
+        if delay > 0:
+            await asyncio.sleep(delay)
         stream = self._submit(request)
         if body.stream:
             request_id = request.request_id

@@ -25,29 +25,36 @@ class ProcessError(RuntimeError):
     """A child process failed to start or died."""
 
 
-def free_port() -> int:
+# Ports handed out for test and bench processes come from below Linux's ephemeral range
+# (32768-60999), so they never collide with the source ports of outgoing connections, which
+# processes starting in parallel (vLLM opens many) grab between our probe and their bind.
+_PORT_RANGE = (20_000, 32_000)
+_rng = random.Random()
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_range(count: int, attempts: int = 50) -> int:
-    """First of ``count`` consecutive free loopback ports (for a multi-replica simulator)."""
-    rng = random.Random()
-    for _ in range(attempts):
-        first = rng.randrange(20_000, 60_000 - count)
-        sockets: list[socket.socket] = []
         try:
-            for port in range(first, first + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return first
+            s.bind(("127.0.0.1", port))
         except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
+            return False
+    return True
+
+
+def free_port() -> int:
+    for _ in range(200):
+        port = _rng.randrange(*_PORT_RANGE)
+        if _bindable(port):
+            return port
+    raise ProcessError("found no free port")
+
+
+def free_port_range(count: int) -> int:
+    """First of ``count`` consecutive free loopback ports (for a multi-replica simulator)."""
+    for _ in range(50):
+        first = _rng.randrange(_PORT_RANGE[0], _PORT_RANGE[1] - count)
+        if all(_bindable(p) for p in range(first, first + count)):
+            return first
     raise ProcessError(f"found no {count} consecutive free ports")
 
 

@@ -100,7 +100,7 @@ class Replica:
         )
         self.kv_events = KVEventPublisher(kv_events) if kv_events.publishes else None
         self.driver = EngineDriver(self.engine, on_step=self._on_step)
-        self.serving = OpenAIServing(self.model, self.driver)
+        self.serving = OpenAIServing(self.model, self.driver, self.profile.frontend)
         self.app = _create_app(self)
 
     def _on_step(self, outputs: list[RequestOutput]) -> None:

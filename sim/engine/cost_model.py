@@ -1,15 +1,28 @@
-"""How long one engine step takes, as a function of what the step computes.
+"""How long one engine step takes, and how long the server's front end holds a request.
 
 A step runs the batch the scheduler picked: prefill tokens (new prompt tokens, possibly a chunk)
-and decode sequences (one token each). Its duration is the sum of two polynomials::
+and decode sequences (one token each). Its duration is a shared base plus two polynomials::
 
-    prefill_ms = base + per_token·T + per_token_sq·T²                 if T > 0 prefill tokens
-    decode_ms  = max(min, base + per_seq·n + per_context_token·C
-                          + kv_fraction·u + kv_fraction_sq·u²)      if n > 0 decode sequences
+    step_ms    = base + prefill_ms + decode_ms                         for a step that does work
+    prefill_ms = p.base + p.per_token·T + p.per_token_sq·T²
+               + p.per_context_token·A                                 if T > 0 prefill tokens
+    decode_ms  = max(d.min, d.base + d.per_seq·n + d.per_context_token·C
+                            + d.kv_fraction·u + d.kv_fraction_sq·u²)   if n > 0 decode sequences
 
-where ``C`` is the total context length of the decode sequences and ``u`` the fraction of the KV
-cache in use. With ``per_seq = per_context_token = 0`` this is NVIDIA Dynamo mocker's default
-model (see ``profiles/default.yaml``).
+``T`` is the step's prefill tokens, ``A`` its prefill attention work: every new prompt token
+attends to the tokens before it and itself, so a chunk of ``t`` tokens after ``c`` computed ones
+adds ``t·c + t(t+1)/2`` (for one uncached prompt of ``T`` tokens, about ``T²/2``; unlike ``T²``
+this does not grow with the square of a batch of short prompts). ``C`` is the total context
+length of the decode sequences (the same attention work: each decode token attends to its
+context), ``u`` the fraction of the KV cache in use. The shared ``base`` is the fixed cost of any
+step (scheduling, input preparation, sampling); a step that mixes prefill and decode pays it once.
+With only ``p.base``, ``p.per_token``, ``p.per_token_sq``, ``d.base``, ``d.kv_fraction``,
+``d.kv_fraction_sq`` and ``d.min`` this is NVIDIA Dynamo mocker's default model (see
+``profiles/default.yaml``).
+
+The front end (HTTP, tokenization and input processing before the engine; detokenization and
+streaming after it) runs beside the engine, not in its steps: ``FrontendTerms`` is the latency
+it adds to each request, which the server spends before handing the request to the engine.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ class PrefillTerms:
     base: float = 0.0
     per_token: float = 0.0
     per_token_sq: float = 0.0
+    per_context_token: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,23 +53,46 @@ class DecodeTerms:
 
 
 @dataclass(frozen=True, slots=True)
+class FrontendTerms:
+    """Latency the server's front end adds to a request, in milliseconds: ``base +
+    per_prompt_token·P`` for a prompt of ``P`` tokens."""
+
+    base: float = 0.0
+    per_prompt_token: float = 0.0
+
+    def delay(self, num_prompt_tokens: int) -> float:
+        """Seconds between a request's arrival and its entering the engine (never negative)."""
+        return max(0.0, self.base + self.per_prompt_token * num_prompt_tokens) / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
 class StepCostModel:
     prefill: PrefillTerms
     decode: DecodeTerms
+    base: float = 0.0
+    """Milliseconds every step that does work pays once."""
 
     def step_time(
         self,
         num_prefill_tokens: int,
+        prefill_context_tokens: int,
         num_decode_seqs: int,
         decode_context_tokens: int,
         kv_usage: float,
     ) -> float:
-        """Duration in seconds of a step with this batch; 0 for an empty step."""
-        ms = 0.0
+        """Duration in seconds of a step with this batch; 0 for an empty step.
+
+        ``prefill_context_tokens`` is the prefill attention work ``A`` and
+        ``decode_context_tokens`` the decode context ``C`` of the module docstring.
+        """
+        if num_prefill_tokens <= 0 and num_decode_seqs <= 0:
+            return 0.0
+        ms = self.base
         if num_prefill_tokens > 0:
             p = self.prefill
             t = num_prefill_tokens
             ms += p.base + p.per_token * t + p.per_token_sq * t * t
+            ms += p.per_context_token * prefill_context_tokens
         if num_decode_seqs > 0:
             d = self.decode
             u = kv_usage
@@ -68,3 +105,9 @@ class StepCostModel:
             )
             ms += max(d.min, decode_ms)
         return ms / 1000.0
+
+
+def chunk_context_tokens(num_new_tokens: int, num_computed_tokens: int) -> int:
+    """Attention work of computing ``num_new_tokens`` prompt tokens after ``num_computed_tokens``:
+    each new token attends to every token before it and to itself."""
+    return num_new_tokens * num_computed_tokens + num_new_tokens * (num_new_tokens + 1) // 2

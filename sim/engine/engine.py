@@ -32,7 +32,7 @@ from typing import Any
 
 from epp.kvcache.block_hash import chain_hashes
 from sim.engine.config import EngineConfig
-from sim.engine.cost_model import StepCostModel
+from sim.engine.cost_model import StepCostModel, chunk_context_tokens
 from sim.engine.kv_cache import KVCacheManager
 from sim.engine.request import EngineRequest, RequestStatus
 
@@ -338,6 +338,7 @@ class Engine:
         preempted: list[EngineRequest],
     ) -> ScheduledStep:
         num_prefill_tokens = 0
+        prefill_context = 0
         num_decode_seqs = 0
         decode_context = 0
         for request, count in zip(requests, num_tokens, strict=True):
@@ -346,8 +347,9 @@ class Engine:
                 decode_context += request.num_computed_tokens + 1
             else:
                 num_prefill_tokens += count
+                prefill_context += chunk_context_tokens(count, request.num_computed_tokens)
         duration = self.cost_model.step_time(
-            num_prefill_tokens, num_decode_seqs, decode_context, self.kv_usage
+            num_prefill_tokens, prefill_context, num_decode_seqs, decode_context, self.kv_usage
         )
         self.counters.num_steps += 1
         self.counters.scheduled_tokens += num_prefill_tokens + num_decode_seqs

@@ -12,9 +12,13 @@ A profile is a YAML file::
       max_num_batched_tokens: 8192
       max_model_len: 32768
     step_time_ms:                # terms of cost_model.StepCostModel; omitted terms are 0
-      prefill: {base: ..., per_token: ..., per_token_sq: ...}
+      base: ...                  # optional: paid once by every step
+      prefill: {base: ..., per_token: ..., per_token_sq: ..., per_context_token: ...}
       decode: {base: ..., per_seq: ..., per_context_token: ...,
                kv_fraction: ..., kv_fraction_sq: ..., min: ...}
+    frontend_ms:                 # optional: cost_model.FrontendTerms, latency outside the steps
+      base: ...
+      per_prompt_token: ...
 
 Shipped profiles live in ``profiles/`` and are loaded by name; any other file by path.
 """
@@ -29,7 +33,7 @@ from typing import Any
 import yaml
 
 from sim.engine.config import EngineConfig, EngineConfigError
-from sim.engine.cost_model import DecodeTerms, PrefillTerms, StepCostModel
+from sim.engine.cost_model import DecodeTerms, FrontendTerms, PrefillTerms, StepCostModel
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 _ENGINE_KEYS = ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -46,6 +50,7 @@ class Profile:
     source: str
     engine: EngineConfig
     cost: StepCostModel
+    frontend: FrontendTerms
 
 
 def available_profiles() -> list[str]:
@@ -80,7 +85,10 @@ def _resolve(name_or_path: str | Path) -> Path:
 
 def _parse(document: Any) -> Profile:
     top = _mapping(
-        document, "the document", required=("name", "description", "source", "engine", "step_time_ms")
+        document,
+        "the document",
+        required=("name", "description", "source", "engine", "step_time_ms"),
+        optional=("frontend_ms",),
     )
     for key in ("name", "description", "source"):
         if not isinstance(top[key], str) or not top[key].strip():
@@ -90,31 +98,40 @@ def _parse(document: Any) -> Profile:
         engine = EngineConfig(**engine_section)
     except EngineConfigError as exc:
         raise ProfileError(f"engine: {exc}") from None
-    steps = _mapping(top["step_time_ms"], "step_time_ms", required=("prefill", "decode"))
+    steps = _mapping(top["step_time_ms"], "step_time_ms", required=("prefill", "decode"), optional=("base",))
+    base = _number(steps.get("base", 0.0), "step_time_ms.base")
     prefill = PrefillTerms(**_terms(steps["prefill"], "step_time_ms.prefill", PrefillTerms))
     decode = DecodeTerms(**_terms(steps["decode"], "step_time_ms.decode", DecodeTerms))
+    frontend = FrontendTerms(**_terms(top.get("frontend_ms", {}), "frontend_ms", FrontendTerms))
     # A step that does work must take time, or the real-time server would spin.
+    if base < 0:
+        raise ProfileError("step_time_ms.base must be >= 0")
     if (
-        min(prefill.base, prefill.per_token, prefill.per_token_sq) < 0
-        or prefill.base + prefill.per_token <= 0
+        min(prefill.base, prefill.per_token, prefill.per_token_sq, prefill.per_context_token) < 0
+        or base + prefill.base + prefill.per_token <= 0
     ):
-        raise ProfileError("step_time_ms.prefill terms must be >= 0 with base + per_token > 0")
-    if decode.min <= 0:
-        raise ProfileError("step_time_ms.decode.min must be > 0")
+        raise ProfileError("step_time_ms.prefill terms must be >= 0 with base + prefill base + per_token > 0")
+    if decode.min < 0 or base + decode.min <= 0:
+        raise ProfileError("step_time_ms.decode.min must be > 0 (or >= 0 with step_time_ms.base > 0)")
+    if min(frontend.base, frontend.per_prompt_token) < 0:
+        raise ProfileError("frontend_ms terms must be >= 0")
     return Profile(
         name=top["name"],
         description=top["description"].strip(),
         source=top["source"].strip(),
         engine=engine,
-        cost=StepCostModel(prefill=prefill, decode=decode),
+        cost=StepCostModel(prefill=prefill, decode=decode, base=base),
+        frontend=frontend,
     )
 
 
-def _mapping(value: Any, where: str, *, required: tuple[str, ...]) -> dict[str, Any]:
+def _mapping(
+    value: Any, where: str, *, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ProfileError(f"{where} must be a mapping")
     missing = [key for key in required if key not in value]
-    unknown = [key for key in value if key not in required]
+    unknown = [key for key in value if key not in required and key not in optional]
     if missing:
         raise ProfileError(f"{where} lacks {', '.join(missing)}")
     if unknown:
@@ -131,9 +148,10 @@ def _terms(value: Any, where: str, terms_class: type) -> dict[str, float]:
         raise ProfileError(
             f"{where} has unknown terms {', '.join(map(str, unknown))}; known: {sorted(known)}"
         )
-    terms: dict[str, float] = {}
-    for key, number in value.items():
-        if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number):
-            raise ProfileError(f"{where}.{key} must be a finite number, got {number!r}")
-        terms[key] = float(number)
-    return terms
+    return {key: _number(number, f"{where}.{key}") for key, number in value.items()}
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProfileError(f"{where} must be a finite number, got {value!r}")
+    return float(value)

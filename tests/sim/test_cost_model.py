@@ -9,29 +9,32 @@ import yaml
 
 from sim.engine import (
     DecodeTerms,
+    FrontendTerms,
     PrefillTerms,
     ProfileError,
     StepCostModel,
     available_profiles,
     load_profile,
 )
+from sim.engine.cost_model import chunk_context_tokens
 from sim.engine.profile import PROFILES_DIR
+from sim.real_vllm import BLOCK_SIZE, MAX_MODEL_LEN
 
 
 def test_default_profile_reproduces_dynamo_polynomial() -> None:
     cost = load_profile("default").cost
     # Dynamo mocker: prefill_ms = 4.209989e-7 T^2 + 1.518344e-2 T + 16.50142
-    assert cost.step_time(1000, 0, 0, 0.0) * 1000 == pytest.approx(32.1058589)
-    assert cost.step_time(8192, 0, 0, 0.0) * 1000 == pytest.approx(
+    assert cost.step_time(1000, 0, 0, 0, 0.0) * 1000 == pytest.approx(32.1058589)
+    assert cost.step_time(8192, 0, 0, 0, 0.0) * 1000 == pytest.approx(
         4.209989e-7 * 8192**2 + 1.518344e-2 * 8192 + 16.50142
     )
     # decode_ms = -25.74 u^2 + 54.01 u + 5.74, whatever the batch
-    assert cost.step_time(0, 1, 100, 0.5) * 1000 == pytest.approx(26.31)
-    assert cost.step_time(0, 300, 900_000, 0.5) == cost.step_time(0, 1, 100, 0.5)
-    assert cost.step_time(0, 8, 800, 1.0) * 1000 == pytest.approx(34.01)
+    assert cost.step_time(0, 0, 1, 100, 0.5) * 1000 == pytest.approx(26.31)
+    assert cost.step_time(0, 0, 300, 900_000, 0.5) == cost.step_time(0, 0, 1, 100, 0.5)
+    assert cost.step_time(0, 0, 8, 800, 1.0) * 1000 == pytest.approx(34.01)
     # A step mixing both takes their sum; an empty one none.
-    assert cost.step_time(1000, 8, 800, 0.5) * 1000 == pytest.approx(32.1058589 + 26.31)
-    assert cost.step_time(0, 0, 0, 0.3) == 0.0
+    assert cost.step_time(1000, 0, 8, 800, 0.5) * 1000 == pytest.approx(32.1058589 + 26.31)
+    assert cost.step_time(0, 0, 0, 0, 0.3) == 0.0
 
 
 def test_default_profile_documents_its_source_and_limits() -> None:
@@ -46,15 +49,56 @@ def test_decode_floor_and_linear_terms() -> None:
         PrefillTerms(base=2.0),
         DecodeTerms(base=-10.0, per_seq=0.5, per_context_token=0.001, kv_fraction=4.0, min=1.5),
     )
-    assert cost.step_time(0, 2, 1000, 0.0) * 1000 == pytest.approx(1.5)  # floored
-    assert cost.step_time(0, 20, 5000, 0.5) * 1000 == pytest.approx(-10 + 10 + 5 + 2)
+    assert cost.step_time(0, 0, 2, 1000, 0.0) * 1000 == pytest.approx(1.5)  # floored
+    assert cost.step_time(0, 0, 20, 5000, 0.5) * 1000 == pytest.approx(-10 + 10 + 5 + 2)
+
+
+def test_shared_base_is_paid_once_and_prefill_attention_is_priced() -> None:
+    cost = StepCostModel(
+        PrefillTerms(per_token=0.01, per_context_token=0.001), DecodeTerms(per_seq=0.1), base=2.0
+    )
+    prefill_only = 2.0 + 0.01 * 100 + 0.001 * 5050
+    assert cost.step_time(100, 5050, 0, 0, 0.0) * 1000 == pytest.approx(prefill_only)
+    assert cost.step_time(0, 0, 4, 400, 0.0) * 1000 == pytest.approx(2.0 + 0.4)
+    assert cost.step_time(100, 5050, 4, 400, 0.0) * 1000 == pytest.approx(prefill_only + 0.4)
+    assert cost.step_time(0, 0, 0, 0, 0.0) == 0.0
+
+
+def test_chunk_context_tokens_counts_attended_pairs() -> None:
+    assert chunk_context_tokens(1, 0) == 1
+    assert chunk_context_tokens(4, 0) == 1 + 2 + 3 + 4
+    assert chunk_context_tokens(3, 10) == 11 + 12 + 13
+    # Two short prompts cost less attention than one prompt of their combined length.
+    assert 2 * chunk_context_tokens(500, 0) < chunk_context_tokens(1000, 0)
+
+
+def test_frontend_delay() -> None:
+    frontend = FrontendTerms(base=5.0, per_prompt_token=0.002)
+    assert frontend.delay(1000) == pytest.approx(0.007)
+    assert FrontendTerms().delay(10**6) == 0.0
 
 
 def test_shipped_profiles() -> None:
-    assert available_profiles() == ["default", "instant"]
+    assert available_profiles() == ["default", "instant", "tiny-cpu"]
     instant = load_profile("instant")
-    assert instant.cost.step_time(8192, 1024, 10**6, 1.0) < 0.001
+    assert instant.cost.step_time(8192, 0, 1024, 10**6, 1.0) < 0.001
     assert "overhead" in instant.description
+
+
+def test_tiny_cpu_profile_matches_the_real_vllm_replicas() -> None:
+    profile = load_profile("tiny-cpu")
+    engine = profile.engine
+    assert (engine.block_size, engine.num_gpu_blocks, engine.max_model_len) == (
+        BLOCK_SIZE,
+        512,
+        MAX_MODEL_LEN,
+    )
+    assert (engine.max_num_seqs, engine.max_num_batched_tokens) == (128, 2048)  # vLLM's CPU defaults
+    assert "bench/fidelity.py" in profile.source
+    # Plausible for a tiny model on a CPU: milliseconds per step, a frontend delay of milliseconds.
+    assert 0.001 < profile.cost.step_time(0, 0, 1, 100, 0.0) < 0.05
+    assert profile.cost.step_time(2000, 2001000, 0, 0, 0.0) > profile.cost.step_time(100, 5050, 0, 0, 0.0)
+    assert 0.0 < profile.frontend.delay(1000) < 0.1
 
 
 def write_profile(tmp_path: Path, document: object) -> Path:
@@ -67,6 +111,17 @@ def valid_document() -> dict:
     return yaml.safe_load((PROFILES_DIR / "default.yaml").read_text())
 
 
+def test_loads_the_optional_step_base_and_frontend_terms(tmp_path: Path) -> None:
+    document = valid_document()
+    assert load_profile(write_profile(tmp_path, document)).frontend == FrontendTerms()
+    document["step_time_ms"]["base"] = 3
+    document["step_time_ms"]["decode"]["min"] = 0
+    document["frontend_ms"] = {"base": 4, "per_prompt_token": 0.01}
+    profile = load_profile(write_profile(tmp_path, document))
+    assert profile.cost.base == 3.0
+    assert profile.frontend == FrontendTerms(base=4.0, per_prompt_token=0.01)
+
+
 def test_loads_a_profile_by_path(tmp_path: Path) -> None:
     document = valid_document()
     document["name"] = "custom"
@@ -77,8 +132,8 @@ def test_loads_a_profile_by_path(tmp_path: Path) -> None:
 
 
 def test_unknown_profile_names_the_shipped_ones() -> None:
-    with pytest.raises(ProfileError, match="default, instant"):
-        load_profile("tiny-cpu")
+    with pytest.raises(ProfileError, match="default, instant, tiny-cpu"):
+        load_profile("no-such-profile")
     with pytest.raises(ProfileError, match="does not exist"):
         load_profile("/nonexistent/profile.yaml")
 
@@ -97,6 +152,10 @@ def test_unknown_profile_names_the_shipped_ones() -> None:
         (lambda d: d["step_time_ms"]["prefill"].update(per_token=-1), "prefill terms must be >= 0"),
         (lambda d: d["step_time_ms"].pop("decode"), "step_time_ms lacks decode"),
         (lambda d: d.update(description=""), "description must be a non-empty string"),
+        (lambda d: d["step_time_ms"].update(base=-1), "step_time_ms.base must be >= 0"),
+        (lambda d: d["step_time_ms"]["prefill"].update(per_context_token=-1), "prefill terms must be >= 0"),
+        (lambda d: d.update(frontend_ms={"base": -1}), "frontend_ms terms must be >= 0"),
+        (lambda d: d.update(frontend_ms={"per_token": 1}), "frontend_ms has unknown terms per_token"),
     ],
 )
 def test_malformed_profiles_are_rejected(tmp_path: Path, edit, message: str) -> None:

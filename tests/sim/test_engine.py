@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from epp.kvcache.block_hash import chain_hashes
-from sim.engine import EngineRequest, RequestRejectedError, RequestStatus
+from sim.engine import (
+    DecodeTerms,
+    Engine,
+    EngineRequest,
+    PrefillTerms,
+    RequestRejectedError,
+    RequestStatus,
+    StepCostModel,
+)
+from sim.engine.cost_model import chunk_context_tokens
 
 from .conftest import TEST_COST, TEST_VOCAB, EngineRun, make_engine, prompt
 
@@ -202,10 +211,24 @@ def test_step_duration_comes_from_the_cost_model() -> None:
     run.add(EngineRequest("a", prompt(30), 3))
     prefill = run.step()
     decode = run.step()
-    assert prefill.duration == pytest.approx(TEST_COST.step_time(30, 0, 0, run.engine.kv_usage))
+    assert prefill.duration == pytest.approx(TEST_COST.step_time(30, 30 * 31 // 2, 0, 0, run.engine.kv_usage))
     assert prefill.duration == pytest.approx((1.0 + 0.01 * 30) / 1000)
     assert decode.duration == pytest.approx(1.0 / 1000)
     assert decode.end_time == pytest.approx(prefill.end_time + decode.duration)
+
+
+def test_prefill_attention_counts_each_chunk_against_its_context() -> None:
+    # Priced per attended pair only, so a step's duration in µs is its attention work.
+    cost = StepCostModel(PrefillTerms(per_context_token=0.001), DecodeTerms(min=1.0))
+    run = EngineRun(Engine(make_engine(max_num_batched_tokens=64).config, cost, TEST_VOCAB))
+    run.add(EngineRequest("a", prompt(10), 2), EngineRequest("b", prompt(100, start=3000), 2))
+    first, second = run.step(), run.step()
+    assert first.num_scheduled_tokens == [10, 54]
+    # Two prompts attend within themselves only, not to each other.
+    assert first.duration * 1e6 == pytest.approx(chunk_context_tokens(10, 0) + chunk_context_tokens(54, 0))
+    # b's second chunk attends to its first; a's decode is priced by the decode terms (floor 1 ms).
+    assert second.num_scheduled_tokens == [1, 46]
+    assert second.duration * 1e6 == pytest.approx(1000 + chunk_context_tokens(46, 54))
 
 
 def test_rejects_requests_it_can_never_serve() -> None:

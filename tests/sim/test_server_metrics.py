@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
+import yaml
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from sim.engine import Engine, EngineRequest, load_profile
+from sim.engine.profile import PROFILES_DIR
 from sim.metrics import EngineMetrics
 from sim.openai_serving import ServedModel
 
@@ -169,3 +172,21 @@ async def test_histograms_may_lag_but_counters_do_not(served_model: ServedModel)
     now[0] = 1.0
     fresh = families(metrics.render().decode())
     assert value(fresh, "vllm:e2e_request_latency_seconds_count") == 1
+
+
+async def test_frontend_delay_counts_in_ttft_not_in_the_engine_queue(
+    served_model: ServedModel, tmp_path: Path
+) -> None:
+    document = yaml.safe_load((PROFILES_DIR / "instant.yaml").read_text())
+    document["frontend_ms"] = {"base": 150.0, "per_prompt_token": 1.0}  # 150 + 50 ms
+    profile = tmp_path / "delayed.yaml"
+    profile.write_text(yaml.safe_dump(document))
+    replica = running_replica(served_model, str(profile))
+    async with replica as (_, url), httpx.AsyncClient(base_url=url) as http:
+        await http.post("/v1/completions", json={"prompt": list(range(300, 350)), "max_tokens": 2})
+        after = await scrape(http)
+    # Lower bounds only: the delay is a sleep, so it is never shorter.
+    assert value(after, "vllm:time_to_first_token_seconds_sum") >= 0.2
+    assert value(after, "vllm:request_queue_time_seconds_sum") < value(
+        after, "vllm:time_to_first_token_seconds_sum"
+    )

@@ -1,0 +1,292 @@
+"""Fitting a simulator profile to measured step times: the least-squares part, and the YAML.
+
+Inputs are what ``bench.profile_probe`` measures on a real engine:
+
+* ``StepSample``: one engine step, what it computed and how long it took by the engine's own clock
+  (prefill-only steps, decode-only steps, and steps mixing both);
+* ``FrontendSample``: the client's time to first token of a lone request, split into the engine's
+  part (queue + prefill step) and the rest, which is the server's front end.
+
+``fit_profile`` finds the ``sim.engine.cost_model`` terms that minimise the squared *relative*
+error over the step samples (a 3 ms step matters as much as a 60 ms one), and the frontend terms
+that minimise it over the lone requests' TTFT. Every term is non-negative (Lawson–Hanson NNLS), as
+profiles require; samples far off a first fit are left out of the second (``OUTLIER_MADS``).
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.engine import DecodeTerms, EngineConfig, FrontendTerms, PrefillTerms, StepCostModel
+from sim.engine.cost_model import chunk_context_tokens
+
+STEP_TERMS = (
+    "base",
+    "prefill.base",
+    "prefill.per_token",
+    "prefill.per_context_token",
+    "decode.base",
+    "decode.per_seq",
+    "decode.per_context_token",
+)
+"""The step-time terms fitted, in column order. Dynamo's ``per_token_sq`` and the KV-usage terms
+are left at 0: the attention terms (``per_context_token``) describe the same cost physically."""
+
+
+OUTLIER_MADS = 4.0
+OUTLIER_FLOOR = 0.25
+"""A sample is an outlier if the first fit misses it by more than ``OUTLIER_MADS`` times the
+median relative error, and by more than ``OUTLIER_FLOOR``."""
+
+
+class FitError(ValueError):
+    """The samples cannot give a usable profile."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    kind: str
+    """``"prefill"``, ``"decode"`` or ``"mixed"``: which residual group the sample reports in."""
+    num_prefill_tokens: int
+    prefill_context_tokens: int
+    num_decode_seqs: int
+    decode_context_tokens: int
+    ms: float
+
+    def features(self) -> list[float]:
+        """The sample's row of the design matrix, in ``STEP_TERMS`` order."""
+        prefill, decode = self.num_prefill_tokens > 0, self.num_decode_seqs > 0
+        return [
+            1.0,
+            float(prefill),
+            float(self.num_prefill_tokens),
+            float(self.prefill_context_tokens),
+            float(decode),
+            float(self.num_decode_seqs),
+            float(self.decode_context_tokens),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSample:
+    prompt_tokens: int
+    ttft_ms: float
+    """The real server's time to first token, at the client."""
+    engine_ms: float
+    """Of that, queue + prefill step by the real engine's clock."""
+    own_overhead_ms: float
+    """What the simulated server itself spends on such a request (HTTP, tokenization): its TTFT
+    with negligible step times. The profile's frontend delay is what remains on top of it."""
+
+    @property
+    def target_ms(self) -> float:
+        return self.ttft_ms - self.engine_ms - self.own_overhead_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Residuals:
+    """How far the fitted model is from the samples of one group, as |model − measured| / measured."""
+
+    count: int
+    median_pct: float
+    p90_pct: float
+    max_pct: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileFit:
+    cost: StepCostModel
+    frontend: FrontendTerms
+    residuals: dict[str, Residuals]
+    """Per step kind, and ``"ttft"``: a lone request's TTFT as the simulator would produce it.
+    Over all samples, outliers included."""
+    outliers: int
+    """Samples (step and frontend) left out of the final fit (see ``OUTLIER_MADS``)."""
+
+
+def nonnegative_least_squares(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
+    """``argmin ‖a·x − b‖`` subject to ``x ≥ 0`` (Lawson and Hanson's active-set method).
+
+    Columns are scaled to unit norm first, so terms of very different magnitude (1 and 10⁶)
+    converge alike.
+    """
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    a = a / scale
+    n = a.shape[1]
+    passive = np.zeros(n, dtype=bool)
+    x = np.zeros(n)
+    for _ in range(3 * n + 10):
+        gradient = a.T @ (b - a @ x)
+        candidates = np.where(passive, -np.inf, gradient)
+        if passive.all() or candidates.max() <= tol:
+            break
+        passive[int(np.argmax(candidates))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            # Step from x towards z until the first passive term reaches 0, and drop it.
+            blocking = passive & (z <= 0)
+            alpha = np.min(x[blocking] / (x[blocking] - z[blocking]))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+    return x / scale
+
+
+def step_cost_model(coefficients: Sequence[float]) -> StepCostModel:
+    """The cost model of coefficients in ``STEP_TERMS`` order (decode floor 0: ``base`` is the floor)."""
+    c = dict(zip(STEP_TERMS, coefficients, strict=True))
+    return StepCostModel(
+        prefill=PrefillTerms(
+            base=c["prefill.base"],
+            per_token=c["prefill.per_token"],
+            per_context_token=c["prefill.per_context_token"],
+        ),
+        decode=DecodeTerms(
+            base=c["decode.base"],
+            per_seq=c["decode.per_seq"],
+            per_context_token=c["decode.per_context_token"],
+        ),
+        base=c["base"],
+    )
+
+
+def lone_prefill(prompt_tokens: int, ms: float) -> StepSample:
+    """The step that prefills one uncached prompt and nothing else."""
+    return StepSample("prefill", prompt_tokens, chunk_context_tokens(prompt_tokens, 0), 0, 0, ms)
+
+
+def predicted_ms(cost: StepCostModel, sample: StepSample) -> float:
+    return 1000.0 * cost.step_time(
+        sample.num_prefill_tokens,
+        sample.prefill_context_tokens,
+        sample.num_decode_seqs,
+        sample.decode_context_tokens,
+        0.0,
+    )
+
+
+def fit_profile(steps: Sequence[StepSample], frontend: Sequence[FrontendSample]) -> ProfileFit:
+    """Fit the step terms to ``steps`` (relative error) and the frontend terms to ``frontend``."""
+    if len(steps) < 2 * len(STEP_TERMS):
+        raise FitError(f"{len(steps)} step samples are too few for {len(STEP_TERMS)} terms")
+    if not frontend:
+        raise FitError("no frontend samples")
+    measured = np.array([s.ms for s in steps])
+    if (measured <= 0).any():
+        raise FitError("step samples must have positive durations")
+    design = np.array([s.features() for s in steps])
+    coefficients, step_inliers = _trimmed_fit(design / measured[:, None], np.ones(len(steps)))
+    cost = step_cost_model(coefficients)
+    if cost.base <= 0:
+        raise FitError("the fit found no fixed cost per step; the samples cannot be engine steps")
+
+    # Relative to the whole TTFT, which is what the frontend delay is part of.
+    ttft = np.array([s.ttft_ms for s in frontend])
+    prompt = np.array([float(s.prompt_tokens) for s in frontend])
+    target = np.array([s.target_ms for s in frontend])
+    (base, per_prompt_token), frontend_inliers = _trimmed_fit(
+        np.column_stack([np.ones_like(prompt), prompt]) / ttft[:, None], target / ttft
+    )
+    delay = FrontendTerms(base=float(base), per_prompt_token=float(per_prompt_token))
+
+    residuals = {
+        kind: _residuals(
+            [predicted_ms(cost, s) for s in steps if s.kind == kind], [s.ms for s in steps if s.kind == kind]
+        )
+        for kind in sorted({s.kind for s in steps})
+    }
+    residuals["ttft"] = _residuals(
+        [
+            1000.0 * delay.delay(s.prompt_tokens)
+            + s.own_overhead_ms
+            + predicted_ms(cost, lone_prefill(s.prompt_tokens, 0.0))
+            for s in frontend
+        ],
+        [s.ttft_ms for s in frontend],
+    )
+    outliers = int((~step_inliers).sum() + (~frontend_inliers).sum())
+    return ProfileFit(cost=cost, frontend=delay, residuals=residuals, outliers=outliers)
+
+
+def _trimmed_fit(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative least squares of rows already scaled to relative error, refitted without the
+    rows the first fit misses by far (see ``OUTLIER_MADS``); the coefficients and the rows kept.
+
+    On a shared machine a measurement is sometimes stretched several-fold by other work; left in,
+    a few of them bend every term.
+    """
+    errors = np.abs(a @ nonnegative_least_squares(a, b) - b)
+    inliers = errors <= max(OUTLIER_FLOOR, OUTLIER_MADS * float(np.median(errors)))
+    return nonnegative_least_squares(a[inliers], b[inliers]), inliers
+
+
+def _residuals(predicted: Sequence[float], measured: Sequence[float]) -> Residuals:
+    errors = 100.0 * np.abs(np.array(predicted) - np.array(measured)) / np.array(measured)
+    return Residuals(
+        count=len(errors),
+        median_pct=round(float(np.median(errors)), 1),
+        p90_pct=round(float(np.percentile(errors, 90)), 1),
+        max_pct=round(float(errors.max()), 1),
+    )
+
+
+def render_profile(
+    fit: ProfileFit, engine: EngineConfig, *, name: str, description: str, source: str, header: Sequence[str]
+) -> str:
+    """The profile YAML (``sim.engine.profile``'s format), ``header`` lines as a leading comment."""
+    p, d = fit.cost.prefill, fit.cost.decode
+    lines = [f"# {line}".rstrip() for line in header]
+    lines.append(
+        f"# Residuals, |model - measured| / measured ({fit.outliers} step outliers left out of the fit):"
+    )
+    for kind, r in fit.residuals.items():
+        lines.append(
+            f"#   {kind:<8} {r.count:>3} samples: median {r.median_pct}%, p90 {r.p90_pct}%, max {r.max_pct}%"
+        )
+    lines += [
+        f"name: {name}",
+        "description: >",
+        textwrap.fill(description, 96, initial_indent="  ", subsequent_indent="  "),
+        "source: >",
+        textwrap.fill(source, 96, initial_indent="  ", subsequent_indent="  "),
+        "engine:",
+        f"  block_size: {engine.block_size}",
+        f"  num_gpu_blocks: {engine.num_gpu_blocks}",
+        f"  max_num_seqs: {engine.max_num_seqs}",
+        f"  max_num_batched_tokens: {engine.max_num_batched_tokens}",
+        f"  max_model_len: {engine.max_model_len}",
+        "step_time_ms:",
+        f"  base: {_number(fit.cost.base)}",
+        "  prefill:",
+        f"    base: {_number(p.base)}",
+        f"    per_token: {_number(p.per_token)}",
+        f"    per_context_token: {_number(p.per_context_token)}",
+        "  decode:",
+        f"    base: {_number(d.base)}",
+        f"    per_seq: {_number(d.per_seq)}",
+        f"    per_context_token: {_number(d.per_context_token)}",
+        f"    min: {_number(d.min)}",
+        "frontend_ms:",
+        f"  base: {_number(fit.frontend.base)}",
+        f"  per_prompt_token: {_number(fit.frontend.per_prompt_token)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    """Four significant digits, in a form YAML reads as a float."""
+    if value == 0 or not math.isfinite(value):
+        return "0.0"
+    # PyYAML reads 1e-05 as a string: the mantissa needs a point.
+    mantissa, e, exponent = f"{value:.4g}".partition("e")
+    return (mantissa if "." in mantissa else f"{mantissa}.0") + e + exponent
