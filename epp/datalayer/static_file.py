@@ -7,6 +7,8 @@ Format::
       address: 127.0.0.1
       port: 8100
       labels: {zone: a}    # optional
+      kv_events_endpoint: tcp://127.0.0.1:5557          # optional: vLLM KV events (ZMQ PUB)
+      kv_events_replay_endpoint: tcp://127.0.0.1:5558   # optional: their replay (ZMQ ROUTER)
 
 A file that fails to parse or validate is reported and ignored: the last good set stays.
 """
@@ -37,6 +39,8 @@ class EndpointSpec(BaseModel):
     address: str
     port: int = Field(ge=1, le=65535)
     labels: dict[str, str] = Field(default_factory=dict)
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
 
     @field_validator("address")
     @classmethod
@@ -58,7 +62,14 @@ def load_endpoints(path: Path) -> list[Endpoint]:
     except (OSError, yaml.YAMLError, ValidationError) as exc:
         raise EndpointsFileError(f"{path}: {exc}") from exc
     endpoints = [
-        Endpoint(name=e.name or f"{e.address}:{e.port}", address=e.address, port=e.port, labels=e.labels)
+        Endpoint(
+            name=e.name or f"{e.address}:{e.port}",
+            address=e.address,
+            port=e.port,
+            labels=e.labels,
+            kv_events_endpoint=e.kv_events_endpoint,
+            kv_events_replay_endpoint=e.kv_events_replay_endpoint,
+        )
         for e in spec.endpoints
     ]
     names = [e.name for e in endpoints]

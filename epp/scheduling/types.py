@@ -21,6 +21,10 @@ class Endpoint:
     address: str
     port: int
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    kv_events_endpoint: str | None = None
+    """ZMQ endpoint of the engine's KV-event publisher (``tcp://ip:port`` or ``ipc://path``)."""
+    kv_events_replay_endpoint: str | None = None
+    """ZMQ ROUTER endpoint that replays missed KV-event batches, if the engine has one."""
 
     @property
     def hostport(self) -> str:

@@ -154,46 +154,33 @@ def candidate_ttft(response: httpx.Response) -> dict[str, float]:
     return {name: float(ms) for name, ms in (p.split("=") for p in pairs)}
 
 
-def pile_on_one_replica(stack: LocalStack, count: int) -> tuple[str, cf.ThreadPoolExecutor]:
-    """Send ``count`` long requests sharing one prompt through the gateway. Prefix affinity keeps
-    them together (the known hot-spot failure mode), so one replica ends up loaded, and the EPP
-    sees that load. Returns that replica's name."""
-    pool = cf.ThreadPoolExecutor(count)
-    first = pool.submit(send, stack, 424242, 3000, 150)
-    assert wait_for(lambda: metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") >= 1)
-    for _ in range(count - 1):
-        pool.submit(send, stack, 424242, 3000, 150)
-    in_flight = "llm_epp_endpoint_in_flight_requests"
-    loaded = {}
-
-    def piled() -> bool:
-        for i in range(3):
-            loaded[f"replica-{i}"] = metric_sum(
-                stack.epp_metrics_url, in_flight, model_server_pod=f"replica-{i}"
-            )
-        return max(loaded.values()) >= count - 1
-
-    assert wait_for(piled), loaded
-    del first
-    return max(loaded, key=loaded.__getitem__), pool
+def queued_at_epp(stack: LocalStack, replica: int) -> float:
+    """The queue length the EPP itself last scraped: it decides on its own view, not ours."""
+    return metric_sum(
+        stack.epp_metrics_url, "inference_pool_per_pod_queue_size", model_server_pod=f"replica-{replica}"
+    )
 
 
 def test_endpoint_predicted_to_violate_the_slo_is_avoided(latency_stack: LocalStack) -> None:
-    hot, pool = pile_on_one_replica(latency_stack, 10)
+    hot, others = "replica-0", ["replica-1", "replica-2"]
+    pool = load_directly(latency_stack, 0, 10)
     try:
-        others = [name for name in ("replica-0", "replica-1", "replica-2") if name != hot]
-        probe = candidate_ttft(send(latency_stack, 1999, 50, 4))
-        assert probe[hot] > max(probe[o] for o in others), f"the model should see {hot}'s load: {probe}"
-        slo = (probe[hot] + max(probe[o] for o in others)) / 2
-        decided = []  # requests where the hot replica alone was predicted to miss the SLO
-        for i in range(30):
-            r = send(latency_stack, 2000 + i, 50, 4, {"x-slo-ttft-ms": f"{slo:.0f}"})
+        assert wait_for(lambda: queued_at_epp(latency_stack, 0) >= 4)
+        decided = []  # requests where the loaded replica alone was predicted to miss the SLO
+        for i in range(20):
+            # A fresh probe per request: predictions follow the queue as it drains, so a fixed
+            # SLO would drift out of the gap between the loaded replica and the idle ones.
+            probe = candidate_ttft(send(latency_stack, 2000 + 2 * i, 50, 4))
+            if probe[hot] <= max(probe[o] for o in others):
+                continue
+            slo = (probe[hot] + max(probe[o] for o in others)) / 2
+            r = send(latency_stack, 2001 + 2 * i, 50, 4, {"x-slo-ttft-ms": f"{slo:.0f}"})
             assert r.status == 200
             ttft = candidate_ttft(r)
-            if ttft[hot] > slo and min(ttft[o] for o in others) <= slo:
+            if ttft[hot] > slo and max(ttft[o] for o in others) <= slo:
                 decided.append(r.headers["x-llm-epp-endpoint"])
-        assert len(decided) >= 10, "the loaded replica should stay predicted to miss the SLO"
-        assert decided.count(hot) <= len(decided) // 10, decided
+        assert len(decided) >= 5, "the loaded replica should be predicted to miss the SLO"
+        assert decided.count(hot) <= 1, decided  # the tier filter explores the other tier 1% of the time
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
@@ -202,11 +189,7 @@ def test_sheddable_requests_are_shed_when_saturated(latency_stack: LocalStack) -
     pools = [load_directly(latency_stack, i, 10) for i in range(3)]
     try:
         # Wait until the EPP itself sees every replica queueing: it decides on its own scrapes.
-        queued = "inference_pool_per_pod_queue_size"
-        url = latency_stack.epp_metrics_url
-        assert wait_for(
-            lambda: all(metric_sum(url, queued, model_server_pod=f"replica-{i}") >= 4 for i in range(3))
-        )
+        assert wait_for(lambda: all(queued_at_epp(latency_stack, i) >= 4 for i in range(3)))
         tight = {"x-slo-ttft-ms": "1", "x-llm-d-priority": "-1"}
         shed = send(latency_stack, 3000, 50, 4, tight)
         assert shed.status == 429, {k: v for k, v in shed.headers.items() if k.startswith("x-llm")}
