@@ -1,15 +1,17 @@
-"""How long a process's main thread waited for a CPU (Linux schedstat).
+"""Other work on a small shared machine, as it affects a measurement (Linux /proc).
 
-On a small shared machine other work preempts the server being measured, and every step it is
-runnable but not running is added to the durations it reports. The kernel counts that time per
-thread (``/proc/<pid>/schedstat``: time on a CPU, time waiting on a run queue, in ns); taking it
-out of a measured duration leaves what the step would have taken on an otherwise idle machine.
-The main thread is the one that matters: it runs vLLM's engine loop (with ``OMP_NUM_THREADS=1``
-the forward pass too), the API server's event loop, and the simulator's.
+Other work preempts the server being measured, and every moment it is runnable but not running
+is added to the durations it reports. The kernel counts that time per thread
+(``/proc/<pid>/schedstat``: time on a CPU, time waiting on a run queue, in ns); taking it out of
+a measured duration leaves what the step would have taken on an otherwise idle machine. The main
+thread is the one that matters: it runs vLLM's engine loop (with ``OMP_NUM_THREADS=1`` the forward
+pass too) and the simulator's event loop. Measurements are best started when the machine is idle
+(``wait_until_idle``).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -30,3 +32,25 @@ def child_pid(parent: int, name: str) -> int:
         if int(fields.split()[1]) == parent and comm.split("(", 1)[1].startswith(name[:15]):
             return int(stat.parent.name)
     raise LookupError(f"process {parent} has no child named {name!r}")
+
+
+def busy_fraction(interval_s: float = 2.0) -> float:
+    """Share of all CPUs' time spent busy over the next ``interval_s`` (0 to 1)."""
+
+    def totals() -> tuple[int, int]:
+        fields = [int(v) for v in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle and iowait
+        return sum(fields[:8]) - idle, sum(fields[:8])
+
+    busy_before, total_before = totals()
+    time.sleep(interval_s)
+    busy_after, total_after = totals()
+    return (busy_after - busy_before) / max(1, total_after - total_before)
+
+
+def wait_until_idle(max_busy: float = 0.25, timeout_s: float = 45.0) -> float:
+    """Wait (up to ``timeout_s``) until the CPUs are at most ``max_busy`` busy; the last reading."""
+    deadline = time.monotonic() + timeout_s
+    while (busy := busy_fraction()) > max_busy and time.monotonic() < deadline:
+        pass
+    return busy

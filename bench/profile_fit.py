@@ -1,16 +1,17 @@
-"""Fitting a simulator profile to measured step times: the least-squares part, and the YAML.
+"""Fitting a simulator profile to measurements of a real engine: least squares, and the YAML.
 
-Inputs are what ``bench.profile_probe`` measures on a real engine:
+Two fits, in this order (``bench.profile_probe`` measures what each needs):
 
-* ``StepSample``: one engine step, what it computed and how long it took by the engine's own clock
-  (prefill-only steps, decode-only steps, and steps mixing both);
-* ``FrontendSample``: the client's time to first token of a lone request, split into the engine's
-  part (queue + prefill step) and the rest, which is the server's front end.
+1. ``fit_steps``: the ``sim.engine.cost_model`` step terms, from ``StepSample`` (one engine
+   step each: what it computed and how long it took by the engine's own clock; prefill-only,
+   decode-only and mixed steps).
+2. ``fit_frontend``: the ``FrontendTerms``, from ``FrontendSample``: the real server's time to
+   first token of a request, next to the simulator's for the same request in the same situation
+   when it runs the fitted steps with no frontend delay. The delay is what the simulator lacks.
 
-``fit_profile`` finds the ``sim.engine.cost_model`` terms that minimise the squared *relative*
-error over the step samples (a 3 ms step matters as much as a 60 ms one), and the frontend terms
-that minimise it over the lone requests' TTFT. Every term is non-negative (Lawson–Hanson NNLS), as
-profiles require; samples far off a first fit are left out of the second (``OUTLIER_MADS``).
+Both minimise squared *relative* error (a 3 ms step matters as much as a 60 ms one), with every
+term non-negative (Lawson–Hanson NNLS) as profiles require; samples far off a first fit are left
+out of the second (``OUTLIER_MADS``).
 """
 
 from __future__ import annotations
@@ -74,18 +75,13 @@ class StepSample:
 
 @dataclass(frozen=True, slots=True)
 class FrontendSample:
-    prompt_tokens: int
-    ttft_ms: float
-    """The real server's time to first token, at the client."""
-    engine_ms: float
-    """Of that, queue + prefill step by the real engine's clock."""
-    own_overhead_ms: float
-    """What the simulated server itself spends on such a request (HTTP, tokenization): its TTFT
-    with negligible step times. The profile's frontend delay is what remains on top of it."""
+    """Time to first token of requests of one prompt length arriving while ``running`` requests
+    decode, on the real server and on the simulator (fitted steps, no frontend delay)."""
 
-    @property
-    def target_ms(self) -> float:
-        return self.ttft_ms - self.engine_ms - self.own_overhead_ms
+    prompt_tokens: int
+    running: int
+    ttft_ms: float
+    sim_ttft_ms: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +95,20 @@ class Residuals:
 
 
 @dataclass(frozen=True, slots=True)
-class ProfileFit:
+class StepFit:
     cost: StepCostModel
-    frontend: FrontendTerms
     residuals: dict[str, Residuals]
-    """Per step kind, and ``"ttft"``: a lone request's TTFT as the simulator would produce it.
-    Over all samples, outliers included."""
+    """Per step kind, over all samples, outliers included."""
     outliers: int
-    """Samples (step and frontend) left out of the final fit (see ``OUTLIER_MADS``)."""
+    """Samples left out of the final fit (see ``OUTLIER_MADS``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendFit:
+    terms: FrontendTerms
+    residuals: Residuals
+    """Of the TTFT the simulator would have with the delay, over all samples."""
+    outliers: int
 
 
 def nonnegative_least_squares(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
@@ -175,47 +177,38 @@ def predicted_ms(cost: StepCostModel, sample: StepSample) -> float:
     )
 
 
-def fit_profile(steps: Sequence[StepSample], frontend: Sequence[FrontendSample]) -> ProfileFit:
-    """Fit the step terms to ``steps`` (relative error) and the frontend terms to ``frontend``."""
+def fit_steps(steps: Sequence[StepSample]) -> StepFit:
+    """The step terms that best explain ``steps``."""
     if len(steps) < 2 * len(STEP_TERMS):
         raise FitError(f"{len(steps)} step samples are too few for {len(STEP_TERMS)} terms")
-    if not frontend:
-        raise FitError("no frontend samples")
     measured = np.array([s.ms for s in steps])
     if (measured <= 0).any():
         raise FitError("step samples must have positive durations")
     design = np.array([s.features() for s in steps])
-    coefficients, step_inliers = _trimmed_fit(design / measured[:, None], np.ones(len(steps)))
+    coefficients, inliers = _trimmed_fit(design / measured[:, None], np.ones(len(steps)))
     cost = step_cost_model(coefficients)
     if cost.base <= 0:
         raise FitError("the fit found no fixed cost per step; the samples cannot be engine steps")
-
-    # Relative to the whole TTFT, which is what the frontend delay is part of.
-    ttft = np.array([s.ttft_ms for s in frontend])
-    prompt = np.array([float(s.prompt_tokens) for s in frontend])
-    target = np.array([s.target_ms for s in frontend])
-    (base, per_prompt_token), frontend_inliers = _trimmed_fit(
-        np.column_stack([np.ones_like(prompt), prompt]) / ttft[:, None], target / ttft
-    )
-    delay = FrontendTerms(base=float(base), per_prompt_token=float(per_prompt_token))
-
     residuals = {
         kind: _residuals(
             [predicted_ms(cost, s) for s in steps if s.kind == kind], [s.ms for s in steps if s.kind == kind]
         )
         for kind in sorted({s.kind for s in steps})
     }
-    residuals["ttft"] = _residuals(
-        [
-            1000.0 * delay.delay(s.prompt_tokens)
-            + s.own_overhead_ms
-            + predicted_ms(cost, lone_prefill(s.prompt_tokens, 0.0))
-            for s in frontend
-        ],
-        [s.ttft_ms for s in frontend],
-    )
-    outliers = int((~step_inliers).sum() + (~frontend_inliers).sum())
-    return ProfileFit(cost=cost, frontend=delay, residuals=residuals, outliers=outliers)
+    return StepFit(cost, residuals, int((~inliers).sum()))
+
+
+def fit_frontend(samples: Sequence[FrontendSample]) -> FrontendFit:
+    """The frontend terms that best close the gap between the simulator's TTFT and the real one."""
+    if len(samples) < 6:
+        raise FitError(f"{len(samples)} frontend samples are too few for 3 terms")
+    ttft = np.array([s.ttft_ms for s in samples])
+    design = np.array([[1.0, s.prompt_tokens, s.running] for s in samples])
+    gap = np.array([s.ttft_ms - s.sim_ttft_ms for s in samples])
+    (base, per_prompt_token, per_running_request), inliers = _trimmed_fit(design / ttft[:, None], gap / ttft)
+    terms = FrontendTerms(float(base), float(per_prompt_token), float(per_running_request))
+    predicted = [s.sim_ttft_ms + 1000 * terms.delay(s.prompt_tokens, s.running) for s in samples]
+    return FrontendFit(terms, _residuals(predicted, list(ttft)), int((~inliers).sum()))
 
 
 def _trimmed_fit(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -241,18 +234,18 @@ def _residuals(predicted: Sequence[float], measured: Sequence[float]) -> Residua
 
 
 def render_profile(
-    fit: ProfileFit, engine: EngineConfig, *, name: str, description: str, source: str, header: Sequence[str]
+    cost: StepCostModel,
+    frontend: FrontendTerms,
+    engine: EngineConfig,
+    *,
+    name: str,
+    description: str,
+    source: str,
+    header: Sequence[str],
 ) -> str:
     """The profile YAML (``sim.engine.profile``'s format), ``header`` lines as a leading comment."""
-    p, d = fit.cost.prefill, fit.cost.decode
+    p, d = cost.prefill, cost.decode
     lines = [f"# {line}".rstrip() for line in header]
-    lines.append(
-        f"# Residuals, |model - measured| / measured ({fit.outliers} step outliers left out of the fit):"
-    )
-    for kind, r in fit.residuals.items():
-        lines.append(
-            f"#   {kind:<8} {r.count:>3} samples: median {r.median_pct}%, p90 {r.p90_pct}%, max {r.max_pct}%"
-        )
     lines += [
         f"name: {name}",
         "description: >",
@@ -266,7 +259,7 @@ def render_profile(
         f"  max_num_batched_tokens: {engine.max_num_batched_tokens}",
         f"  max_model_len: {engine.max_model_len}",
         "step_time_ms:",
-        f"  base: {_number(fit.cost.base)}",
+        f"  base: {_number(cost.base)}",
         "  prefill:",
         f"    base: {_number(p.base)}",
         f"    per_token: {_number(p.per_token)}",
@@ -277,10 +270,24 @@ def render_profile(
         f"    per_context_token: {_number(d.per_context_token)}",
         f"    min: {_number(d.min)}",
         "frontend_ms:",
-        f"  base: {_number(fit.frontend.base)}",
-        f"  per_prompt_token: {_number(fit.frontend.per_prompt_token)}",
+        f"  base: {_number(frontend.base)}",
+        f"  per_prompt_token: {_number(frontend.per_prompt_token)}",
+        f"  per_running_request: {_number(frontend.per_running_request)}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def residual_lines(steps: StepFit, frontend: FrontendFit) -> list[str]:
+    """The fits' residuals, one line per group, for a profile's header."""
+    groups = {**steps.residuals, "ttft": frontend.residuals}
+    return [
+        f"Residuals, |model - measured| / measured ({steps.outliers} step and {frontend.outliers} "
+        "TTFT outliers left out of the fits):",
+        *(
+            f"  {kind:<8} {r.count:>3} samples: median {r.median_pct}%, p90 {r.p90_pct}%, max {r.max_pct}%"
+            for kind, r in groups.items()
+        ),
+    ]
 
 
 def _number(value: float) -> str:

@@ -3,19 +3,18 @@
 Step durations come from the real engine's own clock, read from vLLM's /metrics as the change of
 a histogram's ``_sum`` and ``_count`` across one measurement:
 
-* a lone request's prefill step: ``vllm:request_prefill_time_seconds`` (scheduled → first token);
+* a prefill step: ``vllm:request_prefill_time_seconds`` (scheduled → first token) of a one-token
+  request, sent alone (a prefill-only step) or while other requests decode (a mixed step);
 * a steady decode step of n sequences: ``vllm:inter_token_latency_seconds`` over a window in
-  which n streams decode and nothing else runs;
-* a step mixing a prefill into such a batch: the prefill time of a one-token request sent into it.
+  which n streams decode and nothing else runs.
 
-Each is net of the time the engine's thread waited for a CPU meanwhile (``bench.schedstat``; per
+Each is net of the time the engine's thread waited for a CPU meanwhile (``bench.cpu_contention``; per
 step: the wait over the measurement divided by the steps in it, from
 ``vllm:iteration_tokens_total``), so other work on the machine does not end up in the profile.
 
-The client's time to first token of the lone requests comes from the stream
-(``bench.completions``); what it has beyond the engine's queue + prefill time is the server's
-front end. The simulated server's own share of that is measured the same way on a simulator
-whose steps take no time.
+The same one-token requests, alone and among n decoding "background" streams, are then sent to
+the simulator running the fitted steps with no frontend delay; what their time to first token
+lacks against vLLM's, in the same situation, is the frontend delay (``profile_fit.fit_frontend``).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import random
 import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,10 +36,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.completions import PromptMaker, completion_body, stream_completion
-from bench.profile_fit import FrontendSample, StepSample, lone_prefill
-from bench.schedstat import runqueue_wait_s
+from bench.cpu_contention import runqueue_wait_s, wait_until_idle
+from bench.profile_fit import FrontendSample, StepSample
 from bench.servers import RunningServer, sim_server, vllm_server
-from sim.engine import load_profile
 from sim.engine.cost_model import chunk_context_tokens
 from sim.real_vllm import MAX_MODEL_LEN, VllmReplicaSpec, vllm_python
 
@@ -74,65 +72,91 @@ dropped: the correction would be most of it."""
 @dataclass(frozen=True)
 class ProbePlan:
     prefill_lengths: tuple[int, ...] = (16, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2000)
-    prefill_repeats: int = 5
+    """Prompt lengths of the requests sent alone, each ``repeats`` times."""
+    background_streams: tuple[int, ...] = (1, 4, 8, 16, 32)
+    """How many requests decode while the ``loaded_prefill_lengths`` requests are sent."""
+    loaded_prefill_lengths: tuple[int, ...] = (64, 768, 1536)
+    repeats: int = 4
+    background_prompt_tokens: int = 64
     decode_batches: tuple[tuple[int, int], ...] = (
         (1, 32), (1, 1024), (1, 1500), (2, 512), (4, 32), (4, 1500), (8, 512), (8, 1024),
         (12, 768), (16, 32), (16, 512), (24, 256), (32, 32), (32, 256), (48, 32),
     )  # fmt: skip
     """(sequences, prompt tokens) of each steady decode batch, all within the KV cache."""
     decode_repeats: int = 2
-    mixed_prefill_lengths: tuple[int, ...] = (64, 1024)
-    """Prompt lengths sent into each decode batch once its window is measured."""
     settle_s: float = 0.1
     window_s: float = 0.5
     seed: int = 7
 
+    def segments(self) -> list[tuple[int, list[int]]]:
+        """(background streams, prompt lengths in sending order) of the request probe; lengths are
+        shuffled so that drift hits all alike."""
+        rng = random.Random(self.seed)
+        plan = [(0, list(self.prefill_lengths))] + [
+            (n, list(self.loaded_prefill_lengths)) for n in self.background_streams
+        ]
+        return [(n, rng.sample(lengths * self.repeats, len(lengths) * self.repeats)) for n, lengths in plan]
+
+    @property
+    def probes(self) -> int:
+        """How often ``measure_vllm`` and ``measure_sim`` together call ``advance``."""
+        requests = sum(len(lengths) for _, lengths in self.segments())
+        return 2 * requests + len(self.decode_batches) * self.decode_repeats
+
 
 @dataclass(frozen=True, slots=True)
-class LonePrefill:
-    """One request alone on the server, one output token.
+class ProbedRequest:
+    """A one-token request sent while ``running`` other requests decode.
 
-    ``queue_ms`` and ``prefill_ms`` are the engine's (vLLM's /metrics, net of CPU waits), None
-    where not read (the simulator).
+    ``queue_ms`` and ``prefill_ms`` are the engine's (vLLM's /metrics, net of CPU waits) and
+    ``decode_context`` the context of the decoding requests then; not read on the simulator.
     """
 
+    running: int
     prompt_tokens: int
     ttft_ms: float
-    queue_ms: float | None = None
-    prefill_ms: float | None = None
+    queue_ms: float = 0.0
+    prefill_ms: float = 0.0
+    decode_context: int = 0
+
+    def step(self) -> StepSample:
+        """The step that prefilled this request (with the running requests' decodes)."""
+        pairs = chunk_context_tokens(self.prompt_tokens, 0)
+        kind = "mixed" if self.running else "prefill"
+        return StepSample(kind, self.prompt_tokens, pairs, self.running, self.decode_context, self.prefill_ms)
 
 
 @dataclass
-class Measurements:
-    """Everything ``measure`` saw; ``steps`` and ``frontend_samples()`` feed ``fit_profile``."""
-
+class VllmMeasurements:
     scheduler: dict[str, Any]
-    lone_vllm: list[LonePrefill] = field(default_factory=list)
-    lone_sim: list[LonePrefill] = field(default_factory=list)
-    steps: list[StepSample] = field(default_factory=list)
-    dropped_batches: int = 0
-    """Decode batches discarded because vLLM preempted a sequence (the KV cache ran out)."""
+    """vLLM's resolved scheduler settings for the replica's command line."""
+    requests: list[ProbedRequest] = field(default_factory=list)
+    decode_steps: list[StepSample] = field(default_factory=list)
+    dropped: int = 0
+    """Measurements discarded: vLLM preempted (its KV cache ran out) or its engine thread waited
+    for a CPU too long (``MAX_WAIT_SHARE``)."""
     engine_wait_pct: float = 0.0
     """Share of the engine thread's time spent waiting for a CPU in the decode windows (mean),
     taken out of the step samples."""
-    sim_step_ms: float = 0.0
-    """The step time of the zero-cost profile the simulator's own overhead was measured with."""
     load_average: tuple[float, float] = (0.0, 0.0)
     """The machine's 1-minute load average before and after."""
 
-    def frontend_samples(self) -> list[FrontendSample]:
-        """vLLM's lone requests, each with the simulator's median own overhead at that length."""
-        by_length: dict[int, list[float]] = defaultdict(list)
-        for sample in self.lone_sim:
-            by_length[sample.prompt_tokens].append(sample.ttft_ms - self.sim_step_ms)
-        own = {length: float(np.median(values)) for length, values in by_length.items()}
-        return [
-            FrontendSample(
-                s.prompt_tokens, s.ttft_ms, (s.queue_ms or 0.0) + (s.prefill_ms or 0.0), own[s.prompt_tokens]
-            )
-            for s in self.lone_vllm
-            if s.prompt_tokens in own
-        ]
+    @property
+    def steps(self) -> list[StepSample]:
+        return [r.step() for r in self.requests] + self.decode_steps
+
+
+def frontend_samples(real: Sequence[ProbedRequest], sim: Sequence[ProbedRequest]) -> list[FrontendSample]:
+    """Median TTFT per (running requests, prompt length) on both servers, where both have some."""
+    cells: dict[tuple[int, int], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for side, requests in enumerate((real, sim)):
+        for r in requests:
+            cells[r.running, r.prompt_tokens][side].append(r.ttft_ms)
+    return [
+        FrontendSample(tokens, running, float(np.median(ttfts)), float(np.median(sim_ttfts)))
+        for (running, tokens), (ttfts, sim_ttfts) in sorted(cells.items())
+        if ttfts and sim_ttfts
+    ]
 
 
 def vllm_scheduler_limits(spec: VllmReplicaSpec) -> dict[str, Any]:
@@ -191,54 +215,30 @@ async def snapshot_when(
     return now
 
 
-async def engine_timed_prefill(
-    session: aiohttp.ClientSession, server: RunningServer, prompt: str
-) -> LonePrefill | None:
-    """Stream a one-token completion and read the engine's queue and prefill time for it; None
-    if /metrics did not see exactly this request finish, or its engine waited too long for a CPU."""
+async def _engine_timed(
+    session: aiohttp.ClientSession, server: RunningServer, prompt: str, running: int, context_base: float
+) -> ProbedRequest | None:
+    """Stream a one-token completion, reading the engine's queue and prefill time for it; None
+    if /metrics did not see exactly this request finish, or the engine waited too long for a CPU.
+    The running requests' decode context is ``context_base`` plus the server's generated tokens."""
     before = await snapshot(session, server)
     timing = await stream_completion(session, server.url, prompt, 1)
-    after = await snapshot_when(
-        session, server, lambda s: s[f"{PREFILL_TIME}_count"] > before[f"{PREFILL_TIME}_count"]
-    )
-    if after[f"{PREFILL_TIME}_count"] - before[f"{PREFILL_TIME}_count"] != 1:
+    count = before[f"{PREFILL_TIME}_count"]
+    after = await snapshot_when(session, server, lambda s: s[f"{PREFILL_TIME}_count"] > count)
+    if after[f"{PREFILL_TIME}_count"] - count != 1:
         return None
     wait_ms = before.wait_per_step_ms(after)
     prefill_ms = 1000 * (after[f"{PREFILL_TIME}_sum"] - before[f"{PREFILL_TIME}_sum"])
     if wait_ms > MAX_WAIT_SHARE * prefill_ms:
         return None
-    return LonePrefill(
+    return ProbedRequest(
+        running,
         timing.prompt_tokens,
         1000 * timing.ttft_s,
         queue_ms=1000 * (after[f"{QUEUE_TIME}_sum"] - before[f"{QUEUE_TIME}_sum"]),
         prefill_ms=prefill_ms - wait_ms,
+        decode_context=round(context_base + before[GENERATED]) if running else 0,
     )
-
-
-async def probe_lone_prefills(
-    session: aiohttp.ClientSession,
-    server: RunningServer,
-    plan: ProbePlan,
-    *,
-    engine_clock: bool,
-    advance: Callable[[], None],
-) -> list[LonePrefill]:
-    """One request at a time, one output token, prompt lengths shuffled (drift hits all alike).
-    Without ``engine_clock`` (the simulator) only the client's TTFT."""
-    prompts = PromptMaker(plan.seed)
-    lengths = list(plan.prefill_lengths) * plan.prefill_repeats
-    random.Random(plan.seed).shuffle(lengths)
-    samples = []
-    for length in lengths:
-        text = prompts.text(length)
-        if engine_clock:
-            if (sample := await engine_timed_prefill(session, server, text)) is not None:
-                samples.append(sample)
-        else:
-            timing = await stream_completion(session, server.url, text, 1)
-            samples.append(LonePrefill(timing.prompt_tokens, 1000 * timing.ttft_s))
-        advance()
-    return samples
 
 
 async def _decode_stream(
@@ -251,6 +251,78 @@ async def _decode_stream(
                 started.set()
 
 
+@dataclass
+class _Background:
+    """Requests decoding on a server (one per prompt of ``prompt_tokens``), started together and
+    aborted on exit; entered once all have their first token and ``settle_s`` has passed."""
+
+    session: aiohttp.ClientSession
+    server: RunningServer
+    prompts: list[str]
+    prompt_tokens: int
+    settle_s: float
+    streams: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def __aenter__(self) -> _Background:
+        started = [asyncio.Event() for _ in self.prompts]
+        max_tokens = MAX_MODEL_LEN - self.prompt_tokens - 8  # as long as can be: they are aborted
+        self.streams = [
+            asyncio.create_task(_decode_stream(self.session, self.server.url, prompt, max_tokens, event))
+            for prompt, event in zip(self.prompts, started, strict=True)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), timeout=60)
+        await asyncio.sleep(self.settle_s)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for stream in self.streams:
+            stream.cancel()  # closing the connection aborts the request
+        await asyncio.gather(*self.streams, return_exceptions=True)
+        idle = "vllm:num_requests_running", "vllm:num_requests_waiting"
+        await snapshot_when(self.session, self.server, lambda s: s[idle[0]] + s[idle[1]] == 0, 30.0)
+
+
+async def probe_requests(
+    session: aiohttp.ClientSession,
+    server: RunningServer,
+    plan: ProbePlan,
+    *,
+    engine_clock: bool,
+    advance: Callable[[], None],
+) -> tuple[list[ProbedRequest], int]:
+    """``plan.segments()``: one-token requests one after another, among n background streams;
+    with ``engine_clock`` (vLLM) also the engine's times. The requests kept, and how many were
+    dropped (a segment in which vLLM preempted is dropped whole)."""
+    prompts = PromptMaker(plan.seed)
+    kept: list[ProbedRequest] = []
+    dropped = 0
+    for running, lengths in plan.segments():
+        background = [prompts.text(plan.background_prompt_tokens) for _ in range(running)]
+        texts = [prompts.text(length) for length in lengths]
+        start = await snapshot(session, server)
+        segment: list[ProbedRequest] = []
+        async with _Background(session, server, background, plan.background_prompt_tokens, plan.settle_s):
+            # The background's decode tokens attend to its prompts and everything it generated.
+            ready = await snapshot(session, server)
+            context_base = ready[PROMPT] - start[PROMPT] - start[GENERATED]
+            for text in texts:
+                if engine_clock:
+                    probed = await _engine_timed(session, server, text, running, context_base)
+                else:
+                    timing = await stream_completion(session, server.url, text, 1)
+                    probed = ProbedRequest(running, timing.prompt_tokens, 1000 * timing.ttft_s)
+                if probed is None:
+                    dropped += 1
+                else:
+                    segment.append(probed)
+                advance()
+        if engine_clock and (await snapshot(session, server))[PREEMPTIONS] > start[PREEMPTIONS]:
+            dropped += len(segment)
+        else:
+            kept += segment
+    return kept, dropped
+
+
 async def probe_decode_batch(
     session: aiohttp.ClientSession,
     server: RunningServer,
@@ -258,110 +330,73 @@ async def probe_decode_batch(
     num_seqs: int,
     prompt_tokens: int,
     plan: ProbePlan,
-) -> tuple[list[StepSample], float] | None:
-    """A steady decode step of ``num_seqs`` sequences, then one mixed step per
-    ``plan.mixed_prefill_lengths``, and the share of the decode window (%) the engine thread
-    waited for a CPU; None if vLLM preempted (the batch did not fit its KV cache)."""
+) -> tuple[StepSample | None, float]:
+    """A steady decode step of ``num_seqs`` sequences (None if vLLM preempted or its engine
+    waited too long for a CPU), and the share of the window (%) the engine waited for a CPU."""
     start = await snapshot(session, server)
-    started = [asyncio.Event() for _ in range(num_seqs)]
-    max_tokens = MAX_MODEL_LEN - prompt_tokens - 8  # more than the window needs; aborted after it
-    streams = [
-        asyncio.create_task(
-            _decode_stream(session, server.url, prompts.text(prompt_tokens), max_tokens, event)
-        )
-        for event in started
-    ]
-    samples: list[StepSample] = []
-    try:
-        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), timeout=60)
-        await asyncio.sleep(plan.settle_s)
+    batch = [prompts.text(prompt_tokens) for _ in range(num_seqs)]
+    async with _Background(session, server, batch, prompt_tokens, plan.settle_s):
         first = await snapshot(session, server)
         await asyncio.sleep(plan.window_s)
         last = await snapshot(session, server)
-        prompt = (first[PROMPT] - start[PROMPT]) / num_seqs
-
-        def context(s: Snapshot) -> int:
-            """Tokens the batch's decode tokens attend to at ``s``: prompt and output so far."""
-            return round(num_seqs * prompt + s[GENERATED] - start[GENERATED])
-
-        # A window always holds tokens: every sequence decodes throughout it.
-        tokens = last[f"{INTER_TOKEN}_count"] - first[f"{INTER_TOKEN}_count"]
-        wait_ms = first.wait_per_step_ms(last)
-        step_ms = 1000 * (last[f"{INTER_TOKEN}_sum"] - first[f"{INTER_TOKEN}_sum"]) / tokens
-        if wait_ms <= MAX_WAIT_SHARE * step_ms:
-            mid = (context(first) + context(last)) // 2
-            samples.append(StepSample("decode", 0, 0, num_seqs, mid, step_ms - wait_ms))
-        for length in plan.mixed_prefill_lengths:
-            decode_context = context(await snapshot(session, server))
-            lone = await engine_timed_prefill(session, server, prompts.text(length))
-            if lone is not None and lone.prefill_ms is not None:
-                pairs = chunk_context_tokens(lone.prompt_tokens, 0)
-                samples.append(
-                    StepSample("mixed", lone.prompt_tokens, pairs, num_seqs, decode_context, lone.prefill_ms)
-                )
-    finally:
-        for stream in streams:
-            stream.cancel()  # closing the connection aborts the request
-        await asyncio.gather(*streams, return_exceptions=True)
-        await snapshot_when(
-            session,
-            server,
-            lambda s: s["vllm:num_requests_running"] + s["vllm:num_requests_waiting"] == 0,
-            30.0,
-        )
-    end = await snapshot(session, server)
-    if end[PREEMPTIONS] > start[PREEMPTIONS]:
-        return None
-    return samples, 100 * wait_ms / step_ms
+    # A window always holds tokens: every sequence decodes throughout it.
+    step_ms = (
+        1000
+        * (last[f"{INTER_TOKEN}_sum"] - first[f"{INTER_TOKEN}_sum"])
+        / (last[f"{INTER_TOKEN}_count"] - first[f"{INTER_TOKEN}_count"])
+    )
+    wait_ms = first.wait_per_step_ms(last)
+    preempted = (await snapshot(session, server))[PREEMPTIONS] > start[PREEMPTIONS]
+    if preempted or wait_ms > MAX_WAIT_SHARE * step_ms:
+        return None, 100 * wait_ms / step_ms
+    # Context at the middle of the window: every prompt, and every token generated by then.
+    context = last[PROMPT] - start[PROMPT] + (first[GENERATED] + last[GENERATED]) / 2 - start[GENERATED]
+    return StepSample("decode", 0, 0, num_seqs, round(context), step_ms - wait_ms), 100 * wait_ms / step_ms
 
 
-def total_probes(plan: ProbePlan) -> int:
-    """How often ``measure`` calls ``advance``."""
-    lone = len(plan.prefill_lengths) * plan.prefill_repeats
-    return 2 * lone + len(plan.decode_batches) * plan.decode_repeats
-
-
-def measure(plan: ProbePlan, workdir: Path, advance: Callable[[], None]) -> Measurements:
-    """Start real vLLM, measure lone prefills and decode batches; then, on a simulator whose steps
-    take no time, the same lone requests. ``advance`` is called after each lone request and each
-    decode batch."""
+def measure_vllm(plan: ProbePlan, workdir: Path, advance: Callable[[], None]) -> VllmMeasurements:
+    """Start real vLLM; probe requests alone and among background streams, then decode batches.
+    Starts once the machine is idle (or has not become so within a while)."""
+    wait_until_idle()
     load_before = os.getloadavg()[0]
-    measurements = Measurements(scheduler=vllm_scheduler_limits(VllmReplicaSpec(port=0, workdir=workdir)))
+    measured = VllmMeasurements(scheduler=vllm_scheduler_limits(VllmReplicaSpec(port=0, workdir=workdir)))
     waits: list[float] = []
 
-    async def on_vllm(server: RunningServer) -> None:
+    async def probe(server: RunningServer) -> None:
         async with aiohttp.ClientSession() as session:
-            measurements.lone_vllm = await probe_lone_prefills(
+            measured.requests, measured.dropped = await probe_requests(
                 session, server, plan, engine_clock=True, advance=advance
             )
             prompts = PromptMaker(plan.seed + 1)
             for _ in range(plan.decode_repeats):
                 for num_seqs, prompt_tokens in plan.decode_batches:
-                    result = await probe_decode_batch(session, server, prompts, num_seqs, prompt_tokens, plan)
-                    if result is None:
-                        measurements.dropped_batches += 1
+                    sample, wait_pct = await probe_decode_batch(
+                        session, server, prompts, num_seqs, prompt_tokens, plan
+                    )
+                    waits.append(wait_pct)
+                    if sample is None:
+                        measured.dropped += 1
                     else:
-                        measurements.steps += result[0]
-                        waits.append(result[1])
+                        measured.decode_steps.append(sample)
                     advance()
 
-    async def on_sim(server: RunningServer) -> None:
-        async with aiohttp.ClientSession() as session:
-            measurements.lone_sim = await probe_lone_prefills(
-                session, server, plan, engine_clock=False, advance=advance
-            )
-
     with vllm_server(workdir) as server:
-        asyncio.run(on_vllm(server))
-    measurements.steps += [
-        lone_prefill(s.prompt_tokens, s.prefill_ms)
-        for s in measurements.lone_vllm
-        if s.prefill_ms is not None
-    ]
-    measurements.engine_wait_pct = float(np.mean(waits)) if waits else 0.0
-    zero_cost = load_profile("instant")
-    measurements.sim_step_ms = 1000 * zero_cost.cost.step_time(1, 1, 0, 0, 0.0)
-    with sim_server(workdir, "instant") as server:
-        asyncio.run(on_sim(server))
-    measurements.load_average = (load_before, os.getloadavg()[0])
-    return measurements
+        asyncio.run(probe(server))
+    measured.engine_wait_pct = float(np.mean(waits))
+    measured.load_average = (load_before, os.getloadavg()[0])
+    return measured
+
+
+def measure_sim(
+    plan: ProbePlan, workdir: Path, profile: Path, advance: Callable[[], None]
+) -> list[ProbedRequest]:
+    """The same requests as ``measure_vllm`` sends alone and among background streams, on the
+    simulator running ``profile``: client TTFT only."""
+
+    async def probe(server: RunningServer) -> list[ProbedRequest]:
+        async with aiohttp.ClientSession() as session:
+            requests, _ = await probe_requests(session, server, plan, engine_clock=False, advance=advance)
+            return requests
+
+    with sim_server(workdir, profile) as server:
+        return asyncio.run(probe(server))

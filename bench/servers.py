@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.schedstat import child_pid
+from bench.cpu_contention import child_pid
 from sim.processes import BIN, free_port, http_ok, spawn, wait_until
 from sim.real_vllm import VllmReplicaSpec, start_vllm_replicas
 

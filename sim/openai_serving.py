@@ -261,7 +261,7 @@ class OpenAIServing:
         )
         # The modelled front end (vLLM's input and output processing) delays the request without
         # occupying the engine, which keeps stepping the requests it has meanwhile.
-        delay = self.frontend.delay(request.num_prompt_tokens)
+        delay = self.frontend.delay(request.num_prompt_tokens, self.driver.engine.num_running)
         if delay > 0:
             await asyncio.sleep(delay)
         stream = self._submit(request)

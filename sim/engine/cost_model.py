@@ -22,7 +22,8 @@ With only ``p.base``, ``p.per_token``, ``p.per_token_sq``, ``d.base``, ``d.kv_fr
 
 The front end (HTTP, tokenization and input processing before the engine; detokenization and
 streaming after it) runs beside the engine, not in its steps: ``FrontendTerms`` is the latency
-it adds to each request, which the server spends before handing the request to the engine.
+it adds to each request, which the server spends before handing the request to the engine. It
+grows with the prompt and with the requests already running, whose tokens the front end streams.
 """
 
 from __future__ import annotations
@@ -55,14 +56,18 @@ class DecodeTerms:
 @dataclass(frozen=True, slots=True)
 class FrontendTerms:
     """Latency the server's front end adds to a request, in milliseconds: ``base +
-    per_prompt_token·P`` for a prompt of ``P`` tokens."""
+    per_prompt_token·P + per_running_request·R`` for a prompt of ``P`` tokens arriving while ``R``
+    requests run in the engine (the front end streams their tokens too, and the new request waits
+    its turn)."""
 
     base: float = 0.0
     per_prompt_token: float = 0.0
+    per_running_request: float = 0.0
 
-    def delay(self, num_prompt_tokens: int) -> float:
+    def delay(self, num_prompt_tokens: int, num_running: int) -> float:
         """Seconds between a request's arrival and its entering the engine (never negative)."""
-        return max(0.0, self.base + self.per_prompt_token * num_prompt_tokens) / 1000.0
+        ms = self.base + self.per_prompt_token * num_prompt_tokens + self.per_running_request * num_running
+        return max(0.0, ms) / 1000.0
 
 
 @dataclass(frozen=True, slots=True)

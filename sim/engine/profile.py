@@ -19,6 +19,7 @@ A profile is a YAML file::
     frontend_ms:                 # optional: cost_model.FrontendTerms, latency outside the steps
       base: ...
       per_prompt_token: ...
+      per_running_request: ...
 
 Shipped profiles live in ``profiles/`` and are loaded by name; any other file by path.
 """
@@ -113,7 +114,7 @@ def _parse(document: Any) -> Profile:
         raise ProfileError("step_time_ms.prefill terms must be >= 0 with base + prefill base + per_token > 0")
     if decode.min < 0 or base + decode.min <= 0:
         raise ProfileError("step_time_ms.decode.min must be > 0 (or >= 0 with step_time_ms.base > 0)")
-    if min(frontend.base, frontend.per_prompt_token) < 0:
+    if min(frontend.base, frontend.per_prompt_token, frontend.per_running_request) < 0:
         raise ProfileError("frontend_ms terms must be >= 0")
     return Profile(
         name=top["name"],

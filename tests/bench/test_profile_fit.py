@@ -1,4 +1,4 @@
-"""Fitting a profile to step samples: recovers known terms, ignores stretched steps, writes loadable YAML."""
+"""Fitting a profile: recovers known step and frontend terms, ignores stretched samples, loads back."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from bench.profile_fit import (
     FitError,
     FrontendSample,
     StepSample,
-    fit_profile,
+    fit_frontend,
+    fit_steps,
     lone_prefill,
     nonnegative_least_squares,
     render_profile,
+    residual_lines,
 )
 from sim.engine import DecodeTerms, EngineConfig, FrontendTerms, PrefillTerms, StepCostModel, load_profile
 from sim.engine.cost_model import chunk_context_tokens
@@ -25,7 +27,7 @@ TRUE_COST = StepCostModel(
     DecodeTerms(per_seq=0.05, per_context_token=2e-5),
     base=2.5,
 )
-TRUE_FRONTEND = FrontendTerms(base=5.0, per_prompt_token=0.004)
+TRUE_FRONTEND = FrontendTerms(base=5.0, per_prompt_token=0.004, per_running_request=0.4)
 
 
 def true_ms(sample: StepSample) -> float:
@@ -62,13 +64,15 @@ def synthetic_steps(noise: float, seed: int = 1) -> list[StepSample]:
     ]  # fmt: skip
 
 
-def synthetic_frontend() -> list[FrontendSample]:
+def synthetic_frontend(noise: float = 0.0, seed: int = 1) -> list[FrontendSample]:
+    """The simulator's TTFT without a frontend delay, and the real one: that plus TRUE_FRONTEND."""
+    rng = random.Random(seed)
     samples = []
-    for tokens in (16, 256, 1024, 2000):
-        engine_ms = true_ms(lone_prefill(tokens, 0.0))
-        own_ms = 1.0 + 0.002 * tokens
-        ttft = 1000 * TRUE_FRONTEND.delay(tokens) + engine_ms + own_ms
-        samples.append(FrontendSample(tokens, ttft, engine_ms, own_ms))
+    for running in (0, 1, 4, 8, 16, 32):
+        for tokens in (16, 256, 1024, 2000):
+            sim_ttft = 3.0 + true_ms(lone_prefill(tokens, 0.0)) + 0.1 * running
+            ttft = (sim_ttft + 1000 * TRUE_FRONTEND.delay(tokens, running)) * (1 + rng.uniform(-noise, noise))
+            samples.append(FrontendSample(tokens, running, ttft, sim_ttft))
     return samples
 
 
@@ -90,67 +94,98 @@ def test_nnls_matches_least_squares_when_the_solution_is_positive_and_clamps_oth
 
 
 def test_fit_recovers_known_terms_from_exact_samples() -> None:
-    fit = fit_profile(synthetic_steps(noise=0.0), synthetic_frontend())
-    assert fit.cost.base == pytest.approx(TRUE_COST.base, rel=1e-4)
-    assert fit.cost.prefill.base == pytest.approx(TRUE_COST.prefill.base, rel=1e-3)
-    assert fit.cost.prefill.per_token == pytest.approx(TRUE_COST.prefill.per_token, rel=1e-4)
-    assert fit.cost.prefill.per_context_token == pytest.approx(TRUE_COST.prefill.per_context_token, rel=1e-4)
-    assert fit.cost.decode.base == pytest.approx(0.0, abs=1e-6)
-    assert fit.cost.decode.per_seq == pytest.approx(TRUE_COST.decode.per_seq, rel=1e-4)
-    assert fit.cost.decode.per_context_token == pytest.approx(TRUE_COST.decode.per_context_token, rel=1e-4)
-    assert fit.frontend.base == pytest.approx(TRUE_FRONTEND.base, rel=1e-6)
-    assert fit.frontend.per_prompt_token == pytest.approx(TRUE_FRONTEND.per_prompt_token, rel=1e-6)
-    assert fit.outliers == 0
-    assert all(r.max_pct < 0.1 for r in fit.residuals.values())
-    assert set(fit.residuals) == {"prefill", "decode", "mixed", "ttft"}
+    steps = fit_steps(synthetic_steps(noise=0.0))
+    assert steps.cost.base == pytest.approx(TRUE_COST.base, rel=1e-4)
+    assert steps.cost.prefill.base == pytest.approx(TRUE_COST.prefill.base, rel=1e-3)
+    assert steps.cost.prefill.per_token == pytest.approx(TRUE_COST.prefill.per_token, rel=1e-4)
+    assert steps.cost.prefill.per_context_token == pytest.approx(
+        TRUE_COST.prefill.per_context_token, rel=1e-4
+    )
+    assert steps.cost.decode.base == pytest.approx(0.0, abs=1e-6)
+    assert steps.cost.decode.per_seq == pytest.approx(TRUE_COST.decode.per_seq, rel=1e-4)
+    assert steps.cost.decode.per_context_token == pytest.approx(TRUE_COST.decode.per_context_token, rel=1e-4)
+    assert steps.outliers == 0
+    assert set(steps.residuals) == {"prefill", "decode", "mixed"}
+    assert all(r.max_pct < 0.1 for r in steps.residuals.values())
+
+    frontend = fit_frontend(synthetic_frontend())
+    assert frontend.terms.base == pytest.approx(TRUE_FRONTEND.base, rel=1e-6)
+    assert frontend.terms.per_prompt_token == pytest.approx(TRUE_FRONTEND.per_prompt_token, rel=1e-6)
+    assert frontend.terms.per_running_request == pytest.approx(TRUE_FRONTEND.per_running_request, rel=1e-6)
+    assert frontend.outliers == 0 and frontend.residuals.max_pct < 0.1
 
 
-def test_fit_tolerates_noise_and_leaves_out_stretched_steps() -> None:
-    steps = synthetic_steps(noise=0.05)
+def stretched(sample: StepSample, factor: float) -> StepSample:
+    return StepSample(
+        sample.kind,
+        sample.num_prefill_tokens,
+        sample.prefill_context_tokens,
+        sample.num_decode_seqs,
+        sample.decode_context_tokens,
+        factor * sample.ms,
+    )
+
+
+def test_fit_tolerates_noise_and_leaves_out_stretched_samples() -> None:
+    samples = synthetic_steps(noise=0.05)
     # Three steps slowed three-fold by other work on the machine.
-    steps[2], steps[30], steps[40] = (
-        StepSample(s.kind, s.num_prefill_tokens, s.prefill_context_tokens, s.num_decode_seqs,
-                   s.decode_context_tokens, 3 * s.ms)
-        for s in (steps[2], steps[30], steps[40])
-    )  # fmt: skip
-    fit = fit_profile(steps, synthetic_frontend())
-    assert fit.outliers == 3
+    for index in (2, 30, 40):
+        samples[index] = stretched(samples[index], 3.0)
+    steps = fit_steps(samples)
+    assert steps.outliers == 3
     for sample in synthetic_steps(noise=0.0, seed=2):
-        predicted = 1000 * fit.cost.step_time(
-            sample.num_prefill_tokens, sample.prefill_context_tokens, sample.num_decode_seqs,
-            sample.decode_context_tokens, 0.0,
-        )  # fmt: skip
+        predicted = 1000 * steps.cost.step_time(
+            sample.num_prefill_tokens,
+            sample.prefill_context_tokens,
+            sample.num_decode_seqs,
+            sample.decode_context_tokens,
+            0.0,
+        )
         assert predicted == pytest.approx(sample.ms, rel=0.06)
+
+    frontend_samples = synthetic_frontend(noise=0.03)
+    first = frontend_samples[5]
+    frontend_samples[5] = FrontendSample(
+        first.prompt_tokens, first.running, 4 * first.ttft_ms, first.sim_ttft_ms
+    )
+    frontend = fit_frontend(frontend_samples)
+    assert frontend.outliers == 1
+    for sample in synthetic_frontend(seed=3):
+        predicted = sample.sim_ttft_ms + 1000 * frontend.terms.delay(sample.prompt_tokens, sample.running)
+        assert predicted == pytest.approx(sample.ttft_ms, rel=0.05)
 
 
 def test_rendered_profile_loads_with_the_fitted_terms(tmp_path: Path) -> None:
-    fit = fit_profile(synthetic_steps(noise=0.0), synthetic_frontend())
+    steps, frontend = fit_steps(synthetic_steps(noise=0.0)), fit_frontend(synthetic_frontend())
     engine = EngineConfig(
         max_num_seqs=128, max_num_batched_tokens=2048, block_size=32, num_gpu_blocks=512, max_model_len=2048
     )
+    header = ["first line", *residual_lines(steps, frontend)]
     text = render_profile(
-        fit,
+        steps.cost,
+        frontend.terms,
         engine,
         name="fitted",
         description="A test.",
         source="Synthetic.",
-        header=["first line", "second"],
+        header=header,
     )
-    assert text.startswith("# first line\n# second\n# Residuals")
+    assert text.startswith("# first line\n# Residuals")
+    assert "#   ttft " in text
     path = tmp_path / "fitted.yaml"
     path.write_text(text)
     profile = load_profile(path)
     assert profile.name == "fitted" and profile.engine == engine
     assert profile.cost.prefill.per_context_token == pytest.approx(1.5e-5, rel=1e-3)
     assert profile.cost.decode.base == 0.0 and profile.cost.decode.min == 0.0
-    assert profile.frontend.base == pytest.approx(5.0, rel=1e-3)
+    assert profile.frontend.per_running_request == pytest.approx(0.4, rel=1e-3)
 
 
 def test_too_few_or_unusable_samples_are_refused() -> None:
     with pytest.raises(FitError, match="too few"):
-        fit_profile(synthetic_steps(noise=0.0)[:5], synthetic_frontend())
-    with pytest.raises(FitError, match="no frontend samples"):
-        fit_profile(synthetic_steps(noise=0.0), [])
+        fit_steps(synthetic_steps(noise=0.0)[:5])
+    with pytest.raises(FitError, match="too few"):
+        fit_frontend(synthetic_frontend()[:3])
     negative = [StepSample(s.kind, 0, 0, s.num_decode_seqs, 0, -1.0) for s in synthetic_steps(noise=0.0)]
     with pytest.raises(FitError, match="positive durations"):
-        fit_profile(negative, synthetic_frontend())
+        fit_steps(negative)

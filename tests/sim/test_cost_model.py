@@ -73,9 +73,10 @@ def test_chunk_context_tokens_counts_attended_pairs() -> None:
 
 
 def test_frontend_delay() -> None:
-    frontend = FrontendTerms(base=5.0, per_prompt_token=0.002)
-    assert frontend.delay(1000) == pytest.approx(0.007)
-    assert FrontendTerms().delay(10**6) == 0.0
+    frontend = FrontendTerms(base=5.0, per_prompt_token=0.002, per_running_request=0.5)
+    assert frontend.delay(1000, 0) == pytest.approx(0.007)
+    assert frontend.delay(1000, 4) == pytest.approx(0.009)
+    assert FrontendTerms().delay(10**6, 100) == 0.0
 
 
 def test_shipped_profiles() -> None:
@@ -98,7 +99,7 @@ def test_tiny_cpu_profile_matches_the_real_vllm_replicas() -> None:
     # Plausible for a tiny model on a CPU: milliseconds per step, a frontend delay of milliseconds.
     assert 0.001 < profile.cost.step_time(0, 0, 1, 100, 0.0) < 0.05
     assert profile.cost.step_time(2000, 2001000, 0, 0, 0.0) > profile.cost.step_time(100, 5050, 0, 0, 0.0)
-    assert 0.0 < profile.frontend.delay(1000) < 0.1
+    assert 0.0 < profile.frontend.delay(1000, 0) < profile.frontend.delay(1000, 16) < 0.1
 
 
 def write_profile(tmp_path: Path, document: object) -> Path:
@@ -116,10 +117,10 @@ def test_loads_the_optional_step_base_and_frontend_terms(tmp_path: Path) -> None
     assert load_profile(write_profile(tmp_path, document)).frontend == FrontendTerms()
     document["step_time_ms"]["base"] = 3
     document["step_time_ms"]["decode"]["min"] = 0
-    document["frontend_ms"] = {"base": 4, "per_prompt_token": 0.01}
+    document["frontend_ms"] = {"base": 4, "per_prompt_token": 0.01, "per_running_request": 0.2}
     profile = load_profile(write_profile(tmp_path, document))
     assert profile.cost.base == 3.0
-    assert profile.frontend == FrontendTerms(base=4.0, per_prompt_token=0.01)
+    assert profile.frontend == FrontendTerms(base=4.0, per_prompt_token=0.01, per_running_request=0.2)
 
 
 def test_loads_a_profile_by_path(tmp_path: Path) -> None:
@@ -155,6 +156,7 @@ def test_unknown_profile_names_the_shipped_ones() -> None:
         (lambda d: d["step_time_ms"].update(base=-1), "step_time_ms.base must be >= 0"),
         (lambda d: d["step_time_ms"]["prefill"].update(per_context_token=-1), "prefill terms must be >= 0"),
         (lambda d: d.update(frontend_ms={"base": -1}), "frontend_ms terms must be >= 0"),
+        (lambda d: d.update(frontend_ms={"per_running_request": -1}), "frontend_ms terms must be >= 0"),
         (lambda d: d.update(frontend_ms={"per_token": 1}), "frontend_ms has unknown terms per_token"),
     ],
 )
