@@ -1,4 +1,5 @@
-"""Real vLLM (CPU build, tiny random-weight model) behind real Envoy and the EPP."""
+"""Real vLLM (CPU build, tiny random-weight model) behind real Envoy and the EPP, with the
+predicted-latency pipeline (trainer and one predictor)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from tests.stacks import start_stack
 
 @pytest.fixture(scope="session")
 def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    stack = start_stack(tmp_path_factory.mktemp("vllm-stack"), replicas=2, engine="vllm")
+    # With the trainer and a predictor, so the same replicas also test learning from real traffic.
+    stack = start_stack(
+        tmp_path_factory.mktemp("vllm-stack"), replicas=2, engine="vllm", predictors=1,
+        trainer_args=["--retrain-interval-s", "1", "--min-samples", "40"],
+    )  # fmt: skip
     yield stack
     stack.stop()
 

@@ -84,3 +84,32 @@ def test_killed_vllm_replica_mid_stream(tmp_path: Path) -> None:
         assert stack.epp.alive()
     finally:
         stack.stop()
+
+
+def test_trainer_learns_from_real_vllm_traffic(vllm_stack: LocalStack, vllm_client: openai.OpenAI) -> None:
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+    for i in range(60):
+        text = " ".join(words[(i + k) % len(words)] for k in range(10 + (i * 37) % 400))
+        # Streamed: in streaming mode the EPP measures TTFT and TPOT from the token stream.
+        stream = vllm_client.completions.create(
+            model="tiny", prompt=f"{i}: {text}", max_tokens=4 + i % 6, stream=True
+        )
+        assert list(stream)
+    version = lambda: metric_sum(f"{vllm_stack.trainer_url}/metrics", "trainer_model_version")  # noqa: E731
+    assert wait_for(lambda: version() >= 1, timeout=60), (
+        "the trainer never fitted a model on vLLM's latencies"
+    )
+    samples = metric_sum(f"{vllm_stack.trainer_url}/metrics", "trainer_model_training_samples", model="ttft")
+    assert samples >= 30  # of the >= 40 the trainer waited for, the rest are held out to evaluate
+    # The EPP's predictor picks the model up, and predictions reach routing decisions.
+    seen: dict[str, str] = {}
+
+    def predicted() -> bool:
+        raw = vllm_client.completions.with_raw_response.create(
+            model="tiny", prompt="a short probe", max_tokens=2, extra_headers={"x-llm-epp-debug": "true"}
+        )
+        seen.update(raw.headers)
+        return "x-llm-epp-predicted-ttft-ms" in raw.headers
+
+    assert wait_for(predicted, timeout=30)
+    assert float(seen["x-llm-epp-predicted-ttft-ms"]) > 0
