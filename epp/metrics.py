@@ -160,6 +160,11 @@ class _PoolCollector(Collector):
             "KV tokens (prompt + generated) of requests routed by this EPP that are decoding",
             labels=labels,
         )
+        kv = GaugeMetricFamily(
+            "llm_epp_endpoint_kv_tokens_in_flight",
+            "KV tokens (prompt + generated) of every request routed by this EPP and not finished",
+            labels=labels,
+        )
         remaining = GaugeMetricFamily(
             "llm_epp_endpoint_expected_output_tokens_in_flight",
             "Output tokens still expected from requests routed by this EPP (estimates)",
@@ -169,8 +174,9 @@ class _PoolCollector(Collector):
             load = tracker.load(name)
             prefill.add_metric([self.pool, name], load.prefill_tokens)
             decode.add_metric([self.pool, name], load.decode_tokens)
+            kv.add_metric([self.pool, name], load.kv_tokens)
             remaining.add_metric([self.pool, name], load.expected_remaining_tokens)
-        yield from (prefill, decode, remaining)
+        yield from (prefill, decode, kv, remaining)
 
 
 @dataclass(frozen=True, slots=True)

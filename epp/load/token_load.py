@@ -32,6 +32,9 @@ class EndpointLoad:
     """KV tokens (prompt + generated) of requests here that are decoding."""
     expected_remaining_tokens: int = 0
     """Output tokens still expected from requests here (estimates, corrected as tokens arrive)."""
+    kv_tokens: int = 0
+    """KV tokens (prompt + generated) of every request here, prefilling or decoding: the blocks
+    Dynamo's router books as active from the moment it routes a request."""
 
 
 @dataclass(slots=True)
@@ -54,6 +57,7 @@ class _Totals:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     expected_remaining_tokens: int = 0
+    kv_tokens: int = 0
 
 
 class TokenLoadTracker:
@@ -78,6 +82,7 @@ class TokenLoadTracker:
         totals.requests += 1
         totals.prefill_tokens += uncached
         totals.expected_remaining_tokens += booking.remaining
+        totals.kv_tokens += prompt_tokens
 
     def first_token(self, booking_id: Hashable) -> None:
         """Prefill is done: the prompt's tokens move from the prefill to the decode account."""
@@ -100,6 +105,7 @@ class TokenLoadTracker:
         before = booking.remaining
         if booking.decoding:
             totals.decode_tokens += generated - booking.generated
+        totals.kv_tokens += generated - booking.generated
         booking.generated = generated
         booking.expected_output = max(booking.expected_output, generated)
         totals.expected_remaining_tokens += booking.remaining - before
@@ -112,6 +118,7 @@ class TokenLoadTracker:
         totals = self._totals[booking.endpoint]
         totals.requests -= 1
         totals.expected_remaining_tokens -= booking.remaining
+        totals.kv_tokens -= booking.prompt_tokens + booking.generated
         if booking.decoding:
             totals.decode_tokens -= booking.prompt_tokens + booking.generated
         else:
@@ -124,7 +131,11 @@ class TokenLoadTracker:
         if totals is None:
             return EndpointLoad()
         return EndpointLoad(
-            totals.requests, totals.prefill_tokens, totals.decode_tokens, totals.expected_remaining_tokens
+            totals.requests,
+            totals.prefill_tokens,
+            totals.decode_tokens,
+            totals.expected_remaining_tokens,
+            totals.kv_tokens,
         )
 
     def in_flight(self) -> int:

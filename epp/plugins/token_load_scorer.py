@@ -4,9 +4,12 @@ Per candidate, in blocks of ``blockSizeTokens`` (B)::
 
     cost = prefillLoadScale · (active_prefill_tokens + ISL − overlap_tokens) / B + active_decode_blocks
 
-``active_prefill_tokens`` and ``active_decode_blocks`` (decode tokens / B) are the EPP's own
+``active_prefill_tokens`` (uncached prompt tokens not yet prefilled) and
+``active_decode_blocks`` (KV tokens of every active request there, prompt + generated, / B;
+Dynamo books a request's blocks as active from the moment it routes it) are the EPP's own
 in-flight token load there (``token-load-producer``); ``overlap_tokens`` are the prompt tokens
-the prefix match says are cached there. Costs are mapped linearly to scores, lowest cost → 1,
+the prefix match says are cached there. Blocks shared by requests are not deduplicated
+(Dynamo's ``assume_kv_reuse`` off). Costs are mapped linearly to scores, lowest cost → 1,
 highest → 0 (all 1 when equal), which is exactly Dynamo's normalisation
 ``(c − c_min)/(c_max − c_min)``; so ``max-score-picker`` reproduces Dynamo at temperature 0
 (argmin, ties at random) and ``softmax-picker`` with ``temperature: T`` reproduces its
@@ -63,7 +66,7 @@ class TokenLoadScorer(Scorer):
             load = loads.get(e.name, NO_LOAD)
             overlap = match.cached_tokens(e.name, isl) if match else 0
             prefill = load.prefill_tokens + isl - overlap
-            costs.append(scale * prefill / block + load.decode_tokens / block)
+            costs.append(scale * prefill / block + load.kv_tokens / block)
         return costs
 
     def score(

@@ -37,13 +37,15 @@ def test_token_load_cost_by_hand(context: PluginContext) -> None:
     state = CycleState()
     state.put(
         TOKEN_LOAD,
-        {"e0": EndpointLoad(3, 160, 320, 0), "e2": EndpointLoad(1, 32, 64, 0)},  # e1: nothing booked
+        {"e0": EndpointLoad(3, 160, 320, 0, 480), "e2": EndpointLoad(1, 32, 64, 0, 96)},  # e1: nothing booked
     )
     state.put(PREFIX_MATCH, PrefixMatch(6, {"e0": 4, "e2": 6}, block_size_tokens=16))
     request = make_request(list(range(100)))
-    # e0: 2·(160 + 100 − 64)/16 + 320/16 = 44.5;  e1: 2·100/16 = 12.5;  e2: 2·(32 + 100 − 96)/16 + 64/16 = 8.5
-    assert scorer.costs(request, endpoints, state) == [44.5, 12.5, 8.5]
-    assert scorer.score(request, endpoints, state) == pytest.approx([0.0, 32 / 36, 1.0])
+    # Active KV tokens count whether requests are prefilling or decoding (Dynamo's active blocks):
+    # e0: 2·(160 + 100 − 64)/16 + 480/16 = 54.5;  e1: 2·100/16 = 12.5
+    # e2: 2·(32 + 100 − 96)/16 + 96/16 = 10.5
+    assert scorer.costs(request, endpoints, state) == [54.5, 12.5, 10.5]
+    assert scorer.score(request, endpoints, state) == pytest.approx([0.0, 42 / 44, 1.0])
     assert scorer.score(request, endpoints, CycleState()) == [1.0, 1.0, 1.0]  # no data: no preference
 
 

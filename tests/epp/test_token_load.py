@@ -27,11 +27,11 @@ from tests.epp.test_extproc_stream import (
 def test_lifecycle_moves_tokens_between_accounts() -> None:
     t = TokenLoadTracker()
     t.admit("r", "a", prompt_tokens=1000, cached_tokens=600, expected_output=50)
-    assert t.load("a") == EndpointLoad(1, 400, 0, 50)
+    assert t.load("a") == EndpointLoad(1, 400, 0, 50, 1000)
     t.first_token("r")
-    assert t.load("a") == EndpointLoad(1, 0, 1001, 49)
+    assert t.load("a") == EndpointLoad(1, 0, 1001, 49, 1001)
     t.progress("r", 60)  # more than expected: the estimate follows
-    assert t.load("a") == EndpointLoad(1, 0, 1060, 0)
+    assert t.load("a") == EndpointLoad(1, 0, 1060, 0, 1060)
     t.finish("r")
     assert t.load("a") == EndpointLoad() and t.in_flight() == 0
     t.finish("r")  # idempotent
@@ -42,8 +42,9 @@ def test_lifecycle_moves_tokens_between_accounts() -> None:
 def reference(bookings: dict[str, dict]) -> dict[str, EndpointLoad]:
     totals: dict[str, list[int]] = {}
     for b in bookings.values():
-        acc = totals.setdefault(b["endpoint"], [0, 0, 0, 0])
+        acc = totals.setdefault(b["endpoint"], [0, 0, 0, 0, 0])
         acc[0] += 1
+        acc[4] += b["prompt"] + b["generated"]
         if b["decoding"]:
             acc[2] += b["prompt"] + b["generated"]
         else:
@@ -109,10 +110,10 @@ def test_producer_books_on_pick_and_releases_on_finish_however_it_ends() -> None
     assert state.get(TOKEN_LOAD) == {"e0": EndpointLoad(), "e1": EndpointLoad()}
     result = SchedulingResult((endpoints[1].endpoint,), "p")
     producer.pre_request(request, result, state)
-    assert producer.tracker.load("e1") == EndpointLoad(1, 36, 0, 20)  # 64 of 100 prompt tokens cached
+    assert producer.tracker.load("e1") == EndpointLoad(1, 36, 0, 20, 100)  # 64 of 100 prompt tokens cached
     producer.on_first_token(request, result, state, 0.0)
     producer.on_progress(request, result, state, 5, 0.0)
-    assert producer.tracker.load("e1") == EndpointLoad(1, 0, 105, 15)
+    assert producer.tracker.load("e1") == EndpointLoad(1, 0, 105, 15, 105)
     aborted = RequestOutcome(endpoints[1].endpoint, 0.0, 1.0, 200, True, False, 0.5, 5)
     producer.on_finished(request, result, state, aborted)
     assert producer.tracker.load("e1") == EndpointLoad()
@@ -196,7 +197,7 @@ async def test_streamed_tokens_move_load_from_prefill_to_decode() -> None:
     prompt = h.tracker.load(target).prefill_tokens
     await s.on_message(response_headers_msg())
     await s.on_message(response_body_msg(sse("a"), eos=False))
-    assert h.tracker.load(target) == EndpointLoad(1, 0, prompt + 1, 3)
+    assert h.tracker.load(target) == EndpointLoad(1, 0, prompt + 1, 3, prompt + 1)
     await s.on_message(response_body_msg(sse("b", "c"), eos=False))
     assert gauges(h, target) == (0, prompt + 3)
     await s.on_message(response_body_msg(sse("d") + b"data: [DONE]\n\n", eos=True))
