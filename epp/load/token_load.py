@@ -36,6 +36,15 @@ class EndpointLoad:
     """KV tokens (prompt + generated) of every request here, prefilling or decoding: the blocks
     Dynamo's router books as active from the moment it routes a request."""
 
+    @property
+    def tokens_in_flight(self) -> int:
+        """Prefill still to do plus the KV of decoding requests: the endpoint's token load."""
+        return self.prefill_tokens + self.decode_tokens
+
+
+NO_LOAD = EndpointLoad()
+"""The load of an endpoint with nothing booked."""
+
 
 @dataclass(slots=True)
 class _Booking:

@@ -23,14 +23,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from epp.load.token_load import EndpointLoad
+from epp.load.token_load import NO_LOAD
 from epp.plugins.queue_scorer import min_max_inverse
 from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.framework import CycleState, Filter, PluginParameters, Scorer
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
-
-NO_LOAD = EndpointLoad()
 
 
 @register
@@ -64,8 +62,7 @@ class PowerOfTwoFilter(Filter):
             loads = state.get(TOKEN_LOAD) or {}
 
             def load(e: EndpointState) -> int:
-                booked = loads.get(e.name, NO_LOAD)
-                return booked.prefill_tokens + booked.decode_tokens
+                return loads.get(e.name, NO_LOAD).tokens_in_flight
         else:
 
             def load(e: EndpointState) -> int:

@@ -34,13 +34,11 @@ from collections.abc import Iterator, Sequence
 import xxhash
 from pydantic import Field
 
-from epp.load.token_load import EndpointLoad
+from epp.load.token_load import NO_LOAD, EndpointLoad
 from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.framework import CycleState, Filter, PluginContext, PluginParameters
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
-
-NO_LOAD = EndpointLoad()
 
 
 class HashRing:
@@ -119,8 +117,5 @@ class SessionAffinityFilter(Filter):
         return (
             (p.max_waiting_requests is not None and m.waiting >= p.max_waiting_requests)
             or (p.max_kv_cache_usage is not None and m.kv_cache_usage >= p.max_kv_cache_usage)
-            or (
-                p.max_tokens_in_flight is not None
-                and load.prefill_tokens + load.decode_tokens >= p.max_tokens_in_flight
-            )
+            or (p.max_tokens_in_flight is not None and load.tokens_in_flight >= p.max_tokens_in_flight)
         )

@@ -29,15 +29,13 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from epp.load.token_load import EndpointLoad
+from epp.load.token_load import NO_LOAD
 from epp.plugins.prefix_cache import PREFIX_MATCH
 from epp.plugins.queue_scorer import min_max_inverse
 from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.framework import CycleState, PluginParameters, Scorer
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
-
-NO_LOAD = EndpointLoad()
 
 
 class TokenLoadScorerParameters(PluginParameters):
