@@ -94,9 +94,10 @@ class SoftmaxPicker(_RankingPicker):
         temperature = self.params.temperature
         hi = max(s.score for s in scored)
         span = hi - min(s.score for s in scored)
-        if temperature == 0 or span == 0:
-            return [(s.score if temperature == 0 else 0.0, rng.random()) for s in scored]
-        # Gumbel-max: argmax of logit + Gumbel noise is a softmax sample; sorting gives the rest.
+        if temperature == 0 or span == 0:  # argmax (or all equal): ties at random
+            return [(s.score, rng.random()) for s in scored]
+        # Gumbel-max: argmax of logit + Gumbel noise (−log of an Exp(1) draw) is a softmax sample;
+        # sorting by the noisy logits gives the rest of a Plackett–Luce order.
         return [
             (-(hi - s.score) / (span * temperature) - math.log(max(rng.expovariate(1.0), 1e-300)), 0.0)
             for s in scored
