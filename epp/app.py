@@ -20,6 +20,7 @@ from epp.datalayer.static_file import StaticFileSource
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.latency.client import PredictorClient
 from epp.metrics import EppMetrics
+from epp.plugins.token_load import find_tracker
 from epp.requestcontrol.director import Director
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
@@ -60,6 +61,8 @@ class EppApp:
         config = EndpointPickerConfig.from_file(config_path(settings.config))
         context = PluginContext(clock=self.clock, rng=rng, latency_predictor=self.predictor)
         self.pipeline = build_pipeline(config, context)
+        if (tracker := find_tracker(self.pipeline.plugins.values())) is not None:
+            self.metrics.export_token_load(tracker)
         self.director = Director(
             self.pipeline, self.store, ModelTokenizer(settings.tokenizer_dir), self.metrics, self.clock, rng
         )

@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoints import EndpointStore
+from epp.load.token_load import TokenLoadTracker
 
 MAX_MODEL_LABELS = 100
 LATENCY_BUCKETS = (
@@ -103,6 +104,7 @@ class _PoolCollector(Collector):
 
     def __init__(self, pool: str, store: EndpointStore, clock: Callable[[], float]) -> None:
         self.pool, self.store, self.clock = pool, store, clock
+        self.token_load: TokenLoadTracker | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["name", "model_server_pod"]
@@ -143,6 +145,38 @@ class _PoolCollector(Collector):
         )
         ready.add_metric([self.pool], len(self.store.candidates()))
         yield from (queue, kv, running, in_flight, age, healthy, ready)
+        if self.token_load is not None:
+            yield from self._token_load(self.token_load, [s.name for s in states])
+
+    def _token_load(self, tracker: TokenLoadTracker, names: list[str]) -> Iterator[GaugeMetricFamily]:
+        labels = ["name", "model_server_pod"]
+        prefill = GaugeMetricFamily(
+            "llm_epp_endpoint_prefill_tokens_in_flight",
+            "Uncached prompt tokens routed by this EPP and not yet prefilled",
+            labels=labels,
+        )
+        decode = GaugeMetricFamily(
+            "llm_epp_endpoint_decode_tokens_in_flight",
+            "KV tokens (prompt + generated) of requests routed by this EPP that are decoding",
+            labels=labels,
+        )
+        kv = GaugeMetricFamily(
+            "llm_epp_endpoint_kv_tokens_in_flight",
+            "KV tokens (prompt + generated) of every request routed by this EPP and not finished",
+            labels=labels,
+        )
+        remaining = GaugeMetricFamily(
+            "llm_epp_endpoint_expected_output_tokens_in_flight",
+            "Output tokens still expected from requests routed by this EPP (estimates)",
+            labels=labels,
+        )
+        for name in names:
+            load = tracker.load(name)
+            prefill.add_metric([self.pool, name], load.prefill_tokens)
+            decode.add_metric([self.pool, name], load.decode_tokens)
+            kv.add_metric([self.pool, name], load.kv_tokens)
+            remaining.add_metric([self.pool, name], load.expected_remaining_tokens)
+        yield from (prefill, decode, kv, remaining)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,8 +321,13 @@ class EppMetrics:
             ["model_server_pod"],
             registry=registry,
         )
-        registry.register(_PoolCollector(pool, store, clock))
+        self._pool = _PoolCollector(pool, store, clock)
+        registry.register(self._pool)
         self._series: dict[str, ModelSeries] = {}
+
+    def export_token_load(self, tracker: TokenLoadTracker) -> None:
+        """Export ``tracker``'s per-endpoint load (the pipeline's ``token-load-producer``)."""
+        self._pool.token_load = tracker
 
     def for_model(self, model: str) -> ModelSeries:
         """Series for ``model``; past ``MAX_MODEL_LABELS`` distinct models, the shared ``other`` series."""

@@ -11,10 +11,15 @@ Lifecycle: ``admit`` (routed) → ``first_token`` (prefill done) → ``progress`
 streamed) → ``finish`` (completed, failed upstream, or cancelled). ``finish`` removes every
 trace of the request, so aborted streams leak nothing. Aggregates are updated incrementally:
 every call is O(1).
+
+Bookings are keyed by whatever the caller uses to tell routed requests apart. It must be
+unique per routed request: client-supplied request ids are not (a client may reuse one, or
+retry with it while the first attempt is still being torn down).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 
@@ -27,6 +32,18 @@ class EndpointLoad:
     """KV tokens (prompt + generated) of requests here that are decoding."""
     expected_remaining_tokens: int = 0
     """Output tokens still expected from requests here (estimates, corrected as tokens arrive)."""
+    kv_tokens: int = 0
+    """KV tokens (prompt + generated) of every request here, prefilling or decoding: the blocks
+    Dynamo's router books as active from the moment it routes a request."""
+
+    @property
+    def tokens_in_flight(self) -> int:
+        """Prefill still to do plus the KV of decoding requests: the endpoint's token load."""
+        return self.prefill_tokens + self.decode_tokens
+
+
+NO_LOAD = EndpointLoad()
+"""The load of an endpoint with nothing booked."""
 
 
 @dataclass(slots=True)
@@ -49,29 +66,36 @@ class _Totals:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     expected_remaining_tokens: int = 0
+    kv_tokens: int = 0
 
 
 class TokenLoadTracker:
     def __init__(self) -> None:
-        self._bookings: dict[str, _Booking] = {}
+        self._bookings: dict[Hashable, _Booking] = {}
         self._totals: dict[str, _Totals] = {}
 
     def admit(
-        self, request_id: str, endpoint: str, prompt_tokens: int, cached_tokens: int, expected_output: int
+        self,
+        booking_id: Hashable,
+        endpoint: str,
+        prompt_tokens: int,
+        cached_tokens: int,
+        expected_output: int,
     ) -> None:
         """Book a request routed to ``endpoint``. Re-admitting an id first releases the old booking."""
-        self.finish(request_id)
+        self.finish(booking_id)
         uncached = max(0, prompt_tokens - min(cached_tokens, prompt_tokens))
         booking = _Booking(endpoint, prompt_tokens, uncached, max(1, expected_output))
-        self._bookings[request_id] = booking
+        self._bookings[booking_id] = booking
         totals = self._totals.setdefault(endpoint, _Totals())
         totals.requests += 1
         totals.prefill_tokens += uncached
         totals.expected_remaining_tokens += booking.remaining
+        totals.kv_tokens += prompt_tokens
 
-    def first_token(self, request_id: str) -> None:
+    def first_token(self, booking_id: Hashable) -> None:
         """Prefill is done: the prompt's tokens move from the prefill to the decode account."""
-        booking = self._bookings.get(request_id)
+        booking = self._bookings.get(booking_id)
         if booking is None or booking.decoding:
             return
         totals = self._totals[booking.endpoint]
@@ -79,29 +103,31 @@ class TokenLoadTracker:
         totals.prefill_tokens -= booking.uncached_tokens
         totals.decode_tokens += booking.prompt_tokens + booking.generated
         if booking.generated == 0:
-            self.progress(request_id, 1)
+            self.progress(booking_id, 1)
 
-    def progress(self, request_id: str, generated: int) -> None:
+    def progress(self, booking_id: Hashable, generated: int) -> None:
         """``generated`` output tokens so far; the output estimate grows if it was too small."""
-        booking = self._bookings.get(request_id)
+        booking = self._bookings.get(booking_id)
         if booking is None or generated <= booking.generated:
             return
         totals = self._totals[booking.endpoint]
         before = booking.remaining
         if booking.decoding:
             totals.decode_tokens += generated - booking.generated
+        totals.kv_tokens += generated - booking.generated
         booking.generated = generated
         booking.expected_output = max(booking.expected_output, generated)
         totals.expected_remaining_tokens += booking.remaining - before
 
-    def finish(self, request_id: str) -> None:
+    def finish(self, booking_id: Hashable) -> None:
         """The request is over, however it ended: release everything it booked."""
-        booking = self._bookings.pop(request_id, None)
+        booking = self._bookings.pop(booking_id, None)
         if booking is None:
             return
         totals = self._totals[booking.endpoint]
         totals.requests -= 1
         totals.expected_remaining_tokens -= booking.remaining
+        totals.kv_tokens -= booking.prompt_tokens + booking.generated
         if booking.decoding:
             totals.decode_tokens -= booking.prompt_tokens + booking.generated
         else:
@@ -114,7 +140,11 @@ class TokenLoadTracker:
         if totals is None:
             return EndpointLoad()
         return EndpointLoad(
-            totals.requests, totals.prefill_tokens, totals.decode_tokens, totals.expected_remaining_tokens
+            totals.requests,
+            totals.prefill_tokens,
+            totals.decode_tokens,
+            totals.expected_remaining_tokens,
+            totals.kv_tokens,
         )
 
     def in_flight(self) -> int:

@@ -1,14 +1,18 @@
 """Plugin implementations. Importing this package registers every plugin type."""
 
 from epp.plugins import (  # noqa: F401
+    kv_affinity,
     kv_cache_utilization_scorer,
     latency_scorer,
     latency_slo_admitter,
+    load_balancing,
     pickers,
     predicted_latency,
     prefix_affinity_filter,
     prefix_cache,
     queue_scorer,
+    session_affinity,
     slo_headroom_tier_filter,
     token_load,
+    token_load_scorer,
 )

@@ -1,28 +1,41 @@
 """Pickers: turn weighted scores into a ranked list of targets.
 
-All pickers take one parameter, ``maxNumOfEndpoints`` (default 1): how many endpoints to
-return, the first being the target and the rest fallbacks for the proxy.
+All pickers take ``maxNumOfEndpoints`` (default 1): how many endpoints to return, the first
+being the target and the rest fallbacks for the proxy.
 
 ``max-score-picker``       highest score first; ties broken at random.
 ``random-picker``          uniform random order, scores ignored.
 ``weighted-random-picker`` random order weighted by score (A-Res: key = U^(1/score), largest
                            first), so an endpoint is picked with probability ∝ its score;
                            falls back to uniform when every score is 0.
+``softmax-picker``         samples by softmax over min-max normalised scores, as the Dynamo KV
+                           router does over costs: p_i ∝ exp(−(s_max − s_i)/((s_max − s_min)·T)).
+                           Parameter ``temperature`` T (default 0: highest score, ties at
+                           random). The order is a Plackett–Luce sample (Gumbel keys), so
+                           fallbacks follow the same distribution.
+``round-robin``            candidates in name order, starting one further along each request;
+                           scores ignored.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 
 from pydantic import Field
 
-from epp.scheduling.framework import Picker, PluginParameters, ScoredEndpoint
+from epp.scheduling.framework import Picker, PluginContext, PluginParameters, ScoredEndpoint
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
 
 
 class PickerParameters(PluginParameters):
     max_num_of_endpoints: int = Field(default=1, ge=1, alias="maxNumOfEndpoints")
+
+
+class SoftmaxPickerParameters(PickerParameters):
+    temperature: float = Field(default=0.0, ge=0.0, le=1000.0)
 
 
 class _RankingPicker(Picker):
@@ -68,3 +81,41 @@ class WeightedRandomPicker(_RankingPicker):
         return [
             (rng.random() ** (1.0 / s.score), 1.0) if s.score > 0 else (-1.0, rng.random()) for s in scored
         ]
+
+
+@register
+class SoftmaxPicker(_RankingPicker):
+    type_name = "softmax-picker"
+    Parameters = SoftmaxPickerParameters
+    params: SoftmaxPickerParameters
+
+    def _keys(self, scored: Sequence[ScoredEndpoint]) -> list[tuple[float, float]]:
+        rng = self.context.rng
+        temperature = self.params.temperature
+        hi = max(s.score for s in scored)
+        span = hi - min(s.score for s in scored)
+        if temperature == 0 or span == 0:  # argmax (or all equal): ties at random
+            return [(s.score, rng.random()) for s in scored]
+        # Gumbel-max: argmax of logit + Gumbel noise (−log of an Exp(1) draw) is a softmax sample;
+        # sorting by the noisy logits gives the rest of a Plackett–Luce order.
+        return [
+            (-(hi - s.score) / (span * temperature) - math.log(max(rng.expovariate(1.0), 1e-300)), 0.0)
+            for s in scored
+        ]
+
+
+@register
+class RoundRobinPicker(_RankingPicker):
+    type_name = "round-robin"
+
+    def __init__(self, name: str, params: PickerParameters, context: PluginContext) -> None:
+        super().__init__(name, params, context)
+        self._turn = itertools.count()
+
+    def _keys(self, scored: Sequence[ScoredEndpoint]) -> list[tuple[float, float]]:
+        by_name = sorted(range(len(scored)), key=lambda i: scored[i].state.name)
+        start = next(self._turn) % len(scored)
+        keys = [(0.0, 0.0)] * len(scored)
+        for position, i in enumerate(by_name):
+            keys[i] = (-float((position - start) % len(scored)), 0.0)
+        return keys

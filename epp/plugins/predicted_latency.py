@@ -43,7 +43,7 @@ from epp.latency.predictions import (
     LatencyPredictor,
     PredictionUnavailable,
 )
-from epp.load.token_load import EndpointLoad
+from epp.load.token_load import NO_LOAD, EndpointLoad
 from epp.plugins.prefix_cache import PREFIX_MATCH
 from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.config import ConfigError
@@ -58,8 +58,6 @@ from epp.scheduling.framework import (
 )
 from epp.scheduling.registry import register_default_producer
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
-
-NO_LOAD = EndpointLoad()
 
 
 class PredictedLatencyParameters(PluginParameters):

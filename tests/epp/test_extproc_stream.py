@@ -22,6 +22,7 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.extproc.messages import BODY_CHUNK_BYTES, DESTINATION_HEADER, LB_METADATA_NAMESPACE, header_dict
 from epp.extproc.stream import ExtProcStream, Phase
 from epp.metrics import EppMetrics
+from epp.plugins.token_load import find_tracker
 from epp.requestcontrol.director import Director
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
@@ -67,16 +68,19 @@ def response_body_msg(data: bytes, eos: bool) -> ProcessingRequest:
 
 
 class Harness:
-    def __init__(self, healthy: int = 2, max_body: int = 1 << 20) -> None:
+    def __init__(self, healthy: int = 2, max_body: int = 1 << 20, config: str = "gie-default") -> None:
         self.clock = FakeClock()
         self.store = EndpointStore()
         self.store.replace([Endpoint(f"e{i}", "10.0.0.1", 8000 + i) for i in range(2)])
         for i in range(healthy):
             self.store.record_scrape(f"e{i}", EngineMetrics(updated_at=self.clock()))
         context = PluginContext(clock=self.clock, rng=random.Random(1))
-        pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path("gie-default")), context)
+        pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), context)
         self.registry = CollectorRegistry()
         metrics = EppMetrics(self.registry, "pool", self.store, self.clock)
+        self.tracker = find_tracker(pipeline.plugins.values())
+        if self.tracker is not None:
+            metrics.export_token_load(self.tracker)
         self.director = Director(
             pipeline, self.store, ModelTokenizer(), metrics, self.clock, random.Random(1)
         )

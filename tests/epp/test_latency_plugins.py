@@ -19,16 +19,19 @@ from epp.latency.predictions import (
     Prediction,
     PredictionUnavailable,
 )
+from epp.load.token_load import EndpointLoad
 from epp.plugins.latency_scorer import LatencyScorer, LatencyScorerParameters, composite_heuristic
 from epp.plugins.latency_slo_admitter import LatencySloAdmitter, LatencySloAdmitterParameters
 from epp.plugins.predicted_latency import PredictedLatencyParameters, PredictedLatencyProducer
 from epp.plugins.prefix_affinity_filter import PrefixAffinityParameters, PrefixCacheAffinityFilter
 from epp.plugins.prefix_cache import PREFIX_MATCH, PrefixMatch
 from epp.plugins.slo_headroom_tier_filter import SloHeadroomTierFilter, SloHeadroomTierParameters
+from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, endpoint_state, make_request
+from trainer.features import FeatureRow
 
 
 class FakePredictor:
@@ -94,6 +97,19 @@ def test_producer_predicts_every_candidate_in_one_call_with_headroom() -> None:
     assert by["e0"] == EndpointPrediction(100.0, 20.0, 150.0, -8.0)
     assert by["e1"] == EndpointPrediction(400.0, 10.0, -150.0, 2.0)
     assert not by["e0"].meets_slo and not by["e1"].meets_slo
+
+
+def test_feature_rows_carry_each_candidates_tokens_in_flight() -> None:
+    fake = FakePredictor()
+    plugin = producer(fake)
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    state = CycleState()
+    state.put(TOKEN_LOAD, {"e1": EndpointLoad(2, 300, 700, 40, 1000)})
+    run(plugin.produce(make_request(list(range(50))), endpoints, state))
+    e0, e1 = fake.calls[0]
+    assert (e0["prefill_tokens_in_flight"], e0["decode_tokens_in_flight"]) == (0, 0)
+    assert (e1["prefill_tokens_in_flight"], e1["decode_tokens_in_flight"]) == (300, 700)
+    FeatureRow.model_validate(e1)  # the trainer's schema accepts the row as is
 
 
 def test_no_slo_means_negative_headroom_and_tpot_only_binds_for_streaming() -> None:

@@ -1,26 +1,37 @@
 from __future__ import annotations
 
+import json
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epp.extproc.stream import ExtProcStream
 from epp.load.token_load import EndpointLoad, TokenLoadTracker
 from epp.plugins.prefix_cache import PREFIX_MATCH, PrefixMatch
 from epp.plugins.token_load import TOKEN_LOAD, TokenLoadParameters, TokenLoadProducer
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, endpoint_state, make_request
+from tests.epp.test_extproc_stream import (
+    Harness,
+    body_msg,
+    headers_msg,
+    response_body_msg,
+    response_headers_msg,
+    routed_destination,
+)
 
 
 def test_lifecycle_moves_tokens_between_accounts() -> None:
     t = TokenLoadTracker()
     t.admit("r", "a", prompt_tokens=1000, cached_tokens=600, expected_output=50)
-    assert t.load("a") == EndpointLoad(1, 400, 0, 50)
+    assert t.load("a") == EndpointLoad(1, 400, 0, 50, 1000)
     t.first_token("r")
-    assert t.load("a") == EndpointLoad(1, 0, 1001, 49)
+    assert t.load("a") == EndpointLoad(1, 0, 1001, 49, 1001)
     t.progress("r", 60)  # more than expected: the estimate follows
-    assert t.load("a") == EndpointLoad(1, 0, 1060, 0)
+    assert t.load("a") == EndpointLoad(1, 0, 1060, 0, 1060)
     t.finish("r")
     assert t.load("a") == EndpointLoad() and t.in_flight() == 0
     t.finish("r")  # idempotent
@@ -31,8 +42,9 @@ def test_lifecycle_moves_tokens_between_accounts() -> None:
 def reference(bookings: dict[str, dict]) -> dict[str, EndpointLoad]:
     totals: dict[str, list[int]] = {}
     for b in bookings.values():
-        acc = totals.setdefault(b["endpoint"], [0, 0, 0, 0])
+        acc = totals.setdefault(b["endpoint"], [0, 0, 0, 0, 0])
         acc[0] += 1
+        acc[4] += b["prompt"] + b["generated"]
         if b["decoding"]:
             acc[2] += b["prompt"] + b["generated"]
         else:
@@ -98,12 +110,111 @@ def test_producer_books_on_pick_and_releases_on_finish_however_it_ends() -> None
     assert state.get(TOKEN_LOAD) == {"e0": EndpointLoad(), "e1": EndpointLoad()}
     result = SchedulingResult((endpoints[1].endpoint,), "p")
     producer.pre_request(request, result, state)
-    assert producer.tracker.load("e1") == EndpointLoad(1, 36, 0, 20)  # 64 of 100 prompt tokens cached
+    assert producer.tracker.load("e1") == EndpointLoad(1, 36, 0, 20, 100)  # 64 of 100 prompt tokens cached
     producer.on_first_token(request, result, state, 0.0)
     producer.on_progress(request, result, state, 5, 0.0)
-    assert producer.tracker.load("e1") == EndpointLoad(1, 0, 105, 15)
+    assert producer.tracker.load("e1") == EndpointLoad(1, 0, 105, 15, 105)
     aborted = RequestOutcome(endpoints[1].endpoint, 0.0, 1.0, 200, True, False, 0.5, 5)
     producer.on_finished(request, result, state, aborted)
     assert producer.tracker.load("e1") == EndpointLoad()
     unbounded = make_request(list(range(10)))
     assert producer.expected_output(unbounded) == 15
+
+
+def sse(*texts: str) -> bytes:
+    return b"".join(b'data: {"choices":[{"text":"%s"}]}\n\n' % t.encode() for t in texts)
+
+
+async def routed_stream(h: Harness, body: dict, **headers: str) -> tuple[ExtProcStream, str]:
+    """A stream whose request has been routed; returns it and the chosen endpoint's name."""
+    s = h.stream()
+    await s.on_message(headers_msg(**headers))
+    replies = await s.on_message(body_msg(json.dumps(body).encode(), eos=True))
+    return s, "e0" if routed_destination(replies[0]).endswith(":8000") else "e1"
+
+
+def gauges(h: Harness, endpoint: str) -> tuple[float, float]:
+    labels = {"name": "pool", "model_server_pod": endpoint}
+    return (
+        h.registry.get_sample_value("llm_epp_endpoint_prefill_tokens_in_flight", labels),
+        h.registry.get_sample_value("llm_epp_endpoint_decode_tokens_in_flight", labels),
+    )
+
+
+STREAMING = {"model": "tiny", "prompt": "Hello world", "max_tokens": 4, "stream": True}
+
+
+async def end_completed(s: ExtProcStream) -> None:
+    await s.on_message(response_headers_msg())
+    await s.on_message(response_body_msg(sse("a", "b") + b"data: [DONE]\n\n", eos=True))
+
+
+async def end_upstream_5xx(s: ExtProcStream) -> None:
+    await s.on_message(response_headers_msg(503, "text/plain"))
+    await s.on_message(response_body_msg(b"upstream connect error", eos=True))
+
+
+async def end_cancelled_mid_stream(s: ExtProcStream) -> None:
+    await s.on_message(response_headers_msg())
+    await s.on_message(response_body_msg(sse("a"), eos=False))
+    s.close()  # Envoy reset the ext_proc stream: the client went away
+
+
+async def end_cancelled_before_response(s: ExtProcStream) -> None:
+    s.close()
+
+
+async def end_upstream_reset_mid_stream(s: ExtProcStream) -> None:
+    await s.on_message(response_headers_msg())
+    await s.on_message(response_body_msg(sse("a", "b"), eos=False))
+    s.close()  # the replica died: no end of stream, the stream just ends
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        end_completed,
+        end_upstream_5xx,
+        end_cancelled_mid_stream,
+        end_cancelled_before_response,
+        end_upstream_reset_mid_stream,
+    ],
+)
+async def test_every_way_a_stream_ends_releases_its_token_load(ending) -> None:
+    h = Harness(config="ray-kv-aware")
+    s, target = await routed_stream(h, STREAMING)
+    prompt = h.tracker.load(target).prefill_tokens
+    assert prompt > 0 and gauges(h, target) == (prompt, 0)
+    await ending(s)
+    s.close()
+    assert h.tracker.load(target) == EndpointLoad() and h.tracker.in_flight() == 0
+    assert gauges(h, target) == (0, 0)
+
+
+async def test_streamed_tokens_move_load_from_prefill_to_decode() -> None:
+    h = Harness(config="ray-kv-aware")
+    s, target = await routed_stream(h, STREAMING)
+    prompt = h.tracker.load(target).prefill_tokens
+    await s.on_message(response_headers_msg())
+    await s.on_message(response_body_msg(sse("a"), eos=False))
+    assert h.tracker.load(target) == EndpointLoad(1, 0, prompt + 1, 3, prompt + 1)
+    await s.on_message(response_body_msg(sse("b", "c"), eos=False))
+    assert gauges(h, target) == (0, prompt + 3)
+    await s.on_message(response_body_msg(sse("d") + b"data: [DONE]\n\n", eos=True))
+    assert h.tracker.in_flight() == 0
+
+
+async def test_requests_sharing_a_client_request_id_keep_their_own_bookings() -> None:
+    # A client retries with the same x-request-id while its first attempt is still being torn
+    # down: ending the first attempt must not release the retry's load.
+    h = Harness(config="ray-kv-aware")
+    first, _ = await routed_stream(h, STREAMING, **{"x-request-id": "same"})
+    retry, retry_target = await routed_stream(h, STREAMING, **{"x-request-id": "same"})
+    assert h.tracker.in_flight() == 2
+    first.close()
+    assert h.tracker.in_flight() == 1 and h.tracker.load(retry_target).requests == 1
+    await retry.on_message(response_headers_msg())
+    await retry.on_message(response_body_msg(sse("a", "b"), eos=False))
+    assert h.tracker.load(retry_target).decode_tokens > 0
+    retry.close()
+    assert h.tracker.in_flight() == 0
