@@ -100,7 +100,9 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
             )
         self.predictor: LatencyPredictor = context.latency_predictor
         # Streaming requests' TPOT SLOs on each endpoint, by request id.
-        self._running_tpot_slos: dict[str, dict[str, float]] = {}
+        # Per endpoint, keyed by the request's cycle state: client request ids need not be unique
+        # (a retry may reuse one while the first attempt is still closing).
+        self._running_tpot_slos: dict[str, dict[int, float]] = {}
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState):
         match = state.get(PREFIX_MATCH)
@@ -142,16 +144,14 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult, state: CycleState) -> None:
         if self.params.streaming_mode and request.stream and request.slo_tpot_ms:
-            self._running_tpot_slos.setdefault(result.endpoint.name, {})[request.request_id] = (
-                request.slo_tpot_ms
-            )
+            self._running_tpot_slos.setdefault(result.endpoint.name, {})[id(state)] = request.slo_tpot_ms
 
     def on_finished(
         self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
     ) -> None:
         running = self._running_tpot_slos.get(result.endpoint.name)
         if running is not None:
-            running.pop(request.request_id, None)
+            running.pop(id(state), None)
         rows = state.get(FEATURE_ROWS)
         row = rows.get(result.endpoint.name) if rows else None
         if row is None or not outcome.completed:

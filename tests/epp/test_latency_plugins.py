@@ -137,6 +137,22 @@ def test_tightest_running_tpot_slo_binds() -> None:
     )
 
 
+def test_running_tpot_slos_of_requests_sharing_a_client_request_id_are_kept_apart() -> None:
+    plugin = producer(FakePredictor(), streamingMode=True)
+    endpoints = [endpoint_state(0)]
+    target = SchedulingResult((endpoints[0].endpoint,), "p")
+    first, retry = (streaming_request(slo_tpot_ms=5.0, request_id="same") for _ in range(2))
+    first_state, retry_state = produce(plugin, first, endpoints), produce(plugin, retry, endpoints)
+    plugin.pre_request(first, target, first_state)
+    plugin.pre_request(retry, target, retry_state)
+    plugin.on_finished(first, target, first_state, outcome(completed=False))
+    probe = streaming_request(slo_tpot_ms=50.0, request_id="probe")
+    # The retry still runs there, so its 5 ms SLO still binds.
+    assert (
+        produce(plugin, probe, endpoints).get(LATENCY_PREDICTIONS).by_endpoint["e0"].tpot_headroom_ms == -5.0
+    )
+
+
 @pytest.mark.parametrize(
     ("fail", "opt_in", "reason"), [("timeout", None, "timeout"), (None, False, "disabled")]
 )
