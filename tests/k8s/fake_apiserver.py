@@ -80,6 +80,7 @@ class Event:
     previous: dict[str, Any] | None
 
 
+EXPIRED = "expired"  # queued to open watches by compact()
 _GO_TRUE = ("1", "t", "T", "true", "TRUE", "True")  # what Go's strconv.ParseBool takes as true
 
 
@@ -123,7 +124,7 @@ class FakeApiServer:
         self.expired_watches = 0
         self._version = itertools.count(1000)
         self.resource_version = next(self._version)
-        self._watchers: set[asyncio.Queue[Event | None]] = set()
+        self._watchers: set[asyncio.Queue[Event | str | None]] = set()
         self._failures: list[int] = []
         self.requests: list[tuple[str, str]] = []
         self.port = 0
@@ -184,11 +185,16 @@ class FakeApiServer:
         return self.objects.get((self.resource(kind), namespace, name))
 
     def compact(self) -> None:
-        """Forget the history so far: watches from older versions get 410 Gone."""
+        """Forget the history so far: new watches from older versions get 410 Expired, and so
+        do the open ones (as the real server tells a watcher its window has moved past)."""
         self.compacted = self.resource_version
         self.history.clear()
         for queue in list(self._watchers):
-            queue.put_nowait(None)
+            queue.put_nowait(EXPIRED)
+
+    @property
+    def open_watches(self) -> int:
+        return len(self._watchers)
 
     @property
     def failures_left(self) -> int:
@@ -377,6 +383,11 @@ class FakeApiServer:
             return _error(409, "AlreadyExists", f'{resource.plural} "{name}" already exists')
         return web.json_response(self._store(resource, key, body, "ADDED"), status=201)
 
+    async def _expire(self, response: web.StreamResponse, since: int) -> None:
+        self.expired_watches += 1
+        message = f"too old resource version: {since} ({self.compacted})"
+        await response.write(_line({"type": "ERROR", "object": _status(410, "Expired", message)}))
+
     async def _watch(
         self, request: web.Request, resource: Resource, namespace: str, query: dict[str, str]
     ) -> web.StreamResponse:
@@ -385,11 +396,9 @@ class FakeApiServer:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
         if since and since < self.compacted:
-            message = f"too old resource version: {since} ({self.compacted})"
-            self.expired_watches += 1
-            await response.write(_line({"type": "ERROR", "object": _status(410, "Expired", message)}))
+            await self._expire(response, since)
             return response
-        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        queue: asyncio.Queue[Event | str | None] = asyncio.Queue()
         self._watchers.add(queue)
         try:
             for entry in self.history:
@@ -403,6 +412,10 @@ class FakeApiServer:
                     break
                 if entry is None:
                     break
+                if entry is EXPIRED:
+                    await self._expire(response, since)
+                    break
+                assert isinstance(entry, Event)
                 if entry.resource != resource or entry.version <= since:
                     continue
                 if namespace and entry.obj["metadata"].get("namespace") != namespace:

@@ -82,15 +82,14 @@ async def test_410_gone_relists(apiserver: FakeApiServer, running: Running) -> N
     pods = running.source._pods
     assert pods is not None
     relists = pods.relists
-    # The watches are cut; meanwhile a pod comes and the history it was in is compacted, so
-    # re-watching from the last version seen gets 410 Expired and only a relist finds it.
-    await apiserver.stop()
-    apiserver.put(pod("vllm-4", "10.52.0.14"))
+    # The open watches are told their version expired (ERROR event, 410): they relist.
+    await eventually(lambda: apiserver.open_watches == 3, what="pool, pod and objective watches")
+    expired = apiserver.expired_watches
     apiserver.compact()
-    await apiserver.start()
+    apiserver.put(pod("vllm-4", "10.52.0.14"))
     await eventually(lambda: "vllm-4" in running.endpoints(), what="relist after 410")
     assert pods.relists == relists + 1
-    assert apiserver.expired_watches >= 1
+    assert apiserver.expired_watches >= expired + 3  # pool, pods and objectives
 
 
 async def test_api_server_outage(apiserver: FakeApiServer, running: Running) -> None:
@@ -105,7 +104,7 @@ async def test_api_server_outage(apiserver: FakeApiServer, running: Running) -> 
 
 async def test_api_errors_back_off_and_recover(apiserver: FakeApiServer, running: Running) -> None:
     apiserver.fail_requests(4, status=500)
-    apiserver.compact()  # forces new watch and list requests, which hit the 500s
+    apiserver.compact()  # forces new list and watch requests, which hit the 500s
     apiserver.put(pod("vllm-6", "10.52.0.16"))
     await eventually(lambda: "vllm-6" in running.endpoints(), what="recovery after 500s")
     assert apiserver.failures_left == 0
