@@ -7,11 +7,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+# The chart tests render with the real Helm engine: helm-sdkpy (Helm's Go library as a Python
+# binding, ~47 MB) needs Python >= 3.12, so it gets its own small environment, made with the
+# first such interpreter found (on PATH, or installed by pyenv).
+HELM_VENV := .venv-helm
+HELM_STAMP := $(HELM_VENV)/.installed-stamp
+IMAGE ?= llm-epp:0.1.0
 PYTEST_ARGS ?=
 REAL_VLLM ?=
 PREDICTOR ?= 1
 
-.PHONY: install vllm-env run test test-fast bench lint clean
+.PHONY: install vllm-env helm-env image run test test-fast bench lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,14 +35,28 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	@touch $@
 
+$(HELM_STAMP):
+	@test -x $(HELM_VENV)/bin/python || { \
+	  for py in python3 python3.13 python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null); do \
+	    $$py -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && exec $$py -m venv $(HELM_VENV); \
+	  done; echo "helm-env needs Python >= 3.12" >&2; exit 1; }
+	$(HELM_VENV)/bin/pip install -q 'helm-sdkpy>=0.1.32,<0.2' 'pyyaml>=6,<7'
+	@touch $@
+
 install: $(STAMP)
+
+helm-env: $(HELM_STAMP)
+
+# Needs a Docker engine (none runs on the development machines; nothing else depends on it).
+image:
+	docker build -t $(IMAGE) .
 
 vllm-env: $(VLLM_STAMP)
 
 run: $(STAMP) $(if $(REAL_VLLM),$(VLLM_STAMP))
 	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm) $(if $(filter 0,$(PREDICTOR)),--predictors 0)
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(HELM_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
@@ -50,4 +70,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(HELM_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -10,6 +10,7 @@ from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from kubernetes_asyncio.client import ApiClient
 from prometheus_client import CollectorRegistry, start_http_server
 
 import epp.plugins  # noqa: F401  (registers every plugin type)
@@ -18,6 +19,9 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.k8s.client import api_client, default_identity, default_namespace
+from epp.k8s.leader import LeaseElector
+from epp.k8s.source import ApiGroupVersion, KubernetesSource
 from epp.latency.client import PredictorClient
 from epp.metrics import EppMetrics
 from epp.plugins.token_load import find_tracker
@@ -30,6 +34,7 @@ from epp.tokenization import ModelTokenizer
 log = logging.getLogger(__name__)
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
+READINESS_SERVICES = ("readiness", EXT_PROC_SERVICE)
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
@@ -44,7 +49,12 @@ class EppApp:
         self.settings = settings
         self.clock = time.monotonic
         self.store = EndpointStore()
-        self.source = StaticFileSource(settings.endpoints_file, self.store, settings.endpoints_poll_s)
+        self.objective_priorities: dict[str, int] = {}
+        self.source: StaticFileSource | None = None
+        if settings.endpoints_file is not None and settings.endpoint_source == "file":
+            self.source = StaticFileSource(settings.endpoints_file, self.store, settings.endpoints_poll_s)
+        self.k8s_source: KubernetesSource | None = None
+        self.elector: LeaseElector | None = None
         self.registry = CollectorRegistry()
         self.metrics = EppMetrics(self.registry, settings.pool_name, self.store, self.clock)
         rng = random.Random(settings.seed)
@@ -64,7 +74,13 @@ class EppApp:
         if (tracker := find_tracker(self.pipeline.plugins.values())) is not None:
             self.metrics.export_token_load(tracker)
         self.director = Director(
-            self.pipeline, self.store, ModelTokenizer(settings.tokenizer_dir), self.metrics, self.clock, rng
+            self.pipeline,
+            self.store,
+            ModelTokenizer(settings.tokenizer_dir),
+            self.metrics,
+            self.clock,
+            rng,
+            objective_priorities=self.objective_priorities,
         )
         self.scraper = MetricsScraper(
             self.store, self.clock, settings.scrape_interval_s, settings.scrape_timeout_s
@@ -74,14 +90,19 @@ class EppApp:
         self._health_server: grpc.aio.Server | None = None
         self._metrics_server: WSGIServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._kube_api: ApiClient | None = None
 
     async def start(self) -> None:
         s = self.settings
-        self.source.load()
+        if self.source is not None:
+            self.source.load()
         self.scraper.start()
         if self.predictor is not None:
             await self.predictor.start()
-        self._tasks.append(asyncio.create_task(self.source.watch(), name="endpoints-file"))
+        if self.source is not None:
+            self._tasks.append(asyncio.create_task(self.source.watch(), name="endpoints-file"))
+        else:
+            await self._start_kubernetes()
 
         self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(ExternalProcessor(self.director, s.max_body_bytes), self._grpc)
@@ -93,8 +114,17 @@ class EppApp:
         await self._health_server.start()
         self._metrics_server, _ = start_http_server(s.metrics_port, addr=s.host, registry=self.registry)
         self.metrics_port = self._metrics_server.server_port
+        # Liveness at once; readiness (and the ext_proc service Envoy checks) once the endpoints
+        # are known and, with leader election, only while this replica leads.
+        ready_now = HEALTH_SERVICES if self.source is not None else ("", "liveness")
         for service in HEALTH_SERVICES:
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+            serving = service in ready_now
+            await self.health.set(
+                service,
+                health_pb2.HealthCheckResponse.SERVING
+                if serving
+                else health_pb2.HealthCheckResponse.NOT_SERVING,
+            )
         log.info(
             "EPP serving ext_proc on %s:%d (health %d, metrics %d), %d endpoints, profile %r",
             s.host,
@@ -104,6 +134,44 @@ class EppApp:
             len(self.store.all()),
             self.pipeline.profile.name,
         )
+
+    async def _start_kubernetes(self) -> None:
+        s = self.settings
+        namespace = s.pool_namespace or default_namespace()
+        self._kube_api = await api_client(s.kubeconfig)
+        self.k8s_source = KubernetesSource(
+            self._kube_api,
+            self.store,
+            namespace,
+            s.pool_name,
+            self.objective_priorities,
+            objective_api=ApiGroupVersion.parse(s.objective_api_version),
+            resync_s=s.k8s_resync_s,
+        )
+        self._tasks.append(asyncio.create_task(self.k8s_source.run(), name="k8s-source"))
+        if s.ha_enable_leader_election:
+            self.elector = LeaseElector(
+                self._kube_api, namespace, f"{s.pool_name}-epp-leader", default_identity(), self._leading
+            )
+        self._tasks.append(asyncio.create_task(self._ready_when_synced(), name="k8s-readiness"))
+
+    async def _ready_when_synced(self) -> None:
+        assert self.k8s_source is not None
+        await self.k8s_source.synced.wait()
+        if self.elector is None:
+            await self._set_ready(True)
+        else:
+            await self.elector.run()
+
+    async def _leading(self, leading: bool) -> None:
+        await self._set_ready(leading)
+
+    async def _set_ready(self, ready: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in READINESS_SERVICES:
+            await self.health.set(service, status)
 
     async def stop(self, grace: float = 2.0) -> None:
         for service in HEALTH_SERVICES:
@@ -121,3 +189,5 @@ class EppApp:
         await self.scraper.close()
         if self.predictor is not None:
             await self.predictor.close()
+        if self._kube_api is not None:
+            await self._kube_api.close()

@@ -27,6 +27,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[EppSettings, str]:
             kwargs["default"] = argparse.SUPPRESS
             parser.add_argument(flag, **kwargs)
             continue
+        if field.annotation is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
         if field.is_required():
             kwargs["required"] = True
         else:

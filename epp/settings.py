@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from epp.tokenization import TINY_MODEL_DIR
 
@@ -16,8 +17,24 @@ class EppSettings(BaseModel):
     grpc_port: int = Field(9002, ge=0, le=65535, description="ext_proc gRPC port")
     health_port: int = Field(9003, ge=0, le=65535, description="gRPC health port (liveness, readiness)")
     metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus /metrics port")
-    pool_name: str = Field("local-pool", description="pool name in metrics labels")
-    endpoints_file: Path = Field(description="static endpoints YAML, reloaded on change")
+    pool_name: str = Field(
+        "local-pool", description="the InferencePool to serve (kubernetes source); pool label in metrics"
+    )
+    endpoint_source: Literal["file", "kubernetes"] = Field(
+        "file", description="file: --endpoints-file; kubernetes: the InferencePool's Ready pods"
+    )
+    endpoints_file: Path | None = Field(None, description="static endpoints YAML, reloaded on change")
+    pool_namespace: str | None = Field(
+        None, description="namespace of the InferencePool, its pods and objectives (default: the pod's own)"
+    )
+    kubeconfig: Path | None = Field(None, description="kubeconfig file (default: in-cluster service account)")
+    objective_api_version: str = Field(
+        "inference.networking.x-k8s.io/v1alpha2", description="API group/version of InferenceObjective"
+    )
+    k8s_resync_s: float = Field(300.0, gt=0, description="full relist period of every Kubernetes watch")
+    ha_enable_leader_election: bool = Field(
+        False, description="active-passive replicas: only the Lease holder reports ready"
+    )
     endpoints_poll_s: float = Field(1.0, gt=0, description="how often the endpoints file is checked")
     config: str = Field("gie-default", description="EndpointPickerConfig: a shipped name or a YAML path")
     tokenizer_dir: Path = Field(
@@ -35,3 +52,11 @@ class EppSettings(BaseModel):
     prediction_coalesce_ms: float = Field(
         1.0, ge=0, le=100, description="window merging concurrent predictions"
     )
+
+    @model_validator(mode="after")
+    def _source_inputs(self) -> EppSettings:
+        if self.endpoint_source == "file" and self.endpoints_file is None:
+            raise ValueError("--endpoints-file is required with --endpoint-source file")
+        if self.ha_enable_leader_election and self.endpoint_source != "kubernetes":
+            raise ValueError("--ha-enable-leader-election needs --endpoint-source kubernetes")
+        return self

@@ -67,8 +67,10 @@ class Director:
         metrics: EppMetrics,
         clock: Callable[[], float],
         rng: random.Random | None = None,
+        objective_priorities: Mapping[str, int] | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.objective_priorities = objective_priorities if objective_priorities is not None else {}
         self.store = store
         self.tokenizer = tokenizer
         self.metrics = metrics
@@ -85,7 +87,7 @@ class Director:
         self, record: RequestRecord, path: str, headers: Mapping[str, str], body: bytes
     ) -> SchedulingResult:
         """Parse and route a request with a body. Raises a :class:`RequestError` to refuse it."""
-        args = (path, headers, body, self.tokenizer, record.request_id)
+        args = (path, headers, body, self.tokenizer, record.request_id, self.objective_priorities)
         if len(body) > OFFLOAD_BODY_BYTES:
             request = await asyncio.to_thread(parse_openai_request, *args)
         else:

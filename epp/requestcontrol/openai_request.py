@@ -70,10 +70,11 @@ def parse_openai_request(
     body: bytes,
     tokenizer: ModelTokenizer,
     request_id: str,
+    objective_priorities: Mapping[str, int] | None = None,
 ) -> LLMRequest:
     """Build the request the scheduler sees. Raises :class:`BadRequest` for invalid bodies or hints."""
     kind = api_kind(path)
-    hints = parse_request_hints(headers)
+    hints = parse_request_hints(headers, objective_priorities)
     if kind is None:
         return LLMRequest(
             request_id=request_id,

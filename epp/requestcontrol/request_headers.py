@@ -6,6 +6,8 @@ header                             meaning
 ``x-llm-d-slo-ttft-ms``            time-to-first-token objective, ms (alias ``x-slo-ttft-ms``)
 ``x-llm-d-slo-tpot-ms``            time-per-output-token objective, ms (alias ``x-slo-tpot-ms``)
 ``x-llm-d-priority``               integer; below 0 the request may be shed (alias ``x-priority``)
+``x-gateway-inference-objective``  an InferenceObjective's name: its priority applies unless a
+                                   priority header is given (unknown names mean priority 0)
 ``x-prediction-based-scheduling``  ``true``/``false``: use predicted latency for this request
 ``x-llm-epp-debug``                ``true``: the response carries the routing decision
                                    (``x-llm-epp-endpoint``, ``x-llm-epp-predicted-ttft-ms``,
@@ -27,6 +29,7 @@ from epp.errors import BadRequest
 SLO_TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
 SLO_TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
 PRIORITY_HEADERS = ("x-llm-d-priority", "x-priority")
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
 PREDICTION_HEADER = "x-prediction-based-scheduling"
 DEBUG_HEADER = "x-llm-epp-debug"
 MAX_SLO_MS = 3_600_000.0
@@ -67,10 +70,11 @@ def _slo(headers: Mapping[str, str], names: tuple[str, ...]) -> float | None:
     return value
 
 
-def _priority(headers: Mapping[str, str]) -> int:
+def _priority(headers: Mapping[str, str], objective_priorities: Mapping[str, int]) -> int:
     found = _first(headers, PRIORITY_HEADERS)
     if found is None:
-        return 0
+        objective = headers.get(OBJECTIVE_HEADER)
+        return objective_priorities.get(objective.strip(), 0) if objective else 0
     name, raw = found
     try:
         value = int(raw)
@@ -91,12 +95,15 @@ def _boolean(headers: Mapping[str, str], name: str) -> bool | None:
     return value
 
 
-def parse_request_hints(headers: Mapping[str, str]) -> RequestHints:
-    """Read the scheduling hints; raise :class:`BadRequest` naming the first malformed header."""
+def parse_request_hints(
+    headers: Mapping[str, str], objective_priorities: Mapping[str, int] | None = None
+) -> RequestHints:
+    """Read the scheduling hints; raise :class:`BadRequest` naming the first malformed header.
+    ``objective_priorities`` maps InferenceObjective names to their priorities."""
     return RequestHints(
         slo_ttft_ms=_slo(headers, SLO_TTFT_HEADERS),
         slo_tpot_ms=_slo(headers, SLO_TPOT_HEADERS),
-        priority=_priority(headers),
+        priority=_priority(headers, objective_priorities or {}),
         prediction_based=_boolean(headers, PREDICTION_HEADER),
         debug=bool(_boolean(headers, DEBUG_HEADER)),
     )

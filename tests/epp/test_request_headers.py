@@ -37,3 +37,11 @@ def test_bad_values_are_400s_naming_the_header(header: str, value: str) -> None:
     with pytest.raises(BadRequest) as info:
         parse_request_hints({header: value})
     assert info.value.param == header and header in info.value.message
+
+
+def test_inference_objective_header_sets_priority_unless_a_priority_header_is_given() -> None:
+    objectives = {"batch": -1, "chat": 10}
+    assert parse_request_hints({"x-gateway-inference-objective": "batch"}, objectives).priority == -1
+    assert parse_request_hints({"x-gateway-inference-objective": "unknown"}, objectives).priority == 0
+    headers = {"x-gateway-inference-objective": "batch", "x-llm-d-priority": "3"}
+    assert parse_request_hints(headers, objectives).priority == 3

@@ -1,0 +1,32 @@
+# One image for every process of the project: llm-epp (the EPP), llm-epp-trainer,
+# llm-epp-predictor, llm-epp-sim, llm-epp-stack and llm-epp-bench. The Helm chart runs the
+# EPP and its sidecars from it with different commands.
+#   make image            (docker build -t llm-epp:0.1.0 .)
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+WORKDIR /src
+RUN python -m venv /opt/llm-epp
+COPY pyproject.toml README.md ./
+COPY epp epp
+COPY trainer trainer
+COPY predictor predictor
+COPY sim sim
+COPY bench bench
+# A regular (non-editable) install: the final stage needs only the virtual environment.
+RUN /opt/llm-epp/bin/pip install --no-cache-dir --upgrade pip \
+ && /opt/llm-epp/bin/pip install --no-cache-dir . \
+ && /opt/llm-epp/bin/pip uninstall -y pip
+
+FROM ${PYTHON_IMAGE}
+RUN groupadd --system --gid 10001 llm-epp \
+ && useradd --system --uid 10001 --gid llm-epp --no-create-home --home-dir /nonexistent llm-epp
+COPY --from=build /opt/llm-epp /opt/llm-epp
+ENV PATH=/opt/llm-epp/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 10001:10001
+WORKDIR /tmp
+# ext_proc, gRPC health, metrics; trainer; first predictor
+EXPOSE 9002 9003 9090 8000 8001
+CMD ["llm-epp", "--help"]

@@ -1,0 +1,75 @@
+{{/* The EPP's name: its Deployment, Service, ServiceAccount and pod label app=<release>-epp. */}}
+{{- define "llm-epp.eppName" -}}
+{{- printf "%s-epp" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "llm-epp.labels" -}}
+app.kubernetes.io/name: llm-epp
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "llm-epp.selectorLabels" -}}
+app: {{ include "llm-epp.eppName" . }}
+{{- end -}}
+
+{{/* An image reference from {repository, tag, pullPolicy}, defaulting to the EPP's image. */}}
+{{- define "llm-epp.image" -}}
+{{- $base := .root.Values.inferenceExtension.image -}}
+{{- $image := merge (deepCopy (.image | default dict)) $base -}}
+{{- printf "%s:%s" $image.repository (toString ($image.tag | default .root.Chart.AppVersion)) -}}
+{{- end -}}
+
+{{- define "llm-epp.pullPolicy" -}}
+{{- (.image | default dict).pullPolicy | default .root.Values.inferenceExtension.image.pullPolicy -}}
+{{- end -}}
+
+{{/* Prediction server sidecars: latencyPredictor.predictionServerCount, else predictionServers.count. */}}
+{{- define "llm-epp.predictionServerCount" -}}
+{{- $lp := .Values.inferenceExtension.latencyPredictor -}}
+{{- if kindIs "invalid" $lp.predictionServerCount -}}
+{{- int $lp.predictionServers.count -}}
+{{- else -}}
+{{- int $lp.predictionServerCount -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Comma-separated prediction server URLs, as the EPP's --predictor-url takes them. */}}
+{{- define "llm-epp.predictorUrls" -}}
+{{- $start := int .Values.inferenceExtension.latencyPredictor.predictionServers.startPort -}}
+{{- $urls := list -}}
+{{- range $i := until (int (include "llm-epp.predictionServerCount" .)) -}}
+{{- $urls = append $urls (printf "http://127.0.0.1:%d" (add $start $i)) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- end -}}
+
+{{/* Command-line flags from a map: {name: value} -> ["--name=value", ...], sorted by name. */}}
+{{- define "llm-epp.flags" -}}
+{{- range $name, $value := . }}
+- {{ printf "--%s=%v" $name $value | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The EndpointPickerConfig file name in the ConfigMap, and its content. */}}
+{{- define "llm-epp.configName" -}}
+{{- $ie := .Values.inferenceExtension -}}
+{{- if $ie.pluginsCustomConfig -}}
+{{- first (keys $ie.pluginsCustomConfig) -}}
+{{- else if $ie.pluginsConfigFile -}}
+{{- printf "%s.yaml" $ie.pluginsConfigFile -}}
+{{- else if $ie.latencyPredictor.enabled -}}
+predicted-latency.yaml
+{{- else -}}
+gie-default.yaml
+{{- end -}}
+{{- end -}}
+
+{{- define "llm-epp.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: [ALL]}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}

@@ -1,0 +1,272 @@
+"""The Helm chart, rendered by the real Helm engine (see tests/helm/render.py), checked against
+Kubernetes' own schemas and against our processes' real command lines and HTTP routes.
+
+Custom resources (InferencePool, PodMonitoring, HTTPRoute, ...) have no schema in
+kubernetes-validate; the InferencePool is checked by the EPP's own parser instead.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from epp.app import HEALTH_SERVICES
+from epp.k8s.pool import parse_pool
+from epp.main import parse_args as epp_args
+from epp.scheduling.config import EndpointPickerConfig
+from predictor.server import create_app as predictor_app
+from predictor.settings import PredictorSettings
+from tests.helm.render import CHART, HELM_PYTHON, NAMESPACE, RELEASE, HelmFailed, Rendered, render
+from trainer.server import create_app as trainer_app
+from trainer.settings import TrainerSettings
+from trainer.webapp import parse_settings
+
+pytestmark = pytest.mark.skipif(
+    not HELM_PYTHON.exists(), reason="needs .venv-helm with helm-sdkpy (make helm-env; make test builds it)"
+)
+
+KUBERNETES_VERSION = "1.33"
+POOL = {"modelServers": {"matchLabels": {"app": "vllm-llama3-8b-instruct"}}}
+PREDICTOR_OFF = {"inferencePool": POOL, "provider": {"name": "none"}}
+# The guide's command: --set inferencePool.modelServers.matchLabels.app=... --set provider.name=gke
+# --set inferenceExtension.monitoring.gke.enabled=true --set inferenceExtension.latencyPredictor.enabled=true
+GUIDE = {
+    "inferencePool": POOL,
+    "provider": {"name": "gke"},
+    "inferenceExtension": {"monitoring": {"gke": {"enabled": True}}, "latencyPredictor": {"enabled": True}},
+}
+THREE_SERVERS = {
+    "inferencePool": POOL,
+    "provider": {"name": "none"},
+    "inferenceExtension": {"latencyPredictor": {"enabled": True, "predictionServerCount": 3}},
+}
+ANCHOR_COUNT_ISTIO = {
+    "inferencePool": {**POOL, "targetPorts": [{"number": 8000}, {"number": 8001}]},
+    "provider": {"name": "istio"},
+    "httpRoute": {"enabled": True},
+    "inferenceObjectives": [{"name": "batch", "priority": -1}, {"name": "chat", "priority": 10}],
+    "inferenceExtension": {
+        "replicas": 2,
+        "leaderElection": {"enabled": True},
+        "monitoring": {"prometheus": {"enabled": True}},
+        "flags": {"prediction-timeout-ms": 300},
+        "latencyPredictor": {
+            "enabled": True,
+            "modelExchange": "sharedVolume",
+            "predictionServers": {"count": 3, "startPort": 9101},
+            "trainingServer": {"port": 9100, "config": {"retrain-interval-s": 5}},
+        },
+    },
+}
+CASES = {
+    "predictor-off": (PREDICTOR_OFF, 0),
+    "guide-gke-1-server": (GUIDE, 1),
+    "3-servers-none": (THREE_SERVERS, 3),
+    "anchor-count-3-istio": (ANCHOR_COUNT_ISTIO, 3),
+}
+
+
+@pytest.fixture(params=list(CASES), ids=list(CASES))
+def case(request: pytest.FixtureRequest) -> tuple[Rendered, int]:
+    values, servers = CASES[request.param]
+    return render(values), servers
+
+
+def _containers(rendered: Rendered) -> dict[str, dict[str, Any]]:
+    pod = rendered.one("Deployment")["spec"]["template"]["spec"]
+    return {c["name"]: c for c in pod["containers"]}
+
+
+def _flags(args: list[str]) -> dict[str, str]:
+    return dict(arg.removeprefix("--").split("=", 1) for arg in args if "=" in arg)
+
+
+def test_lint_passes_and_every_object_was_accepted(case: tuple[Rendered, int]) -> None:
+    rendered, _ = case
+    assert not rendered.lint["Errors"], rendered.lint
+    assert {(d["kind"], d["metadata"]["name"]) for d in rendered.docs} == {
+        (d["kind"], d["metadata"]["name"]) for d in rendered.posted
+    }
+
+
+def test_builtin_objects_validate_against_kubernetes_schemas(case: tuple[Rendered, int]) -> None:
+    rendered, _ = case
+    checked = 0
+    for doc in rendered.docs:
+        try:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+            checked += 1
+        except kubernetes_validate.SchemaNotFoundError:
+            assert "." in doc["apiVersion"].split("/")[0], f"{doc['kind']} should have a schema"
+    assert checked >= 6  # ServiceAccount, Role, RoleBinding, ConfigMap, Service, Deployment
+
+
+def test_sidecars_match_the_prediction_server_count(case: tuple[Rendered, int]) -> None:
+    rendered, servers = case
+    names = list(_containers(rendered))
+    expected = ["epp"] + (
+        ["training-server"] + [f"prediction-server-{i + 1}" for i in range(servers)] if servers else []
+    )
+    assert names == expected
+
+
+def test_epp_arguments_are_valid_and_wired_to_the_sidecars(
+    case: tuple[Rendered, int], tmp_path: Path
+) -> None:
+    rendered, servers = case
+    containers = _containers(rendered)
+    epp = containers["epp"]
+    assert epp["command"] == ["llm-epp"]
+    settings, _ = epp_args(epp["args"])
+    assert (settings.endpoint_source, settings.pool_name, settings.pool_namespace) == (
+        "kubernetes",
+        RELEASE,
+        NAMESPACE,
+    )
+    ports = {p["name"]: p["containerPort"] for p in epp["ports"]}
+    assert ports == {
+        "grpc-ext-proc": settings.grpc_port,
+        "grpc-health": settings.health_port,
+        "metrics": settings.metrics_port,
+    }
+    predictor_ports = [urlparse(u).port for u in settings.predictor_url]
+    assert len(predictor_ports) == servers
+    if not servers:
+        assert settings.trainer_url is None
+        return
+    trainer_container = containers["training-server"]
+    trainer, _ = parse_settings(TrainerSettings, trainer_container["args"], "t", "")
+    assert urlparse(settings.trainer_url).port == trainer.port
+    assert trainer_container["ports"][0]["containerPort"] == trainer.port
+    for i, port in enumerate(predictor_ports):
+        sidecar = containers[f"prediction-server-{i + 1}"]
+        predictor, _ = parse_settings(PredictorSettings, sidecar["args"], "p", "")
+        assert predictor.port == port == sidecar["ports"][0]["containerPort"]
+        if predictor.trainer_url is not None:
+            assert urlparse(predictor.trainer_url).port == trainer.port
+        else:  # shared volume: the trainer's model directory, mounted read-only
+            mounts = {m["mountPath"]: m for m in sidecar["volumeMounts"]}
+            assert mounts[str(predictor.model_dir)].get("readOnly") is True
+            trainer_mounts = {m["mountPath"]: m["name"] for m in trainer_container["volumeMounts"]}
+            assert trainer_mounts[str(trainer.model_dir)] == mounts[str(predictor.model_dir)]["name"]
+
+
+def _routes(app: Any) -> set[str]:
+    return {route.path for route in app.routes}
+
+
+def test_probes_hit_real_endpoints_of_our_processes(case: tuple[Rendered, int], tmp_path: Path) -> None:
+    rendered, servers = case
+    containers = _containers(rendered)
+    epp = containers["epp"]
+    settings, _ = epp_args(epp["args"])
+    for probe in (epp["livenessProbe"], epp["readinessProbe"]):
+        assert probe["grpc"]["port"] == settings.health_port
+        assert probe["grpc"]["service"] in HEALTH_SERVICES
+    if not servers:
+        return
+    trainer_routes = _routes(trainer_app(TrainerSettings(model_dir=tmp_path / "models")))
+    predictor_routes = _routes(predictor_app(PredictorSettings(trainer_url="http://127.0.0.1:1")))
+    for name, container in containers.items():
+        if name == "epp":
+            continue
+        routes = trainer_routes if name == "training-server" else predictor_routes
+        own_port = container["ports"][0]["containerPort"]
+        for probe in (container["livenessProbe"], container["readinessProbe"]):
+            assert probe["httpGet"]["path"] in routes, (name, probe)
+            assert probe["httpGet"]["port"] == own_port
+
+
+def test_config_map_holds_a_valid_endpoint_picker_config(case: tuple[Rendered, int]) -> None:
+    rendered, servers = case
+    settings, _ = epp_args(_containers(rendered)["epp"]["args"])
+    config_map = rendered.one("ConfigMap")
+    name = Path(settings.config).name
+    config = EndpointPickerConfig.model_validate(yaml.safe_load(config_map["data"][name]))
+    plugin_types = {p.type for p in config.plugins}
+    assert ("predicted-latency-producer" in plugin_types) == bool(servers)
+
+
+def test_inference_pool_points_at_the_epp_service(case: tuple[Rendered, int]) -> None:
+    rendered, _ = case
+    pool_obj = rendered.one("InferencePool")
+    assert pool_obj["metadata"]["name"] == RELEASE
+    pool = parse_pool(pool_obj)
+    assert pool.match_labels == {"app": "vllm-llama3-8b-instruct"}
+    ref = pool.endpointPickerRef
+    assert ref is not None and ref.failureMode == "FailOpen"
+    service = rendered.one("Service")
+    assert ref.name == service["metadata"]["name"] == f"{RELEASE}-epp"
+    assert ref.port is not None
+    assert ref.port.number in [p["port"] for p in service["spec"]["ports"]]
+    pod_labels = rendered.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["app"] == f"{RELEASE}-epp"  # kubectl get pods -l app=NAME-epp
+    assert all(pod_labels.get(k) == v for k, v in service["spec"]["selector"].items())
+
+
+def test_provider_and_monitoring_objects() -> None:
+    guide = render(GUIDE)
+    assert {d["kind"] for d in guide.docs} >= {"HealthCheckPolicy", "GCPBackendPolicy", "PodMonitoring"}
+    monitor = guide.one("PodMonitoring")
+    assert monitor["spec"]["selector"]["matchLabels"] == {"app": f"{RELEASE}-epp"}
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    for kind in ("HealthCheckPolicy", "GCPBackendPolicy"):
+        assert guide.one(kind)["spec"]["targetRef"] == {
+            "group": "inference.networking.k8s.io",
+            "kind": "InferencePool",
+            "name": RELEASE,
+        }
+    istio = render(ANCHOR_COUNT_ISTIO)
+    assert istio.one("DestinationRule")["spec"]["host"] == f"{RELEASE}-epp.{NAMESPACE}.svc.cluster.local"
+    assert istio.one("ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+    route = istio.one("HTTPRoute")
+    assert route["spec"]["rules"][0]["backendRefs"][0]["kind"] == "InferencePool"
+    assert {o["metadata"]["name"]: o["spec"]["priority"] for o in istio.of_kind("InferenceObjective")} == {
+        "batch": -1,
+        "chat": 10,
+    }
+    rules = istio.one("Role")["rules"]
+    assert any("leases" in r["resources"] for r in rules)
+    assert "--ha-enable-leader-election" in _containers(istio)["epp"]["args"]
+    assert not {"HealthCheckPolicy", "DestinationRule", "PodMonitoring"} & {
+        d["kind"] for d in render(PREDICTOR_OFF).docs
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"provider": {"name": "none"}}, "inferencePool.modelServers.matchLabels is required"),
+        ({**PREDICTOR_OFF, "provider": {"name": "aws"}}, "provider.name"),
+        (
+            {**PREDICTOR_OFF, "inferenceExtension": {"latencyPredictor": {"predictionServerCount": 0}}},
+            "predictionServerCount",
+        ),
+        ({**PREDICTOR_OFF, "inferenceExtension": {"failureMode": "FailSometimes"}}, "failureMode"),
+        ({**PREDICTOR_OFF, "inferenceExtension": {"extProcPort": 70000}}, "extProcPort"),
+    ],
+    ids=["no-selector", "bad-provider", "zero-servers", "bad-failure-mode", "bad-port"],
+)
+def test_bad_values_fail_at_install(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(HelmFailed, match=message):
+        render(values)
+
+
+def test_schema_accepts_the_documented_examples() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.validate(defaults, schema)
+
+
+def test_shipped_configs_are_the_epps_own() -> None:
+    for link in (CHART / "configs").iterdir():
+        assert link.is_symlink(), f"{link.name} must link to epp/configs, not copy it"
+        assert link.resolve().parent == (CHART.parents[1] / "epp" / "configs").resolve()

@@ -1,0 +1,82 @@
+"""Lease-based leader election against the fake API server (no real one can run here)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kubernetes_asyncio.client import ApiClient
+
+from epp.k8s.leader import LeaseElector
+from tests.k8s.conftest import eventually
+from tests.k8s.fake_apiserver import FakeApiServer
+
+LEASE = "pool-epp-leader"
+
+
+def elector(api: ApiClient, identity: str, log: list[tuple[str, bool]]) -> LeaseElector:
+    async def on_change(leading: bool) -> None:
+        log.append((identity, leading))
+
+    return LeaseElector(
+        api, "default", LEASE, identity, on_change, lease_duration_s=1.0, renew_deadline_s=0.6, retry_s=0.05
+    )
+
+
+async def test_one_leader_and_fast_handover_on_release(apiserver: FakeApiServer, kube_api: ApiClient) -> None:
+    log: list[tuple[str, bool]] = []
+    a, b = elector(kube_api, "a", log), elector(kube_api, "b", log)
+    tasks = {e.identity: asyncio.create_task(e.run()) for e in (a, b)}
+    await eventually(lambda: a.leading or b.leading, what="a leader")
+    await asyncio.sleep(0.3)  # several rounds: the other one must stay a follower
+    assert [a.leading, b.leading].count(True) == 1
+    leader, follower = (a, b) if a.leading else (b, a)
+    lease = apiserver.get("Lease", "default", LEASE)
+    assert lease is not None and lease["spec"]["holderIdentity"] == leader.identity
+
+    tasks[leader.identity].cancel()
+    await asyncio.gather(tasks[leader.identity], return_exceptions=True)
+    # Released on shutdown: the standby takes over within a few retries, not a lease duration.
+    await eventually(lambda: follower.leading, timeout=0.5, what="handover")
+    assert log == [(leader.identity, True), (follower.identity, True)]
+    tasks[follower.identity].cancel()
+    await asyncio.gather(tasks[follower.identity], return_exceptions=True)
+
+
+async def test_takes_over_an_expired_lease(apiserver: FakeApiServer, kube_api: ApiClient) -> None:
+    apiserver.put(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": LEASE, "namespace": "default"},
+            "spec": {
+                "holderIdentity": "crashed-replica",
+                "leaseDurationSeconds": 1,
+                "acquireTime": "2026-01-10T09:00:00.000000Z",
+                "renewTime": "2026-01-10T09:00:00.000000Z",
+                "leaseTransitions": 3,
+            },
+        }
+    )
+    log: list[tuple[str, bool]] = []
+    c = elector(kube_api, "c", log)
+    task = asyncio.create_task(c.run())
+    await asyncio.sleep(0.5)
+    assert not c.leading, "a lease is honoured for its duration as observed locally"
+    await eventually(lambda: c.leading, timeout=2.0, what="takeover")
+    lease = apiserver.get("Lease", "default", LEASE)
+    assert lease is not None
+    assert (lease["spec"]["holderIdentity"], lease["spec"]["leaseTransitions"]) == ("c", 4)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_steps_down_when_it_cannot_renew(apiserver: FakeApiServer, kube_api: ApiClient) -> None:
+    log: list[tuple[str, bool]] = []
+    d = elector(kube_api, "d", log)
+    task = asyncio.create_task(d.run())
+    await eventually(lambda: d.leading, what="leading")
+    await apiserver.stop()
+    await eventually(lambda: not d.leading, timeout=2.0, what="step down")
+    assert log == [("d", True), ("d", False)]
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
