@@ -59,7 +59,7 @@ run: $(STAMP) $(if $(REAL_VLLM),$(VLLM_STAMP))
 test: $(STAMP) $(VLLM_STAMP) $(HELM_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(HELM_STAMP)
 	$(BIN)/pytest -m "not integration and not vllm" $(PYTEST_ARGS)
 
 bench: $(STAMP) $(VLLM_STAMP)

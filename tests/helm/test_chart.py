@@ -28,9 +28,9 @@ from trainer.server import create_app as trainer_app
 from trainer.settings import TrainerSettings
 from trainer.webapp import parse_settings
 
-pytestmark = pytest.mark.skipif(
-    not HELM_PYTHON.exists(), reason="needs .venv-helm with helm-sdkpy (make helm-env; make test builds it)"
-)
+if not HELM_PYTHON.exists():
+    # A missing install step is an error to fix, not a reason to skip the chart tests.
+    raise RuntimeError(f"{HELM_PYTHON} is missing: run `make helm-env` (make test builds it)")
 
 KUBERNETES_VERSION = "1.33"
 POOL = {"modelServers": {"matchLabels": {"app": "vllm-llama3-8b-instruct"}}}
