@@ -15,9 +15,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.kv_events import KVEventsSubscriber
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient
 from epp.metrics import EppMetrics
 from epp.requestcontrol.director import Director
@@ -58,13 +60,25 @@ class EppApp:
                 coalesce_window_s=settings.prediction_coalesce_ms / 1e3,
             )
         config = EndpointPickerConfig.from_file(config_path(settings.config))
-        context = PluginContext(clock=self.clock, rng=rng, latency_predictor=self.predictor)
+        self.kv_index = PreciseIndex()
+        self.metrics.track_kv_index(self.kv_index)
+        context = PluginContext(
+            clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
+        )
         self.pipeline = build_pipeline(config, context)
         self.director = Director(
             self.pipeline, self.store, ModelTokenizer(settings.tokenizer_dir), self.metrics, self.clock, rng
         )
         self.scraper = MetricsScraper(
             self.store, self.clock, settings.scrape_interval_s, settings.scrape_timeout_s
+        )
+        self.kv_events = KVEventsSubscriber(
+            self.store,
+            self.kv_index,
+            self.clock,
+            self.metrics,
+            staleness_s=settings.kv_events_staleness_s,
+            replay_timeout_s=settings.kv_events_replay_timeout_s,
         )
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
@@ -76,6 +90,7 @@ class EppApp:
         s = self.settings
         self.source.load()
         self.scraper.start()
+        self.kv_events.start()
         if self.predictor is not None:
             await self.predictor.start()
         self._tasks.append(asyncio.create_task(self.source.watch(), name="endpoints-file"))
@@ -116,5 +131,6 @@ class EppApp:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         await self.scraper.close()
+        await self.kv_events.close()
         if self.predictor is not None:
             await self.predictor.close()

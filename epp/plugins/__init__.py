@@ -5,6 +5,7 @@ from epp.plugins import (  # noqa: F401
     latency_scorer,
     latency_slo_admitter,
     pickers,
+    precise_prefix_cache,
     predicted_latency,
     prefix_affinity_filter,
     prefix_cache,
