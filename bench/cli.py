@@ -5,6 +5,7 @@ name       what it measures
 =========  ==================================================================================
 overhead   the EPP's added latency, throughput and CPU through real Envoy (stub engines)
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
+kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
 all        every benchmark above
 =========  ==================================================================================
 """
@@ -16,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import overhead, predictor_bench
+from bench import kv_index_bench, overhead, predictor_bench
 
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
     "predictor": predictor_bench.run,
+    "kv-index": kv_index_bench.run,
 }
 
 
