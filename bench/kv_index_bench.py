@@ -46,6 +46,7 @@ from sim.kv_events import KVEventPublisher, KVEventsConfig, encode_batch
 
 BLOCK_SIZE = 32
 NAME = "engine-0"
+E2E_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -186,9 +187,9 @@ def measure_ingest(settings: KVIndexBenchSettings) -> dict[str, Any]:
     }
 
 
-def _publish(endpoint: str, count: int, seed: int, go: Any) -> None:
+def _publish(endpoint: str, count: int, seed: int, go: Any, done: Any) -> None:
     """Child process: the simulator's publisher, priming until the subscriber is live, then
-    ``count`` vLLM-like batches as fast as it can send them."""
+    ``count`` vLLM-like batches as fast as it can send them, kept until the subscriber is done."""
     steps = _vllm_like_events(count, seed)
     publisher = KVEventPublisher(KVEventsConfig(enable_kv_cache_events=True, endpoint=endpoint))
     try:
@@ -196,12 +197,12 @@ def _publish(endpoint: str, count: int, seed: int, go: Any) -> None:
             publisher.publish([{"type": "AllBlocksCleared"}])
         for events in steps:
             publisher.publish(events)
-        time.sleep(2.0)  # linger: let the subscriber drain
+        done.wait(E2E_TIMEOUT_S)
     finally:
         publisher.close()
 
 
-async def _subscribe(endpoint: str, expected_blocks: int, go: Any) -> float:
+async def _subscribe(endpoint: str, expected_blocks: int, go: Any, done: Any) -> float:
     store, index, registry = EndpointStore(), PreciseIndex(), CollectorRegistry()
     metrics = EppMetrics(registry, "bench", store, time.monotonic)
     subscriber = KVEventsSubscriber(store, index, time.monotonic, metrics)
@@ -214,9 +215,12 @@ async def _subscribe(endpoint: str, expected_blocks: int, go: Any) -> float:
         start = time.perf_counter()
         go.set()
         while index.blocks_held(NAME) < expected_blocks:
+            if time.perf_counter() - start > E2E_TIMEOUT_S:
+                raise RuntimeError(f"{index.blocks_held(NAME)} of {expected_blocks} blocks indexed")
             await asyncio.sleep(0.001)
         return time.perf_counter() - start
     finally:
+        done.set()
         await subscriber.close()
 
 
@@ -224,13 +228,12 @@ def measure_end_to_end(settings: KVIndexBenchSettings) -> dict[str, Any]:
     count = settings.e2e_batches
     with tempfile.TemporaryDirectory(prefix="kvbench-") as scratch:
         endpoint = f"ipc://{scratch}/events.sock"
-        go = multiprocessing.get_context("spawn").Event()
-        child = multiprocessing.get_context("spawn").Process(
-            target=_publish, args=(endpoint, count, settings.seed + 3, go)
-        )
+        spawn = multiprocessing.get_context("spawn")
+        go, done = spawn.Event(), spawn.Event()
+        child = spawn.Process(target=_publish, args=(endpoint, count, settings.seed + 3, go, done))
         child.start()
         try:
-            elapsed = asyncio.run(_subscribe(endpoint, BLOCKS_KEPT_PER_STEP * count, go))
+            elapsed = asyncio.run(_subscribe(endpoint, BLOCKS_KEPT_PER_STEP * count, go, done))
         finally:
             child.join(30)
     return {
