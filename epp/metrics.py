@@ -165,15 +165,21 @@ class _KVIndexCollector(Collector):
             "match comes from the approximate index",
             labels=labels,
         )
+        orphans = GaugeMetricFamily(
+            "llm_epp_kv_index_orphan_stores",
+            "Stored blocks whose parent the endpoint did not hold (a sign of missed KV events)",
+            labels=labels,
+        )
         for s in self.store.all():
             values = [self.pool, s.name]
             blocks.add_metric(values, self.index.blocks_held(s.name))
             stale.add_metric(values, 0.0 if self.index.is_live(s.name) else 1.0)
+            orphans.add_metric(values, self.index.orphans(s.name))
         size = GaugeMetricFamily(
             "llm_epp_kv_index_bytes", "Memory of the precise prefix index's table", labels=["name"]
         )
         size.add_metric([self.pool], self.index.nbytes)
-        yield from (blocks, stale, size)
+        yield from (blocks, stale, orphans, size)
 
 
 @dataclass(frozen=True, slots=True)

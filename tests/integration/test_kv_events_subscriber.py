@@ -196,6 +196,7 @@ async def test_catches_up_on_start_and_follows_stored_blocks(server: Server, rig
     await eventually(lambda: rig.matched(extended) == 5)
     assert rig.metric("llm_epp_kv_events_received_total", type="BlockStored") >= 2
     assert rig.metric("llm_epp_kv_index_blocks", name="pool") == rig.index.blocks_held(NAME) >= 5
+    assert rig.metric("llm_epp_kv_index_orphan_stores", name="pool") == 0  # every parent was known
 
 
 async def test_a_missed_batch_is_replayed(rig: Rig) -> None:
