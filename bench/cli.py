@@ -6,6 +6,7 @@ name       what it measures
 overhead   the EPP's added latency, throughput and CPU through real Envoy (stub engines)
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
+kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
 all        every benchmark above
 =========  ==================================================================================
 """
@@ -17,12 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import fidelity, overhead, predictor_bench
+from bench import fidelity, kv_index_bench, overhead, predictor_bench
 
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
+    "kv-index": kv_index_bench.run,
 }
 
 

@@ -16,12 +16,14 @@ from prometheus_client import CollectorRegistry, start_http_server
 import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.kv_events import KVEventsSubscriber
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.k8s.client import api_client, default_identity, default_namespace
 from epp.k8s.leader import LeaseElector
 from epp.k8s.source import ApiGroupVersion, KubernetesSource
+from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient
 from epp.metrics import EppMetrics
 from epp.plugins.token_load import find_tracker
@@ -69,7 +71,11 @@ class EppApp:
                 coalesce_window_s=settings.prediction_coalesce_ms / 1e3,
             )
         config = EndpointPickerConfig.from_file(config_path(settings.config))
-        context = PluginContext(clock=self.clock, rng=rng, latency_predictor=self.predictor)
+        self.kv_index = PreciseIndex()
+        self.metrics.track_kv_index(self.kv_index)
+        context = PluginContext(
+            clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
+        )
         self.pipeline = build_pipeline(config, context)
         if (tracker := find_tracker(self.pipeline.plugins.values())) is not None:
             self.metrics.export_token_load(tracker)
@@ -85,6 +91,14 @@ class EppApp:
         self.scraper = MetricsScraper(
             self.store, self.clock, settings.scrape_interval_s, settings.scrape_timeout_s
         )
+        self.kv_events = KVEventsSubscriber(
+            self.store,
+            self.kv_index,
+            self.clock,
+            self.metrics,
+            staleness_s=settings.kv_events_staleness_s,
+            replay_timeout_s=settings.kv_events_replay_timeout_s,
+        )
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
@@ -97,6 +111,7 @@ class EppApp:
         if self.source is not None:
             self.source.load()
         self.scraper.start()
+        self.kv_events.start()
         if self.predictor is not None:
             await self.predictor.start()
         if self.source is not None:
@@ -187,6 +202,7 @@ class EppApp:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         await self.scraper.close()
+        await self.kv_events.close()
         if self.predictor is not None:
             await self.predictor.close()
         if self._kube_api is not None:

@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoints import EndpointStore
+from epp.kvcache.precise_index import PreciseIndex
 from epp.load.token_load import TokenLoadTracker
 
 MAX_MODEL_LABELS = 100
@@ -179,6 +180,42 @@ class _PoolCollector(Collector):
         yield from (prefill, decode, kv, remaining)
 
 
+class _KVIndexCollector(Collector):
+    """The precise prefix index per endpoint, read at scrape time."""
+
+    def __init__(self, pool: str, store: EndpointStore, index: PreciseIndex) -> None:
+        self.pool, self.store, self.index = pool, store, index
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["name", "model_server_pod"]
+        blocks = GaugeMetricFamily(
+            "llm_epp_kv_index_blocks",
+            "KV blocks the endpoint's engine holds, per its KV events",
+            labels=labels,
+        )
+        stale = GaugeMetricFamily(
+            "llm_epp_kv_events_stale",
+            "1 when the endpoint has no KV-event source or its events went stale: its prefix "
+            "match comes from the approximate index",
+            labels=labels,
+        )
+        orphans = GaugeMetricFamily(
+            "llm_epp_kv_index_orphan_stores",
+            "Stored blocks whose parent the endpoint did not hold (a sign of missed KV events)",
+            labels=labels,
+        )
+        for s in self.store.all():
+            values = [self.pool, s.name]
+            blocks.add_metric(values, self.index.blocks_held(s.name))
+            stale.add_metric(values, 0.0 if self.index.is_live(s.name) else 1.0)
+            orphans.add_metric(values, self.index.orphans(s.name))
+        size = GaugeMetricFamily(
+            "llm_epp_kv_index_bytes", "Memory of the precise prefix index's table", labels=["name"]
+        )
+        size.add_metric([self.pool], self.index.nbytes)
+        yield from (blocks, stale, orphans, size)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSeries:
     """The per-model children of the request metrics, resolved once per model (labels are slow)."""
@@ -321,6 +358,29 @@ class EppMetrics:
             ["model_server_pod"],
             registry=registry,
         )
+        self.kv_events = Counter(
+            "llm_epp_kv_events_received",
+            "KV events received from engines, by type (invalid: undecodable batches)",
+            ["model_server_pod", "type"],
+            registry=registry,
+        )
+        self.kv_event_gaps = Counter(
+            "llm_epp_kv_events_gaps",
+            "Missed KV-event batches, by outcome (replayed: replay filled the gap; rebuilt: it "
+            "could not, and the endpoint's entries were cleared and rebuilt; restarted: the "
+            "publisher started over)",
+            ["model_server_pod", "outcome"],
+            registry=registry,
+        )
+        self.kv_event_fallbacks = Counter(
+            "llm_epp_kv_events_fallback",
+            "Times an endpoint's KV events went stale, so that its prefix match fell back to the "
+            "approximate index",
+            ["model_server_pod"],
+            registry=registry,
+        )
+        self.pool = pool
+        self.store = store
         self._pool = _PoolCollector(pool, store, clock)
         registry.register(self._pool)
         self._series: dict[str, ModelSeries] = {}
@@ -328,6 +388,10 @@ class EppMetrics:
     def export_token_load(self, tracker: TokenLoadTracker) -> None:
         """Export ``tracker``'s per-endpoint load (the pipeline's ``token-load-producer``)."""
         self._pool.token_load = tracker
+
+    def track_kv_index(self, index: PreciseIndex) -> None:
+        """Export ``index`` per endpoint (blocks, staleness) and its memory."""
+        self.registry.register(_KVIndexCollector(self.pool, self.store, index))
 
     def for_model(self, model: str) -> ModelSeries:
         """Series for ``model``; past ``MAX_MODEL_LABELS`` distinct models, the shared ``other`` series."""

@@ -43,6 +43,10 @@ class EppSettings(BaseModel):
     scrape_interval_s: float = Field(0.05, gt=0, description="engine /metrics polling period")
     scrape_timeout_s: float = Field(1.0, gt=0, description="engine /metrics request timeout")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
+    kv_events_staleness_s: float = Field(
+        5.0, gt=0, description="a busy engine silent this long falls back to the approximate index"
+    )
+    kv_events_replay_timeout_s: float = Field(2.0, gt=0, description="wait for a KV-events replay answer")
     seed: int | None = Field(None, description="seed for the scheduling RNG (random if unset)")
     predictor_url: list[str] = Field(
         default_factory=list, description="predictor sidecar base URLs (repeat the flag or comma-separate)"

@@ -160,11 +160,19 @@ def start_envoy(
     return component
 
 
-def write_endpoints_file(path: Path, endpoints: Sequence[tuple[str, int]]) -> Path:
-    """Atomically write the EPP's static endpoints file (names ``replica-0`` ...)."""
-    spec = {
-        "endpoints": [{"name": f"replica-{i}", "address": a, "port": p} for i, (a, p) in enumerate(endpoints)]
-    }
+def write_endpoints_file(
+    path: Path,
+    endpoints: Sequence[tuple[str, int]],
+    kv_events: Sequence[tuple[str, str | None]] | None = None,
+) -> Path:
+    """Atomically write the EPP's static endpoints file (names ``replica-0`` ...), with each
+    endpoint's KV-events (publisher, replay) sockets when given."""
+    entries: list[dict[str, Any]] = [
+        {"name": f"replica-{i}", "address": a, "port": p} for i, (a, p) in enumerate(endpoints)
+    ]
+    for entry, (events, replay) in zip(entries, kv_events or (), strict=False):
+        entry.update(kv_events_endpoint=events, kv_events_replay_endpoint=replay)
+    spec = {"endpoints": entries}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(spec))
     tmp.replace(path)

@@ -70,6 +70,8 @@ class StackConfig:
     failure_mode: FailureMode = "FailClose"
     model: str = "tiny"
     workdir: Path | None = None
+    kv_events: bool = False
+    """Simulated replicas publish KV events (with a replay socket) and the EPP subscribes."""
 
 
 class LocalStack:
@@ -163,6 +165,10 @@ class LocalStack:
             self.config.sim_profile,
             *self.config.sim_args,
         ]
+        if self.config.kv_events:
+            events, replay = self.kv_event_sockets(index)
+            config = {"enable_kv_cache_events": True, "endpoint": events, "replay_endpoint": replay}
+            argv += ["--kv-events-config", json.dumps(config)]
         component = spawn(f"replica-{index}", argv, self.workdir)
         wait_until(component, http_ok(f"http://127.0.0.1:{port}/health"))
         return component
@@ -171,8 +177,14 @@ class LocalStack:
         """(Re)write the EPP's endpoints file with the given replicas (all by default)."""
         indexes = range(self.config.replicas) if indexes is None else indexes
         return write_endpoints_file(
-            self.workdir / "endpoints.yaml", [("127.0.0.1", self.replica_ports[i]) for i in indexes]
+            self.workdir / "endpoints.yaml",
+            [("127.0.0.1", self.replica_ports[i]) for i in indexes],
+            [self.kv_event_sockets(i) for i in indexes] if self.config.kv_events else None,
         )
+
+    def kv_event_sockets(self, index: int) -> tuple[str, str]:
+        """Replica ``index``'s KV-event publisher and replay sockets (``ipc://`` in the workdir)."""
+        return f"ipc://{self.workdir}/kv-{index}.sock", f"ipc://{self.workdir}/kv-replay-{index}.sock"
 
     def start(self) -> None:
         try:

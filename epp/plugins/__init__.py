@@ -7,6 +7,7 @@ from epp.plugins import (  # noqa: F401
     latency_slo_admitter,
     load_balancing,
     pickers,
+    precise_prefix_cache,
     predicted_latency,
     prefix_affinity_filter,
     prefix_cache,

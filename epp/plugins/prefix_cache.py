@@ -83,16 +83,24 @@ class ApproximatePrefixCacheProducer(DataProducer, PreRequest):
         self._capacity: dict[str, int] = {}
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState) -> None:
-        hashes = prefix_block_hashes(
+        hashes = self.block_hashes(request)
+        for e in endpoints:
+            self._capacity[e.name] = self._capacity_for(e)
+        matched = self.matched_blocks(hashes, endpoints)
+        state.put(PREFIX_MATCH, PrefixMatch(len(hashes), matched, hashes, self.params.block_size_tokens))
+
+    def block_hashes(self, request: LLMRequest) -> list[int]:
+        """The chain of hashes naming the prompt's full blocks."""
+        return prefix_block_hashes(
             request.prompt_token_ids,
             self.params.block_size_tokens,
             seed_text=f"{request.model}\x00{request.cache_salt or ''}",
             max_blocks=self.params.max_prefix_blocks_to_match,
         )
-        for e in endpoints:
-            self._capacity[e.name] = self._capacity_for(e)
-        matched = self.index.longest_prefix(hashes)
-        state.put(PREFIX_MATCH, PrefixMatch(len(hashes), matched, hashes, self.params.block_size_tokens))
+
+    def matched_blocks(self, hashes: list[int], endpoints: Sequence[EndpointState]) -> dict[str, int]:
+        """Leading blocks of ``hashes`` each endpoint holds (0s may be omitted)."""
+        return self.index.longest_prefix(hashes)
 
     def _capacity_for(self, endpoint: EndpointState) -> int:
         configured = self.params.lru_capacity_per_server
@@ -119,7 +127,12 @@ class PrefixCacheScorer(Scorer):
     def score(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
     ) -> list[float]:
-        match = state.get(PREFIX_MATCH)
-        if match is None:
-            return [0.0] * len(endpoints)
-        return [match.fraction(e.name) for e in endpoints]
+        return prefix_scores(endpoints, state)
+
+
+def prefix_scores(endpoints: Sequence[EndpointState], state: CycleState) -> list[float]:
+    """Each endpoint's share of the prompt's blocks that it holds (0 without a prefix match)."""
+    match = state.get(PREFIX_MATCH)
+    if match is None:
+        return [0.0] * len(endpoints)
+    return [match.fraction(e.name) for e in endpoints]

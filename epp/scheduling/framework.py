@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from epp.kvcache.precise_index import PreciseIndex
 from epp.scheduling.types import Endpoint, EndpointState, LLMRequest, SchedulingResult
 
 if TYPE_CHECKING:
@@ -65,6 +66,9 @@ class PluginContext:
     wall_clock: Callable[[], float] = time.time
     """Seconds since the epoch, for timestamps that leave the process (training samples)."""
     latency_predictor: LatencyPredictor | None = None
+    kv_index: PreciseIndex = field(default_factory=PreciseIndex)
+    """The engines' KV blocks from their KV events (the live EPP's is fed by its data layer; a
+    fresh one tracks no endpoint, so precise consumers fall back)."""
 
 
 class NoParameters(BaseModel):

@@ -1,0 +1,73 @@
+"""Precise prefix-cache routing end to end: simulated replicas publish KV events, the EPP (config
+``precise-prefix``) subscribes, hashes prompts as the engines do, and routes to the cache.
+
+A prompt is cached on a replica by sending it there directly, past the gateway, so the EPP's
+routing history knows nothing of it: only the replica's KV events can send the prompt back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from epp.tokenization import ModelTokenizer
+from sim.stack import LocalStack
+from tests.stacks import metric_sum, start_stack, wait_for
+
+pytestmark = pytest.mark.integration
+BLOCK_SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    s = start_stack(
+        tmp_path_factory.mktemp("precise"),
+        replicas=3,
+        sim_profile="instant",
+        sim_args=["--block-size", str(BLOCK_SIZE)],
+        epp_config="precise-prefix",
+        kv_events=True,
+    )
+    yield s
+    s.stop()
+
+
+def index_blocks(stack: LocalStack, replica: int) -> float:
+    return metric_sum(stack.epp_metrics_url, "llm_epp_kv_index_blocks", model_server_pod=f"replica-{replica}")
+
+
+@pytest.mark.parametrize(("holder", "topic"), [(2, "shipping"), (0, "weather")])
+def test_a_prompt_cached_behind_the_gateways_back_is_routed_to_its_replica(
+    stack: LocalStack, holder: int, topic: str
+) -> None:
+    prompt = f"You answer questions about {topic} for a large company, politely and briefly. " * 30
+    tokens = ModelTokenizer().encode(prompt)
+    blocks = len(tokens) // BLOCK_SIZE
+    assert blocks >= 10
+    before = index_blocks(stack, holder)
+    direct = httpx.post(
+        f"{stack.replica_url(holder)}/v1/completions",
+        json={"model": "tiny", "prompt": prompt, "max_tokens": 1},
+        timeout=30,
+    )
+    assert direct.json()["usage"]["prompt_tokens"] == len(tokens)  # the EPP tokenizes like the engine
+    # The EPP's index follows the replica's BlockStored events.
+    assert wait_for(lambda: index_blocks(stack, holder) >= before + blocks), index_blocks(stack, holder)
+
+    routed = httpx.post(
+        f"{stack.gateway_url}/v1/completions",
+        json={"model": "tiny", "prompt": prompt + " And one more thing?", "max_tokens": 2},
+        headers={"x-llm-epp-debug": "true"},
+        timeout=30,
+    )
+    assert routed.status_code == 200, routed.text
+    # The EPP's hashes of the prompt are the engine's: it went where they are cached.
+    assert routed.headers["x-llm-epp-endpoint"] == f"replica-{holder}"
+    assert (
+        routed.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= blocks * BLOCK_SIZE - BLOCK_SIZE
+    )
+    stale = metric_sum(stack.epp_metrics_url, "llm_epp_kv_events_stale")
+    assert stale == 0  # every replica's events are live
+    assert metric_sum(stack.epp_metrics_url, "llm_epp_kv_events_gaps_total", outcome="rebuilt") == 0
