@@ -7,9 +7,11 @@ routing history knows nothing of it: only the replica's KV events can send the p
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import httpx
+import openai
 import pytest
 
 from epp.tokenization import ModelTokenizer
@@ -71,3 +73,22 @@ def test_a_prompt_cached_behind_the_gateways_back_is_routed_to_its_replica(
     stale = metric_sum(stack.epp_metrics_url, "llm_epp_kv_events_stale")
     assert stale == 0  # every replica's events are live
     assert metric_sum(stack.epp_metrics_url, "llm_epp_kv_events_gaps_total", outcome="rebuilt") == 0
+
+
+def test_a_multi_turn_conversation_keeps_hitting_its_cache(stack: LocalStack) -> None:
+    client = openai.OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="unused", max_retries=0, timeout=30)
+    messages = [{"role": "system", "content": "You track parcels for a harbour logistics firm. " * 20}]
+    cached, endpoints = [], set()
+    for turn in range(5):
+        # Each turn adds well over a block (32 tokens), so the cached prefix grows every turn.
+        question = f"Turn {turn}: where is parcel {turn * 7919}, and when does it leave the dock? " * 4
+        messages.append({"role": "user", "content": question})
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny", messages=messages, max_tokens=8, extra_headers={"x-llm-epp-debug": "true"}
+        )
+        reply = raw.parse()
+        endpoints.add(raw.headers["x-llm-epp-endpoint"])
+        cached.append(reply.usage.prompt_tokens_details.cached_tokens)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    assert len(endpoints) == 1, endpoints  # every turn went back to the replica holding the conversation
+    assert cached[0] == 0 and all(later > earlier for earlier, later in itertools.pairwise(cached)), cached
