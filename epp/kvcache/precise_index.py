@@ -176,36 +176,29 @@ class PreciseIndex:
     def _homes(self, keys: np.ndarray) -> np.ndarray:
         return ((keys * np.uint64(_FIBONACCI)) >> np.uint64(64 - self._bits)).astype(np.int64)
 
+    def _probe(self, h: int) -> int:
+        """The row holding ``h`` or, when ``h`` is absent, the empty row its probe run ends at."""
+        if h == 0:
+            return self._cap
+        keys, mask = self._keys, self._cap - 1
+        i = self._home(h)
+        while (k := int(keys[i])) != h and k != 0:
+            i = (i + 1) & mask
+        return i
+
     def _find(self, h: int) -> int:
         """Row of ``h``, or -1."""
-        if h == 0:
-            return self._cap
-        keys, mask = self._keys, self._cap - 1
-        i = self._home(h)
-        while True:
-            k = int(keys[i])
-            if k == h:
-                return i
-            if k == 0:
-                return -1
-            i = (i + 1) & mask
+        i = self._probe(h)
+        return i if h == 0 or int(self._keys[i]) == h else -1
 
     def _row_for_insert(self, h: int) -> int:
-        if h == 0:
-            return self._cap
-        if (self._used + 1) * 3 > self._cap * 2:
+        if h != 0 and (self._used + 1) * 3 > self._cap * 2:
             self._resize(self._bits + 1)
-        keys, mask = self._keys, self._cap - 1
-        i = self._home(h)
-        while True:
-            k = int(keys[i])
-            if k == h:
-                return i
-            if k == 0:
-                keys[i] = h
-                self._used += 1
-                return i
-            i = (i + 1) & mask
+        i = self._probe(h)
+        if h != 0 and int(self._keys[i]) == 0:
+            self._keys[i] = h
+            self._used += 1
+        return i
 
     def _delete(self, hole: int) -> None:
         """Empty row ``hole``, shifting later entries of its probe run back (no tombstones)."""
