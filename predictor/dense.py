@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import weakref
 from typing import Final
 
 import numpy as np
@@ -33,6 +34,8 @@ _LIB.XGBoosterPredictFromDense.argtypes = [
     ctypes.POINTER(_FLOAT_P),
 ]
 _LIB.XGBoosterPredictFromDense.restype = ctypes.c_int
+_LIB.XGProxyDMatrixCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+_LIB.XGDMatrixFree.argtypes = [ctypes.c_void_p]
 _LIB.XGBGetLastError.restype = ctypes.c_char_p
 
 _CONFIG: Final = json.dumps(
@@ -55,11 +58,14 @@ class DensePredictor:
     booster, which is copied before the call returns.
     """
 
-    __slots__ = ("_booster", "_dims", "_handle", "_out", "_shape")
+    __slots__ = ("__weakref__", "_booster", "_dims", "_handle", "_out", "_proxy", "_shape")
 
     def __init__(self, booster: xgb.Booster) -> None:
         self._booster = booster  # keeps the handle alive
         self._handle = booster.handle
+        self._proxy = ctypes.c_void_p()
+        _check(_LIB.XGProxyDMatrixCreate(ctypes.byref(self._proxy)))
+        weakref.finalize(self, _LIB.XGDMatrixFree, self._proxy)
         self._shape = _ULONG_P()
         self._dims = ctypes.c_uint64()
         self._out = _FLOAT_P()
@@ -74,18 +80,23 @@ class DensePredictor:
             f'{{"data":[{matrix.ctypes.data},true],"shape":[{rows},{columns}],'
             f'"strides":null,"typestr":"<f4","version":3}}'
         )
-        status = _LIB.XGBoosterPredictFromDense(
-            self._handle,
-            interface.encode(),
-            _CONFIG,
-            None,
-            ctypes.byref(self._shape),
-            ctypes.byref(self._dims),
-            ctypes.byref(self._out),
+        _check(
+            _LIB.XGBoosterPredictFromDense(
+                self._handle,
+                interface.encode(),
+                _CONFIG,
+                self._proxy,
+                ctypes.byref(self._shape),
+                ctypes.byref(self._dims),
+                ctypes.byref(self._out),
+            )
         )
-        if status != 0:
-            raise xgb.core.XGBoostError(_LIB.XGBGetLastError().decode())
         size = math.prod(self._shape[i] for i in range(self._dims.value))
         if size != rows:
             raise ValueError(f"expected one output per row ({rows}), got {size}: not a single-output model")
         return np.ctypeslib.as_array(self._out, (rows,)).copy()
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise xgb.core.XGBoostError(_LIB.XGBGetLastError().decode())

@@ -40,13 +40,13 @@ def test_no_rows(booster: xgb.Booster) -> None:
     assert DensePredictor(booster).predict(np.empty((0, 12), np.float32)).shape == (0,)
 
 
-def test_successive_calls_do_not_share_output(booster: xgb.Booster) -> None:
+def test_successive_calls_are_independent(booster: xgb.Booster) -> None:
     predictor = DensePredictor(booster)
     rng = np.random.default_rng(2)
-    first_features = rng.random((10, 12), dtype=np.float32)
-    first = predictor.predict(first_features)
-    predictor.predict(rng.random((10, 12), dtype=np.float32))
-    assert np.array_equal(first, booster.inplace_predict(first_features))
+    batches = [rng.random((rows, 12), dtype=np.float32) for rows in (10, 1000, 1, 100, 10)]
+    predicted = [predictor.predict(features) for features in batches]
+    for features, result in zip(batches, predicted, strict=True):
+        assert np.array_equal(result, booster.inplace_predict(features))
 
 
 def test_xgboost_errors_are_raised(booster: xgb.Booster) -> None:
