@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from unittest.mock import ANY
 
 import httpx
 import numpy as np
@@ -184,3 +185,11 @@ async def test_quantile_models_say_their_quantile(tmp_path: Path) -> None:
     async for client in loaded(PredictorSettings(model_dir=tmp_path, poll_interval_s=3600)):
         body = (await client.post("/predict/bulk/strict", json={"requests": feature_rows(2)})).json()
         assert [p["quantile"] for p in body["predictions"]] == [0.9, 0.9]
+
+
+async def test_non_finite_numbers_are_refused_by_field(client: httpx.AsyncClient) -> None:
+    rows = feature_rows(3)
+    rows[2]["kv_cache_percentage"] = float("nan")  # json.dumps writes the NaN token
+    response = await client.post("/predict/bulk/strict", content=json.dumps({"requests": rows}))
+    assert response.status_code == 422
+    assert response.json()["errors"][0] == {"index": 2, "field": "kv_cache_percentage", "error": ANY}
