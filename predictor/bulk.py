@@ -23,7 +23,7 @@ from predictor.metrics import PredictorMetrics
 from predictor.models import ModelSet
 from predictor.reload import ModelReloader
 from trainer.features import RowError, decode_feature_rows, decode_feature_rows_partial
-from trainer.webapp import JSON, BadBody, json_error, read_json_body
+from trainer.webapp import JSON, BadBody, internal_error, json_error, read_json_body
 
 
 class BulkPredictions:
@@ -51,7 +51,11 @@ class BulkPredictions:
         self._duration = metrics.duration
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = await self._respond(Request(scope, receive), time.perf_counter())
+        request = Request(scope, receive)
+        try:
+            response = await self._respond(request, time.perf_counter())
+        except Exception as exc:  # served ahead of FastAPI's error middleware: answer as it would
+            response = internal_error(request, exc)
         await response(scope, receive, send)
 
     async def _respond(self, request: Request, started: float) -> Response:

@@ -16,20 +16,21 @@ by side (8001, 8002, ...) and the EPP spreads its calls over them.
 
 Both prediction routes answer 503 before the first model is loaded, 422 for 0 rows, more than
 ``max_rows`` or a body that is not ``{"requests": [...]}``, 400 for a body that is not JSON and
-413 past ``max_body_bytes``. They are plain ASGI apps (:mod:`predictor.bulk`), not FastAPI
-endpoints.
+413 past ``max_body_bytes``. They are plain ASGI apps (:mod:`predictor.bulk`), answered
+ahead of FastAPI (:class:`PredictorApp`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from predictor.bulk import BulkPredictions
 from predictor.metrics import PredictorMetrics
@@ -37,6 +38,26 @@ from predictor.models import ServedModel
 from predictor.reload import DirectorySource, ModelReloader, ModelSource, TrainerSource
 from predictor.settings import PredictorSettings
 from trainer.webapp import add_common_routes, json_response, parse_settings, serve
+
+
+class PredictorApp(FastAPI):
+    """A FastAPI app that answers ``POST`` to the prediction routes itself, ahead of FastAPI's
+    middleware and router (about 40 µs a call). They are also mounted on the router, which
+    answers other methods on those paths with 405."""
+
+    def __init__(self, prediction_routes: Mapping[str, BulkPredictions], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.prediction_routes = dict(prediction_routes)
+        for path, endpoint in self.prediction_routes.items():
+            self.router.routes.append(Route(path, endpoint, methods=["POST"]))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.prediction_routes.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def source_for(settings: PredictorSettings) -> ModelSource:
@@ -67,19 +88,19 @@ def create_app(settings: PredictorSettings, reloader: ModelReloader | None = Non
                 await task
             await reloader.source.close()
 
-    app = FastAPI(title="llm-epp predictor", lifespan=lifespan)
-    app.state.reloader = reloader
-    add_common_routes(app, metrics.registry, lambda: None if reloader.current else "no model loaded yet")
-
-    for path, strict in (("/predict/bulk/strict", True), ("/predict/bulk", False)):
-        endpoint = BulkPredictions(
+    routes = {
+        path: BulkPredictions(
             reloader,
             metrics,
             strict=strict,
             max_rows=settings.max_rows,
             max_body_bytes=settings.max_body_bytes,
         )
-        app.router.routes.append(Route(path, endpoint, methods=["POST"]))
+        for path, strict in (("/predict/bulk/strict", True), ("/predict/bulk", False))
+    }
+    app = PredictorApp(routes, title="llm-epp predictor", lifespan=lifespan)
+    app.state.reloader = reloader
+    add_common_routes(app, metrics.registry, lambda: None if reloader.current else "no model loaded yet")
 
     @app.get("/status")
     async def status() -> Response:
