@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from collections.abc import Collection
 
 import numpy as np
-from prometheus_client import Counter
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -47,7 +46,7 @@ class BulkPredictions:
         self._ok, self._invalid, self._unavailable = (
             metrics.calls.labels(endpoint, outcome) for outcome in ("ok", "invalid", "unavailable")
         )
-        self._rows: Counter = metrics.rows
+        self._rows = metrics.rows
         self._duration = metrics.duration
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -104,7 +103,7 @@ class BulkPredictions:
         )
 
 
-def predictions_text(models: ModelSet, ttft: np.ndarray, tpot: np.ndarray, invalid: dict[int, Any]) -> str:
+def predictions_text(models: ModelSet, ttft: np.ndarray, tpot: np.ndarray, invalid: Collection[int]) -> str:
     """The items of ``"predictions"``, comma-separated, ``null`` for the rows in ``invalid``: one
     ``%`` formatting for all rows rather than a model object, or a format call, per row."""
     quantile = "null" if models.quantile is None else repr(models.quantile)
