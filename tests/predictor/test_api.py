@@ -7,12 +7,13 @@ import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from unittest.mock import ANY
 
 import httpx
 import numpy as np
 import pytest
 
-from predictor.models import build_model_set
+from predictor.models import ModelSet, build_model_set
 from predictor.reload import ModelReloader
 from predictor.server import create_app
 from predictor.settings import PredictorSettings
@@ -184,3 +185,30 @@ async def test_quantile_models_say_their_quantile(tmp_path: Path) -> None:
     async for client in loaded(PredictorSettings(model_dir=tmp_path, poll_interval_s=3600)):
         body = (await client.post("/predict/bulk/strict", json={"requests": feature_rows(2)})).json()
         assert [p["quantile"] for p in body["predictions"]] == [0.9, 0.9]
+
+
+async def test_non_finite_numbers_are_refused_by_field(client: httpx.AsyncClient) -> None:
+    rows = feature_rows(3)
+    rows[2]["kv_cache_percentage"] = float("nan")  # json.dumps writes the NaN token
+    response = await client.post("/predict/bulk/strict", content=json.dumps({"requests": rows}))
+    assert response.status_code == 422
+    assert response.json()["errors"][0] == {"index": 2, "field": "kv_cache_percentage", "error": ANY}
+
+
+async def test_other_methods_on_prediction_routes_get_405(client: httpx.AsyncClient) -> None:
+    for endpoint in ("/predict/bulk/strict", "/predict/bulk"):
+        response = await client.get(endpoint)
+        assert response.status_code == 405
+        assert response.json() == {"detail": "Method Not Allowed"}
+
+
+async def test_an_unexpected_error_is_a_json_500(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: ModelSet, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ModelSet, "predict", broken)
+    response = await client.post("/predict/bulk/strict", json={"requests": feature_rows(2)})
+    assert response.status_code == 500
+    assert response.json() == {"detail": "internal error: RuntimeError"}
