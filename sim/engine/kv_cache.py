@@ -146,6 +146,19 @@ class KVCacheManager:
             )
         return True
 
+    def append_block(self, request: EngineRequest) -> None:
+        """Give the request one more block from the free queue (the caller checked there is one).
+
+        Used by ``Engine.fast_forward_decode``, which replays the allocations of many decode
+        steps in the order the steps would have made them.
+        """
+        request.blocks.append(self._take_free_block())
+
+    def cache_full_blocks(self, request: EngineRequest, num_full_blocks: int) -> None:
+        """Register the request's first ``num_full_blocks`` blocks in the prefix cache."""
+        if self.enable_caching:
+            self._cache_full_blocks(request, num_full_blocks)
+
     def free(self, request: EngineRequest) -> None:
         """Release the request's blocks (tail first into the LRU queue)."""
         free = self._free
