@@ -152,6 +152,8 @@ class FleetSimulator:
         self._seq = 0
         self._in_flight: dict[str, _InFlight] = {}
         self._pending_arrivals = 0
+        self._group_open: dict[str, int] = {}
+        self._waiting_for: dict[str, list[_SessionState]] = {}
         self._scraped_at = -math.inf
         self._lifecycle: list[tuple[float, int, int, RequestOutput]] = []
         self._sample_times: list[float] = []
@@ -164,8 +166,15 @@ class FleetSimulator:
         started = time.perf_counter()
         self._on_done = on_request_done
         for state in self._sessions:
-            if state.session.turns:
-                self._push(state.session.start_s, _ARRIVAL, state)
+            session = state.session
+            if not session.turns:
+                continue
+            if session.group:
+                self._group_open[session.group] = self._group_open.get(session.group, 0) + 1
+            if session.after is None:
+                self._push(session.start_s, _ARRIVAL, state)
+            else:
+                self._waiting_for.setdefault(session.after, []).append(state)
         self._push(self.config.sample_interval_s, _SAMPLE, None)
         self._push(self.config.retrain_interval_s, _RETRAIN, None)
         heap = self._heap
@@ -348,10 +357,21 @@ class FleetSimulator:
             return  # a later turn already arrived (open loop)
         if state.next_turn >= len(turns):
             state.tokens, state.digests = None, []
+            self._session_ended(state.session)
             return
         turn = turns[state.next_turn]
         if turn.offset_s is None:
             self._push(self.now + turn.think_s, _ARRIVAL, state)
+
+    def _session_ended(self, session: Session) -> None:
+        """Start the sessions that waited for the last of ``session``'s group."""
+        group = session.group
+        if not group:
+            return
+        self._group_open[group] -= 1
+        if self._group_open[group] == 0:
+            for state in self._waiting_for.pop(group, []):
+                self._push(self.now + state.session.start_s, _ARRIVAL, state)
 
     def _outcome(self, flight: _InFlight, *, completed: bool) -> RequestOutcome:
         record = flight.record

@@ -12,7 +12,9 @@ A turn's prompt is one of
 
 A turn arrives ``offset_s`` after its session's start (open loop: recorded times), or, when
 ``offset_s`` is None, ``think_s`` after the session's previous turn finished (closed loop: a user
-or an agent waiting for the answer). A session's first turn always arrives at ``start_s``.
+or an agent waiting for the answer). A session's first turn arrives at ``start_s``, or, for a
+session that waits for a group (``after``: an RL step's rollouts wait for the previous step),
+``start_s`` after the last session of that group ended.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class Session:
     turns: tuple[Turn, ...]
     group: str = ""
     """Sessions that finish together count as one unit (an RL step's rollouts), reported as such."""
+    after: str | None = None
+    """A group whose sessions must all have ended before this session starts."""
 
 
 @dataclass(slots=True)
