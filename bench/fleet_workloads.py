@@ -115,7 +115,7 @@ def agentic_weka(options: WorkloadOptions) -> Workload:
         turns: list[Turn] = []
         context = previous_input = previous_output = 0
         for row in rows:
-            output = min(row.output_tokens, MAX_OUTPUT)
+            output = max(1, min(row.output_tokens, MAX_OUTPUT))
             new = row.input_tokens - previous_input - previous_output
             size = context + previous_output + new
             if not turns or new < 0 or size + output > window:

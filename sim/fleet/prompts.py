@@ -37,9 +37,15 @@ def _mix(values: np.ndarray) -> np.ndarray:
 
 def synthetic_tokens(key: int, count: int) -> np.ndarray:
     """``count`` token ids determined by ``key`` alone (int64)."""
-    seed = _mix(np.array([key & 0xFFFF_FFFF_FFFF_FFFF], dtype=np.uint64))[0]
-    positions = np.arange(count, dtype=np.uint64) * _U64(0x9E3779B97F4A7C15) + seed
-    return (_mix(positions) % _U64(VOCAB_HIGH - VOCAB_LOW)).astype(np.int64) + VOCAB_LOW
+    return synthetic_blocks([key], count)[0]
+
+
+def synthetic_blocks(keys: Sequence[int], count: int) -> np.ndarray:
+    """One row of ``count`` token ids per key, row i what ``synthetic_tokens(keys[i], count)`` gives."""
+    seeds = _mix(np.array([key & 0xFFFF_FFFF_FFFF_FFFF for key in keys], dtype=np.uint64))
+    positions = np.arange(count, dtype=np.uint64) * _U64(0x9E3779B97F4A7C15)
+    mixed = _mix(seeds[:, None] + positions[None, :])
+    return (mixed % _U64(VOCAB_HIGH - VOCAB_LOW)).astype(np.int64) + VOCAB_LOW
 
 
 def turn_key(session_id: str, turn: int) -> int:
@@ -79,8 +85,8 @@ class PromptBuilder:
         size = self.hash_block_tokens
         if not hash_ids or input_tokens > len(hash_ids) * size:
             raise ValueError(f"{len(hash_ids)} hash blocks of {size} cannot hold {input_tokens} tokens")
-        pieces = [synthetic_tokens(hid ^ _BLOCK_SALT, size) for hid in hash_ids]
-        tokens = np.concatenate(pieces)[:input_tokens].tolist()
+        pieces = synthetic_blocks([hid ^ _BLOCK_SALT for hid in hash_ids], size)
+        tokens = pieces.reshape(-1)[:input_tokens].tolist()
         if not self._aligned:
             return tokens, chain_hashes(tokens, self.block_size)
         per_block = size // self.block_size
