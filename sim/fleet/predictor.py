@@ -9,10 +9,10 @@ calls ``retrain`` every so many virtual seconds. Until a TTFT model exists, ``pr
 ``warming_up`` like the sidecars, and the EPP's plugins fall back to their heuristics.
 
 One deliberate difference from the live trainer, for speed: a retraining is skipped unless the
-TTFT window received at least ``min_growth`` (10%) of its size in new samples since the last fit.
+TTFT window received at least ``min_growth`` (25%) of its size in new samples since the last fit.
 The live trainer refits on any change every 10 s; an XGBoost fit costs ~0.3–0.6 s of CPU, which a
 one-hour trace replayed in a minute cannot pay 360 times. Early on (small windows) this refits
-often, later about every 10% of new traffic.
+often, later after every 25% of new traffic.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from trainer.settings import TrainerSettings
 
 class InProcessPredictor:
     def __init__(
-        self, settings: TrainerSettings | None = None, *, seed: int = 0, min_growth: float = 0.1
+        self, settings: TrainerSettings | None = None, *, seed: int = 0, min_growth: float = 0.25
     ) -> None:
         self._directory = tempfile.TemporaryDirectory(prefix="llm-epp-fleet-models-")
         base = settings or TrainerSettings(train_threads=1)

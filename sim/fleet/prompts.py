@@ -98,7 +98,8 @@ class PromptBuilder:
                 break
             joined = self._memo.get((parent, hid))
             if joined is None:
-                joined = b"".join(chain_hashes(piece.tolist(), self.block_size, parent=parent))
+                block = tokens[start : start + size] if whole == per_block else piece.tolist()
+                joined = b"".join(chain_hashes(block, self.block_size, parent=parent))
                 self._remember((parent, hid), joined)
             digests.extend(joined[i * _DIGEST : (i + 1) * _DIGEST] for i in range(whole))
             if whole < per_block:
