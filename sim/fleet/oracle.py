@@ -6,9 +6,10 @@ candidate it estimates, from that state and the cost model, the request's own en
 there (the step in flight, the prefill queued ahead plus its own uncached prefill in token-budget
 chunks beside the decoding batch, then its decode at the batch's step time, plus any wait for KV
 blocks or a batch slot, until requests whose true remaining length is shortest free them), and
-the delay it inflicts on the requests already there (their steps lengthen for as long as they
-overlap it). It picks the smallest sum. It is greedy (it does not foresee later arrivals), so it
-is a strong bound rather than an optimum.
+the delay it inflicts on the requests already there or still in the server's front end (their
+steps lengthen for as long as they overlap it, and much more during its prefill). It picks the
+smallest sum (ties: the emptiest replica). It is greedy (it does not foresee later arrivals), so
+it is a strong bound rather than an optimum.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ class OracleRouter(Router):
     name = "oracle"
 
     def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
-        return min(replicas, key=lambda replica: (self.cost(replica, call, now), replica.index))
+        return min(
+            replicas,
+            key=lambda r: (self.cost(r, call, now), r.state.in_flight, r.index),
+        )
 
     def cost(self, replica: Replica, call: RoutingCall, now: float) -> float:
         """Seconds: the request's own estimated end-to-end time there, plus the delay it adds to others."""
@@ -58,7 +62,8 @@ class OracleRouter(Router):
             else:
                 queued_prefill += request.num_tokens - request.num_computed_tokens
         reserved = 0
-        for request in engine.waiting:
+        waiting = [*engine.waiting, *replica.arriving.values()]
+        for request in waiting:
             queued_prefill += request.num_tokens - _hit_tokens(engine, request)
             reserved += -(-(request.num_tokens + request.max_output_tokens) // block_size)
 
@@ -85,10 +90,10 @@ class OracleRouter(Router):
 
         # Waiting for KV blocks or a batch slot: until the shortest requests there finish.
         shortage = blocks_needed + reserved - engine.kv_cache.num_free_blocks
-        full = len(engine.running) + len(engine.waiting) >= config.max_num_seqs
+        full = len(engine.running) + len(waiting) >= config.max_num_seqs
         slot_wait = 0.0
         if shortage > 0 or full:
-            slots_needed = len(engine.waiting) + 1 if full else 0
+            slots_needed = len(waiting) + 1 if full else 0
             finished = sorted(remaining)
             freed = 0
             slot_wait = (finished[-1][0] if finished else 0) * tpot
@@ -98,10 +103,13 @@ class OracleRouter(Router):
                     slot_wait = left * tpot
                     break
         own_e2e = wait + slot_wait + ahead + own + (output - 1) * tpot
-        # Delay inflicted: the decoding requests' steps lengthen while they overlap this one,
-        # and each of its prefill steps costs them more than a plain decode step.
+        # Delay inflicted on every request already there (decoding now, or by the time this one
+        # prefills): their steps lengthen while they overlap it, and each of its prefill steps
+        # costs them more than a plain decode step.
+        others = len(engine.running) + len(waiting)
+        plain = step_time(0, 0, others, decode_context, usage) if others else 0.0
         harm = sum(min(left, output) for left, _ in remaining) * max(0.0, tpot - before)
-        harm += decode_n * max(0.0, own - own_steps * before)
+        harm += others * max(0.0, own - own_steps * plain)
         return own_e2e + harm
 
 

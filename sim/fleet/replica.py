@@ -25,6 +25,8 @@ class Replica:
         self.profile = profile
         self.engine = Engine(profile.engine, profile.cost, OUTPUT_VOCAB)
         self.step: ScheduledStep | None = None
+        self.arriving: dict[str, EngineRequest] = {}
+        """Requests routed here and still in the server's front end (not yet in the engine)."""
         config = profile.engine
         self.state = EndpointState(
             Endpoint(name=f"replica-{index}", address="10.0.0.1", port=8000 + index),
@@ -49,6 +51,7 @@ class Replica:
 
     def add(self, request: EngineRequest, now: float) -> None:
         """Queue a request (raises ``RequestRejectedError`` if the engine can never serve it)."""
+        self.arriving.pop(request.request_id, None)
         self.engine.add_request(request, now)
         if self.step is None:
             self.step = self.engine.schedule(now)

@@ -311,6 +311,7 @@ class FleetSimulator:
         self._in_flight[request_id] = flight
         delay = self.profile.frontend.delay(len(tokens), replica.engine.num_running)
         if delay > 0:
+            replica.arriving[request_id] = engine_request
             self._push(now + delay, _ENGINE_ADD, flight)
         else:
             self._enter_engine(flight)
