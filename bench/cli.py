@@ -84,7 +84,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default="llama-3.1-8b-h100", choices=available_profiles())
     p.add_argument("--limit", type=int, default=None, help="first N requests / sessions / RL steps")
     p.add_argument("--scrape-interval-ms", type=float, default=50.0)
-    p.add_argument("--retrain-interval-s", type=float, default=5.0)
+    p.add_argument("--retrain-interval-s", type=float, default=10.0, help="the live trainer's default")
 
 
 def main(argv: list[str] | None = None) -> None:

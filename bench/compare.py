@@ -39,7 +39,7 @@ class CompareSettings:
     profile: str = "llama-3.1-8b-h100"
     limit: int | None = None
     scrape_interval_s: float = 0.05
-    retrain_interval_s: float = 5.0
+    retrain_interval_s: float = 10.0
 
 
 def resolve_routers(spec: str) -> tuple[str, ...]:

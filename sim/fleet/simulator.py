@@ -43,7 +43,7 @@ class FleetConfig:
     profile: str = "llama-3.1-8b-h100"
     scrape_interval_s: float = 0.05
     sample_interval_s: float = 0.5
-    retrain_interval_s: float = 5.0
+    retrain_interval_s: float = 10.0
     seed: int = 0
 
 
