@@ -59,6 +59,8 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
         seed=settings.seed,
     )
     runs: list[dict[str, Any]] = []
+    described: dict[str, str] = {}
+    parameters: dict[str, dict[str, Any]] = {}
     kept: dict[tuple[float, str], FleetResult] = {}
     workload = None
     columns = [
@@ -76,6 +78,8 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
                 max_model_len=profile.engine.max_model_len,
             )
             workload = build_workload(settings.workload, options)
+            described[f"{scale:g}"] = workload.description
+            parameters[f"{scale:g}"] = workload.params
             for router in settings.routers:
                 task = progress.add_task(f"{workload.name} x{scale:g} {router}", total=workload.num_requests)
                 simulator = FleetSimulator(
@@ -94,7 +98,11 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
     data = {
         "benchmark": "compare",
         "settings": asdict(settings),
-        "workload": {"name": workload.name, "description": workload.description, **workload.params},
+        "workload": {
+            "name": workload.name,
+            "description_by_rate_scale": described,
+            "params_by_rate_scale": parameters,
+        },
         "slo": {"ttft_ms": workload.slo_ttft_ms, "tpot_ms": workload.slo_tpot_ms},
         "profile": {"name": profile.name, "description": profile.description, "source": profile.source},
         "machine": machine(),
@@ -166,8 +174,6 @@ def _markdown(data: dict[str, Any], settings: CompareSettings, plots: list[str])
     lines = [
         f"# Router comparison: {workload['name']}",
         "",
-        f"{workload['description']}.",
-        "",
         f"- Engine profile: **{profile['name']}** ({settings.replicas} replicas). {profile['description']}",
         f"- Profile source: {profile['source']}",
         f"- Seed {settings.seed} (workload, router RNGs, predictor training); rate scales "
@@ -183,7 +189,8 @@ def _markdown(data: dict[str, Any], settings: CompareSettings, plots: list[str])
     for scale in settings.rate_scales:
         runs = [run for run in data["runs"] if run["rate_scale"] == scale]
         headers, rows = table_rows(runs)
-        lines += [f"## Rate scale {scale:g}", "", markdown_table(headers, rows), ""]
+        description = workload["description_by_rate_scale"][f"{scale:g}"]
+        lines += [f"## Rate scale {scale:g}", "", f"{description}.", "", markdown_table(headers, rows), ""]
         walls = ", ".join(f"{run['router']} {run['wall_s']:.1f} s" for run in runs)
         lines += [f"Simulated {runs[0]['virtual_s']:.0f} virtual s; wall time per router: {walls}.", ""]
     lines += [f"![{name}]({name})" for name in plots]
