@@ -7,7 +7,10 @@ overhead   the EPP's added latency, throughput and CPU through real Envoy (stub 
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
-all        every benchmark above
+compare    one workload replayed through several routers on the fleet simulator
+           (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
+fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
+all        every benchmark above except a custom ``compare``
 =========  ==================================================================================
 """
 
@@ -18,14 +21,74 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import fidelity, kv_index_bench, overhead, predictor_bench
+from bench import compare, fidelity, kv_index_bench, overhead, predictor_bench
+from bench.fleet_workloads import workload_names
+from sim.engine import available_profiles
+from sim.fleet import router_names
+
+FLEET_DEFAULTS = (
+    compare.CompareSettings(
+        "rl-stragglers",
+        ("random", "gie-default", "predicted-latency", "oracle"),
+        replicas=4,
+        rate_scales=(1.0, 2.0),
+        limit=2,
+    ),
+    compare.CompareSettings(
+        "agentic-weka",
+        ("random", "gie-default", "predicted-latency", "oracle"),
+        replicas=4,
+        rate_scales=(1.0,),
+        limit=16,
+    ),
+    compare.CompareSettings(
+        "mooncake-conversation",
+        ("random", "gie-default", "predicted-latency", "oracle"),
+        replicas=8,
+        rate_scales=(1.0,),
+        limit=1500,
+    ),
+)
+
+
+def run_fleet_defaults(out_dir: Path) -> None:
+    for settings in FLEET_DEFAULTS:
+        compare.run(settings, out_dir)
+
 
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,
+    "fleet": run_fleet_defaults,
 }
+
+
+def _scales(text: str) -> tuple[float, ...]:
+    try:
+        scales = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"rate scales must be numbers, got {text!r}") from None
+    if not scales or min(scales) <= 0:
+        raise argparse.ArgumentTypeError("give one or more positive rate scales")
+    return scales
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="replay one workload through several routers (fleet simulator)")
+    p.add_argument("--workload", required=True, help=f"one of: {', '.join(workload_names())}")
+    p.add_argument(
+        "--routers", default="all", help=f"comma-separated names or 'all' ({', '.join(router_names())})"
+    )
+    p.add_argument("--replicas", type=int, default=8)
+    p.add_argument("--out", type=Path, default=Path("results"))
+    p.add_argument("--rate-scales", type=_scales, default=(1.0,), help="e.g. 0.5,1,2,4 (past saturation)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default="llama-3.1-8b-h100", choices=available_profiles())
+    p.add_argument("--limit", type=int, default=None, help="first N requests / sessions / RL steps")
+    p.add_argument("--scrape-interval-ms", type=float, default=50.0)
+    p.add_argument("--retrain-interval-s", type=float, default=10.0, help="the live trainer's default")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,7 +97,30 @@ def main(argv: list[str] | None = None) -> None:
     for name in [*BENCHMARKS, "all"]:
         p = sub.add_parser(name, help="every benchmark" if name == "all" else f"the {name} benchmark")
         p.add_argument("--out", type=Path, default=Path("results"))
+    _add_compare(sub)
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        routers = compare.resolve_routers(args.routers)
+        unknown = [name for name in routers if name not in router_names() and not Path(name).is_file()]
+        if unknown or args.replicas < 1:
+            parser.error(f"unknown routers {unknown}" if unknown else "--replicas must be >= 1")
+        settings = compare.CompareSettings(
+            workload=args.workload,
+            routers=routers,
+            replicas=args.replicas,
+            rate_scales=args.rate_scales,
+            seed=args.seed,
+            profile=args.profile,
+            limit=args.limit,
+            scrape_interval_s=args.scrape_interval_ms / 1e3,
+            retrain_interval_s=args.retrain_interval_s,
+        )
+        try:
+            compare.run(settings, args.out)
+        except ValueError as exc:
+            parser.error(str(exc))
+        print(f"results written to {args.out}/")
+        return
     selected = BENCHMARKS if args.command == "all" else {args.command: BENCHMARKS[args.command]}
     for name, run in selected.items():
         print(f"== {name}")

@@ -241,6 +241,93 @@ class Engine:
             self.running = [request for request in self.running if not request.is_finished]
         return outputs
 
+    def fast_forward_decode(self, now: float, horizon: float) -> tuple[float, int]:
+        """Run at once the pure-decode steps that start at ``now``, end by ``horizon`` and finish nobody.
+
+        The result is exactly what that many ``schedule(t)`` / ``finish_step(step, step.end_time)``
+        pairs would leave (tokens, blocks taken in the same order, prefix-cache registrations,
+        counters, ``last_token_time``), without the per-step outputs and inter-token latencies:
+        the fleet simulator uses it to skip the step loop while a batch only decodes.
+
+        It runs nothing, returning ``(now, 0)``, unless no step is in flight, every running request
+        is decoding, the batch fits the token budget, nothing waits to be admitted (or the batch
+        is at ``max_num_seqs``) and KV events are off. It stops before a step that would finish a
+        request, need more blocks than are free, or end after ``horizon``. Returns the end time
+        of the last step run and how many ran.
+        """
+        config = self.config
+        running = self.running
+        n = len(running)
+        if (
+            self._step_in_flight
+            or n == 0
+            or n > config.max_num_batched_tokens
+            or self.kv_cache.record_events
+            or (self.waiting and n < config.max_num_seqs)
+        ):
+            return now, 0
+        block_size = config.block_size
+        groups: list[list[EngineRequest]] = [[] for _ in range(block_size)]
+        max_steps = None
+        context = 0
+        for request in running:
+            computed = request.num_computed_tokens
+            if len(request.all_token_ids) - computed != 1 or computed < request.num_prompt_tokens:
+                return now, 0
+            limit = request.max_output_tokens
+            if request.stop_after_tokens is not None:
+                limit = min(limit, request.stop_after_tokens)
+            steps_left = limit - len(request.output_token_ids) - 1
+            max_steps = steps_left if max_steps is None else min(max_steps, steps_left)
+            # The first step whose token needs a block beyond those held; then every block_size steps.
+            first_alloc = len(request.blocks) * block_size - computed + 1
+            if not 1 <= first_alloc <= block_size:
+                return now, 0
+            groups[first_alloc % block_size].append(request)
+            context += computed + 1
+        if max_steps is None or max_steps < 1:
+            return now, 0
+
+        needs = [len(group) for group in groups]
+        usable = self.kv_cache.num_usable_blocks
+        free = self.kv_cache.num_free_blocks
+        step_time = self.cost_model.step_time
+        end, steps = now, 0
+        for step in range(1, max_steps + 1):
+            need = needs[step % block_size]
+            if need > free:
+                break
+            duration = step_time(0, 0, n, context, 1.0 - (free - need) / usable)
+            if end + duration > horizon:
+                break
+            free -= need
+            end += duration
+            context += n
+            steps = step
+        if steps == 0:
+            return now, 0
+
+        kv_cache = self.kv_cache
+        for step in range(1, steps + 1):
+            for request in groups[step % block_size]:
+                kv_cache.append_block(request)
+        vocab = self._output_vocab
+        vocab_size = len(vocab)
+        hash_size = block_size if config.enable_prefix_caching else None
+        for request in running:
+            rng = request.rng
+            append = request.append_output_token
+            for _ in range(steps):
+                append(vocab[int(rng.random() * vocab_size)], hash_size)
+            request.num_computed_tokens += steps
+            kv_cache.cache_full_blocks(request, request.num_computed_tokens // block_size)
+            request.last_token_time = end
+        counters = self.counters
+        counters.num_steps += steps
+        counters.scheduled_tokens += n * steps
+        counters.generation_tokens += n * steps
+        return end, steps
+
     def _validate(self, request: EngineRequest) -> None:
         config = self.config
         if request.request_id in self._unfinished:

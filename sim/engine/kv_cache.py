@@ -138,13 +138,27 @@ class KVCacheManager:
                 block.ref_cnt += 1
             request.blocks.extend(computed_blocks)
             request.num_cached_blocks = len(request.blocks)
-        for _ in range(num_new_blocks):
-            request.blocks.append(self._take_free_block())
+        if num_new_blocks:
+            take = self._take_free_block
+            request.blocks.extend([take() for _ in range(num_new_blocks)])
         if self.enable_caching:
             self._cache_full_blocks(
                 request, min(num_computed + num_new_tokens, request.num_tokens) // block_size
             )
         return True
+
+    def append_block(self, request: EngineRequest) -> None:
+        """Give the request one more block from the free queue (the caller checked there is one).
+
+        Used by ``Engine.fast_forward_decode``, which replays the allocations of many decode
+        steps in the order the steps would have made them.
+        """
+        request.blocks.append(self._take_free_block())
+
+    def cache_full_blocks(self, request: EngineRequest, num_full_blocks: int) -> None:
+        """Register the request's first ``num_full_blocks`` blocks in the prefix cache."""
+        if self.enable_caching:
+            self._cache_full_blocks(request, num_full_blocks)
 
     def free(self, request: EngineRequest) -> None:
         """Release the request's blocks (tail first into the LRU queue)."""
@@ -175,7 +189,8 @@ class KVCacheManager:
         return events
 
     def _take_free_block(self) -> KVBlock:
-        _, block = self._free.popitem(last=False)
+        block = self._free.popitem(last=False)[1]
+        block.ref_cnt = 1
         digest = block.block_hash
         if digest is not None:
             holders = self._cached[digest]
@@ -192,7 +207,6 @@ class KVCacheManager:
                         "group_idx": 0,
                     }
                 )
-        block.ref_cnt = 1
         return block
 
     def _cache_full_blocks(self, request: EngineRequest, num_full_blocks: int) -> None:

@@ -80,7 +80,7 @@ def test_frontend_delay() -> None:
 
 
 def test_shipped_profiles() -> None:
-    assert available_profiles() == ["default", "instant", "tiny-cpu"]
+    assert available_profiles() == ["deepseek-v3-h200", "default", "instant", "llama-3.1-8b-h100", "tiny-cpu"]
     instant = load_profile("instant")
     assert instant.cost.step_time(8192, 0, 1024, 10**6, 1.0) < 0.001
     assert "overhead" in instant.description
@@ -133,7 +133,9 @@ def test_loads_a_profile_by_path(tmp_path: Path) -> None:
 
 
 def test_unknown_profile_names_the_shipped_ones() -> None:
-    with pytest.raises(ProfileError, match="default, instant, tiny-cpu"):
+    with pytest.raises(
+        ProfileError, match=r"deepseek-v3-h200, default, instant, llama-3\.1-8b-h100, tiny-cpu"
+    ):
         load_profile("no-such-profile")
     with pytest.raises(ProfileError, match="does not exist"):
         load_profile("/nonexistent/profile.yaml")
@@ -174,3 +176,17 @@ def test_non_mapping_and_invalid_yaml(tmp_path: Path) -> None:
     bad.write_text("name: [unclosed")
     with pytest.raises(ProfileError, match="cannot read profile"):
         load_profile(bad)
+
+
+def test_published_gpu_profiles() -> None:
+    """The fleet benchmark's profiles: plausible step times for their hardware, sources named."""
+    llama = load_profile("llama-3.1-8b-h100")
+    assert "BLIS" in llama.source and llama.engine.num_gpu_blocks == 29205
+    # BLIS's fit: ~5.8 ms for a one-sequence decode step, ~147 ms for a full 8192-token prefill
+    assert llama.cost.step_time(0, 0, 1, 1000, 0.1) == pytest.approx(0.005758704, rel=1e-6)
+    assert llama.cost.step_time(8192, 0, 0, 0, 0.0) == pytest.approx(0.14707, rel=1e-4)
+    deepseek = load_profile("deepseek-v3-h200")
+    assert "2412.19437" in deepseek.source and deepseek.engine.block_size == 64
+    # 64 sequences at 8k context decode at ~30 ms per token; 256 at 4k at ~43 ms
+    assert deepseek.cost.step_time(0, 0, 64, 64 * 8192, 0.5) == pytest.approx(0.0298, rel=0.01)
+    assert deepseek.cost.step_time(0, 0, 256, 256 * 4096, 0.9) == pytest.approx(0.0434, rel=0.01)

@@ -1,0 +1,274 @@
+"""``llm-epp-bench compare``: replay one workload through several routers on the fleet simulator.
+
+Every router sees the same workload (same seed, same arrivals, same tokens) on the same engine
+profile; the load is swept by the rate scales (``--rate-scales 0.5,1,2,4`` goes past
+saturation). Writes ``compare-<workload>.json`` (every metric of ``bench.fleet_metrics`` per scale
+and router, plus the run's settings), ``compare-<workload>.md`` (tables) and PNGs: latency CDFs
+per router, load CV over time, prefix-cache hit rate against concurrency.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench.fleet_metrics import load_cv_series, summarize
+from bench.fleet_workloads import WorkloadOptions, build_workload
+from bench.report import machine, markdown_table, write_results
+from sim.engine import load_profile
+from sim.fleet import FleetConfig, FleetResult, FleetSimulator, make_router, router_names
+
+
+@dataclass(frozen=True, slots=True)
+class CompareSettings:
+    workload: str
+    routers: tuple[str, ...]
+    replicas: int = 8
+    rate_scales: tuple[float, ...] = (1.0,)
+    seed: int = 0
+    profile: str = "llama-3.1-8b-h100"
+    limit: int | None = None
+    scrape_interval_s: float = 0.05
+    retrain_interval_s: float = 10.0
+
+
+def resolve_routers(spec: str) -> tuple[str, ...]:
+    """``all`` or a comma-separated list of router names."""
+    if spec == "all":
+        return tuple(router_names())
+    return tuple(name.strip() for name in spec.split(",") if name.strip())
+
+
+def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
+    profile = load_profile(settings.profile)
+    config = FleetConfig(
+        replicas=settings.replicas,
+        profile=settings.profile,
+        scrape_interval_s=settings.scrape_interval_s,
+        retrain_interval_s=settings.retrain_interval_s,
+        seed=settings.seed,
+    )
+    runs: list[dict[str, Any]] = []
+    described: dict[str, str] = {}
+    parameters: dict[str, dict[str, Any]] = {}
+    kept: dict[tuple[float, str], FleetResult] = {}
+    workload = None
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ]
+    with Progress(*columns) as progress:
+        for scale in settings.rate_scales:
+            options = WorkloadOptions(
+                scale=scale,
+                seed=settings.seed,
+                limit=settings.limit,
+                max_model_len=profile.engine.max_model_len,
+            )
+            workload = build_workload(settings.workload, options)
+            described[f"{scale:g}"] = workload.description
+            parameters[f"{scale:g}"] = workload.params
+            for router in settings.routers:
+                task = progress.add_task(f"{workload.name} x{scale:g} {router}", total=workload.num_requests)
+                simulator = FleetSimulator(
+                    workload,
+                    lambda clock, router=router: make_router(router, clock, settings.seed),
+                    config,
+                )
+                result = simulator.run(lambda task=task: progress.advance(task))
+                summary = summarize(result, workload)
+                runs.append({"rate_scale": scale, **summary})
+                kept[(scale, router)] = result
+                progress.update(
+                    task, description=f"{workload.name} x{scale:g} {router} ({result.wall_s:.1f} s)"
+                )
+    assert workload is not None
+    data = {
+        "benchmark": "compare",
+        "settings": asdict(settings),
+        "workload": {
+            "name": workload.name,
+            "description_by_rate_scale": described,
+            "params_by_rate_scale": parameters,
+        },
+        "slo": {"ttft_ms": workload.slo_ttft_ms, "tpot_ms": workload.slo_tpot_ms},
+        "profile": {"name": profile.name, "description": profile.description, "source": profile.source},
+        "machine": machine(),
+        "runs": runs,
+    }
+    stem = "compare-" + re.sub(r"[^A-Za-z0-9._-]+", "_", workload.name.split(":")[0])
+    plots = _plots(out_dir, stem, settings, kept, runs)
+    write_results(out_dir, stem, data, _markdown(data, settings, plots))
+    return data
+
+
+def _fmt(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def table_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    headers = [
+        "router",
+        "TTFT p50/p90/p99 ms",
+        "TPOT p50/p90/p99 ms",
+        "E2E p50/p90/p99 s",
+        "session p99 s",
+        "step p50/p99 s",
+        "out tok/s",
+        "goodput req/s",
+        "SLO att.",
+        "rej.",
+        "hit rate",
+        "load CV",
+        "MAPE ttft/tpot",
+        "decision µs",
+    ]
+    rows = []
+    for run in runs:
+        ttft, tpot, e2e = run["ttft_ms"], run["tpot_ms"], run["e2e_ms"]
+        group = run["group_e2e_s"]
+        mape = (
+            f"{_fmt(run['predictor_ttft_mape'], 3)}/{_fmt(run['predictor_tpot_mape'], 3)}"
+            if run["predicted_requests"]
+            else "–"
+        )
+        rows.append(
+            [
+                run["router"],
+                "/".join(_fmt(ttft[p]) for p in ("p50", "p90", "p99")),
+                "/".join(_fmt(tpot[p], 1) for p in ("p50", "p90", "p99")),
+                "/".join(_fmt(None if e2e[p] is None else e2e[p] / 1e3, 2) for p in ("p50", "p90", "p99")),
+                _fmt(run["session_e2e_s"]["p99"], 1),
+                f"{_fmt(group['p50'], 1)}/{_fmt(group['p99'], 1)}" if group else "–",
+                _fmt(run["throughput_output_tok_s"]),
+                _fmt(run["goodput_req_s"], 2),
+                _fmt(run["slo_attainment"], 3),
+                str(run["rejected"]),
+                _fmt(run["prefix_cache_hit_rate"], 3),
+                _fmt(run["load_cv_mean"], 3),
+                mape,
+                _fmt(run["decision_us"]["mean"]),
+            ]
+        )
+    return headers, rows
+
+
+def _markdown(data: dict[str, Any], settings: CompareSettings, plots: list[str]) -> str:
+    profile, workload, slo = data["profile"], data["workload"], data["slo"]
+    lines = [
+        f"# Router comparison: {workload['name']}",
+        "",
+        f"- Engine profile: **{profile['name']}** ({settings.replicas} replicas). {profile['description']}",
+        f"- Profile source: {profile['source']}",
+        f"- Seed {settings.seed} (workload, router RNGs, predictor training); rate scales "
+        f"{', '.join(f'{s:g}' for s in settings.rate_scales)}; metrics scraped every "
+        f"{settings.scrape_interval_s * 1e3:g} ms; predictor retrained every {settings.retrain_interval_s:g} "
+        "virtual seconds.",
+        f"- SLO: TTFT ≤ {_fmt(slo['ttft_ms'])} ms, TPOT ≤ {_fmt(slo['tpot_ms'])} ms "
+        "(goodput and attainment).",
+        f"- Machine: {data['machine']['cpus']} CPUs, Python {data['machine']['python']}, "
+        f"{data['machine']['date']}.",
+        "",
+    ]
+    for scale in settings.rate_scales:
+        runs = [run for run in data["runs"] if run["rate_scale"] == scale]
+        headers, rows = table_rows(runs)
+        description = workload["description_by_rate_scale"][f"{scale:g}"]
+        lines += [f"## Rate scale {scale:g}", "", f"{description}.", "", markdown_table(headers, rows), ""]
+        walls = ", ".join(f"{run['router']} {run['wall_s']:.1f} s" for run in runs)
+        lines += [f"Simulated {runs[0]['virtual_s']:.0f} virtual s; wall time per router: {walls}.", ""]
+    lines += [f"![{name}]({name})" for name in plots]
+    return "\n".join(lines)
+
+
+def _plots(
+    out_dir: Path,
+    stem: str,
+    settings: CompareSettings,
+    results: dict[tuple[float, str], FleetResult],
+    runs: list[dict[str, Any]],
+) -> list[str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = []
+    for scale in settings.rate_scales:
+        figure, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        for router in settings.routers:
+            records = [r for r in results[(scale, router)].records if r.completed]
+            for axis, values in zip(
+                axes,
+                (
+                    [r.ttft for r in records],
+                    [r.tpot for r in records if r.tpot is not None],
+                    [r.e2e for r in records],
+                ),
+                strict=True,
+            ):
+                if values:
+                    ordered = np.sort(values)
+                    axis.plot(ordered, np.arange(1, len(ordered) + 1) / len(ordered), label=router)
+        for axis, title in zip(axes, ("TTFT (s)", "TPOT (s)", "E2E (s)"), strict=True):
+            axis.set_xscale("log")
+            axis.set_xlabel(title)
+            axis.set_ylabel("fraction of requests")
+            axis.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        figure.suptitle(f"Latency CDFs, rate scale {scale:g}")
+        name = f"{stem}-cdf-x{scale:g}.png"
+        figure.tight_layout()
+        figure.savefig(out_dir / name, dpi=110)
+        plt.close(figure)
+        names.append(name)
+
+    scale = settings.rate_scales[-1]
+    figure, axis = plt.subplots(figsize=(10, 4))
+    for router in settings.routers:
+        result = results[(scale, router)]
+        series = load_cv_series(result)
+        axis.plot(result.sample_times, [np.nan if v is None else v for v in series], label=router, lw=0.8)
+    axis.set_xlabel("virtual time (s)")
+    axis.set_ylabel("CV of active decode KV blocks")
+    axis.set_title(f"Load imbalance across replicas (0.5 s samples), rate scale {scale:g}")
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    name = f"{stem}-load-cv.png"
+    figure.tight_layout()
+    figure.savefig(out_dir / name, dpi=110)
+    plt.close(figure)
+    names.append(name)
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for router in settings.routers:
+        points = sorted(
+            (run["mean_in_flight"], run["prefix_cache_hit_rate"])
+            for run in runs
+            if run["router"] == router and run["prefix_cache_hit_rate"] is not None
+        )
+        if points:
+            axis.plot(*zip(*points, strict=True), marker="o", label=router)
+    axis.set_xlabel("mean requests in flight (concurrency)")
+    axis.set_ylabel("prefix-cache hit rate (engine counters)")
+    axis.set_title("Hit rate against concurrency (one point per rate scale)")
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    name = f"{stem}-hit-rate.png"
+    figure.tight_layout()
+    figure.savefig(out_dir / name, dpi=110)
+    plt.close(figure)
+    names.append(name)
+    return names

@@ -1,0 +1,24 @@
+"""Fleet simulator: N simulated vLLM engines in virtual time, routed by the real EPP scheduling core.
+
+``workload`` says what is replayed (sessions of turns), ``prompts`` turns each turn into token ids
+with real shared prefixes, ``replica`` advances one engine, ``routers`` wraps an
+EndpointPickerConfig pipeline (or the clairvoyant ``oracle``), ``predictor`` runs the trainer and
+predictor in process, and ``simulator`` is the discrete-event loop that ties them together.
+"""
+
+from sim.fleet.catalog import ORACLE, make_router, router_names
+from sim.fleet.simulator import FleetConfig, FleetResult, FleetSimulator, RequestRecord
+from sim.fleet.workload import Session, Turn, Workload
+
+__all__ = [
+    "ORACLE",
+    "FleetConfig",
+    "FleetResult",
+    "FleetSimulator",
+    "RequestRecord",
+    "Session",
+    "Turn",
+    "Workload",
+    "make_router",
+    "router_names",
+]

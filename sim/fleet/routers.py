@@ -1,0 +1,152 @@
+"""The router interface of the fleet simulator, and the router that runs an EPP pipeline.
+
+A pipeline router runs the real scheduling core and plugins of an EndpointPickerConfig with a
+virtual clock, a seeded RNG and an in-process latency predictor, and gets the lifecycle calls the
+live director makes: first token, progress, finish.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import epp.plugins  # noqa: F401  (registers every plugin type)
+from epp.configs import config_path
+from epp.errors import RequestError
+from epp.latency.predictions import LATENCY_PREDICTIONS
+from epp.scheduling.config import EndpointPickerConfig, build_pipeline
+from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome, ResponseObserver
+from epp.scheduling.pipeline import NoCandidates
+from epp.scheduling.types import LLMRequest, SchedulingResult
+from sim.fleet.predictor import InProcessPredictor
+from sim.fleet.replica import Replica
+
+EPOCH = 1.7e9
+"""Virtual time 0 as seconds since the epoch (for the timestamps of training samples)."""
+
+
+class RoutingRejected(Exception):
+    """The router refused the request; ``reason`` says why (a short label)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class RoutingCall:
+    """One request being routed, the truth about it that only the oracle may read, and what the
+    router kept about its decision."""
+
+    request: LLMRequest
+    output_tokens: int
+    block_digests: list[bytes]
+    """The engine's names of the prompt's full KV blocks."""
+    result: SchedulingResult | None = None
+    state: CycleState | None = None
+
+
+class Router:
+    """Base of the simulator's routers; override ``route`` and the steps you need."""
+
+    name: str
+    wants_progress: bool = False
+    """Whether ``on_progress`` does anything (the simulator skips the calls otherwise)."""
+
+    def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
+        """The replica that serves ``call``; raises :class:`RoutingRejected` to refuse it."""
+        raise NotImplementedError
+
+    def on_first_token(self, call: RoutingCall, now: float) -> None:
+        """The first output token reached the gateway."""
+
+    def on_progress(self, call: RoutingCall, tokens: int, now: float) -> None:
+        """``tokens`` output tokens have streamed."""
+
+    def on_finished(self, call: RoutingCall, outcome: RequestOutcome) -> None:
+        """The request is over (completed, or refused by the engine)."""
+
+    def tick(self, now: float) -> None:
+        """Periodic work in virtual time (retraining)."""
+
+    def predicted(self, call: RoutingCall) -> tuple[float, float] | None:
+        """Predicted (TTFT ms, TPOT ms) on the chosen endpoint, when the router predicted."""
+        return None
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+def run_to_completion(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never suspends (every producer answers at once) without an event loop."""
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coroutine.close()
+    raise RuntimeError("a producer suspended; the fleet simulator needs producers that answer at once")
+
+
+class PipelineRouter(Router):
+    """A shipped (or any) EndpointPickerConfig, run by the real scheduling pipeline."""
+
+    def __init__(
+        self, config: str, clock: Callable[[], float], seed: int, *, name: str | None = None
+    ) -> None:
+        self.name = name or config
+        self.predictor = InProcessPredictor(seed=seed)
+        context = PluginContext(
+            clock=clock,
+            rng=random.Random(seed),
+            wall_clock=lambda: EPOCH + clock(),
+            latency_predictor=self.predictor,
+        )
+        self.pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), context)
+        self.wants_progress = any(
+            type(observer).on_progress is not ResponseObserver.on_progress
+            for observer in self.pipeline.observers
+        )
+        self._by_name: dict[str, Replica] = {}
+
+    def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
+        if len(self._by_name) != len(replicas):
+            self._by_name = {replica.name: replica for replica in replicas}
+        state = CycleState()
+        try:
+            result = run_to_completion(
+                self.pipeline.schedule(call.request, [replica.state for replica in replicas], state)
+            )
+        except NoCandidates:
+            raise RoutingRejected("no_candidates") from None
+        except RequestError as error:
+            raise RoutingRejected(error.dropped_reason or type(error).__name__) from None
+        call.result, call.state = result, state
+        return self._by_name[result.endpoint.name]
+
+    def on_first_token(self, call: RoutingCall, now: float) -> None:
+        for observer in self.pipeline.observers:
+            observer.on_first_token(call.request, call.result, call.state, now)  # type: ignore[arg-type]
+
+    def on_progress(self, call: RoutingCall, tokens: int, now: float) -> None:
+        for observer in self.pipeline.observers:
+            observer.on_progress(call.request, call.result, call.state, tokens, now)  # type: ignore[arg-type]
+
+    def on_finished(self, call: RoutingCall, outcome: RequestOutcome) -> None:
+        for observer in self.pipeline.observers:
+            observer.on_finished(call.request, call.result, call.state, outcome)  # type: ignore[arg-type]
+
+    def tick(self, now: float) -> None:
+        if self.predictor.service.windows["ttft"].added_total:
+            self.predictor.retrain()
+
+    def predicted(self, call: RoutingCall) -> tuple[float, float] | None:
+        predictions = call.state.get(LATENCY_PREDICTIONS) if call.state is not None else None
+        if predictions is None or call.result is None:
+            return None
+        chosen = predictions.by_endpoint.get(call.result.endpoint.name)
+        return None if chosen is None else (chosen.ttft_ms, chosen.tpot_ms)
+
+    def close(self) -> None:
+        self.predictor.close()

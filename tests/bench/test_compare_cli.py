@@ -1,0 +1,50 @@
+"""``llm-epp-bench compare`` end to end on a tiny workload."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+
+
+def test_compare_writes_json_markdown_and_plots(tmp_path: Path) -> None:
+    trace = tmp_path / "tiny.jsonl"
+    rows = [
+        {"session_id": f"s{i}", "arrival_s": i * 0.2, "input_tokens": 300 + 50 * i, "output_tokens": 20}
+        for i in range(6)
+    ] + [{"session_id": "s0", "think_s": 0.5, "input_tokens": 900, "output_tokens": 10, "prefix": "previous"}]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    main(
+        [
+            "compare",
+            "--workload",
+            f"session-trace:{trace}",
+            "--routers",
+            "random,gie-default,oracle",
+            "--replicas",
+            "2",
+            "--rate-scales",
+            "1,2",
+            "--out",
+            str(out),
+        ]
+    )
+    data = json.loads((out / "compare-session-trace.json").read_text())
+    assert data["profile"]["name"] == "llama-3.1-8b-h100" and data["settings"]["seed"] == 0
+    assert [(r["rate_scale"], r["router"]) for r in data["runs"]] == [
+        (scale, router) for scale in (1.0, 2.0) for router in ("random", "gie-default", "oracle")
+    ]
+    assert all(r["completed"] == 7 and r["rejected"] == 0 for r in data["runs"])
+    report = (out / "compare-session-trace.md").read_text()
+    assert "llama-3.1-8b-h100" in report and "Seed 0" in report and "| oracle |" in report
+    for name in ("cdf-x1", "cdf-x2", "load-cv", "hit-rate"):
+        assert (out / f"compare-session-trace-{name}.png").stat().st_size > 1000
+
+
+def test_compare_rejects_unknown_routers(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["compare", "--workload", "rl-stragglers", "--routers", "nope", "--out", str(tmp_path)])
