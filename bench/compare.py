@@ -20,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.fleet_metrics import load_cv_series, summarize
@@ -229,11 +230,7 @@ def _plots(
             axis.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
         figure.suptitle(f"Latency CDFs, rate scale {scale:g}")
-        name = f"{stem}-cdf-x{scale:g}.png"
-        figure.tight_layout()
-        figure.savefig(out_dir / name, dpi=110)
-        plt.close(figure)
-        names.append(name)
+        names.append(_save(figure, out_dir, f"{stem}-cdf-x{scale:g}.png"))
 
     scale = settings.rate_scales[-1]
     figure, axis = plt.subplots(figsize=(10, 4))
@@ -246,11 +243,7 @@ def _plots(
     axis.set_title(f"Load imbalance across replicas (0.5 s samples), rate scale {scale:g}")
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
-    name = f"{stem}-load-cv.png"
-    figure.tight_layout()
-    figure.savefig(out_dir / name, dpi=110)
-    plt.close(figure)
-    names.append(name)
+    names.append(_save(figure, out_dir, f"{stem}-load-cv.png"))
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for router in settings.routers:
@@ -266,9 +259,13 @@ def _plots(
     axis.set_title("Hit rate against concurrency (one point per rate scale)")
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
-    name = f"{stem}-hit-rate.png"
+    names.append(_save(figure, out_dir, f"{stem}-hit-rate.png"))
+    return names
+
+
+def _save(figure: Figure, out_dir: Path, name: str) -> str:
+    """Write ``figure`` as ``out_dir/name``, release it, and return ``name``."""
     figure.tight_layout()
     figure.savefig(out_dir / name, dpi=110)
     plt.close(figure)
-    names.append(name)
-    return names
+    return name
