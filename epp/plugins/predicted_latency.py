@@ -100,8 +100,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
             )
         self.predictor: LatencyPredictor = context.latency_predictor
         # Streaming requests' TPOT SLOs on each endpoint, by request id.
-        # Per endpoint, keyed by the request's cycle state: client request ids need not be unique
-        # (a retry may reuse one while the first attempt is still closing).
+        # Per endpoint, keyed by CycleState.key (client request ids need not be unique).
         self._running_tpot_slos: dict[str, dict[int, float]] = {}
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState):
@@ -144,14 +143,14 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult, state: CycleState) -> None:
         if self.params.streaming_mode and request.stream and request.slo_tpot_ms:
-            self._running_tpot_slos.setdefault(result.endpoint.name, {})[id(state)] = request.slo_tpot_ms
+            self._running_tpot_slos.setdefault(result.endpoint.name, {})[state.key] = request.slo_tpot_ms
 
     def on_finished(
         self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
     ) -> None:
         running = self._running_tpot_slos.get(result.endpoint.name)
         if running is not None:
-            running.pop(id(state), None)
+            running.pop(state.key, None)
         rows = state.get(FEATURE_ROWS)
         row = rows.get(result.endpoint.name) if rows else None
         if row is None or not outcome.completed:

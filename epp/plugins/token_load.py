@@ -3,8 +3,8 @@
 Writes each candidate's load (``TOKEN_LOAD``) before scheduling, books the request on its
 target after the pick (its uncached prompt from the prefix match, its expected output), and
 follows it through first token, streamed tokens and finish (completed, upstream error or
-client cancel alike). Each booking gets an id of its own, kept in the request's cycle state,
-so two in-flight requests that carry the same client request id never touch each other's.
+client cancel alike). Bookings are keyed by ``CycleState.key``, unique per request, so two
+in-flight requests that carry the same client request id never touch each other's.
 
 ==============  =======  =================================================================
 parameter       default  meaning
@@ -17,7 +17,6 @@ maxOutputGuess  8192     cap on that estimate
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Sequence
 
 from pydantic import Field
@@ -39,7 +38,6 @@ from epp.scheduling.registry import register_default_producer
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
 
 TOKEN_LOAD: DataKey[dict[str, EndpointLoad]] = DataKey("token-load")
-_BOOKING: DataKey[int] = DataKey("token-load-booking")
 
 
 class TokenLoadParameters(PluginParameters):
@@ -57,7 +55,6 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
     def __init__(self, name: str, params: TokenLoadParameters, context: PluginContext) -> None:
         super().__init__(name, params, context)
         self.tracker = TokenLoadTracker()
-        self._booking_ids = itertools.count()
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState) -> None:
         state.put(TOKEN_LOAD, {e.name: self.tracker.load(e.name) for e in endpoints})
@@ -73,27 +70,22 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
         target = result.endpoint.name
         match = state.get(PREFIX_MATCH)
         cached = match.cached_tokens(target, request.input_tokens) if match else 0
-        booking = next(self._booking_ids)
-        state.put(_BOOKING, booking)
-        self.tracker.admit(booking, target, request.input_tokens, cached, self.expected_output(request))
+        self.tracker.admit(state.key, target, request.input_tokens, cached, self.expected_output(request))
 
     def on_first_token(
         self, request: LLMRequest, result: SchedulingResult, state: CycleState, now: float
     ) -> None:
-        if (booking := state.get(_BOOKING)) is not None:
-            self.tracker.first_token(booking)
+        self.tracker.first_token(state.key)
 
     def on_progress(
         self, request: LLMRequest, result: SchedulingResult, state: CycleState, tokens: int, now: float
     ) -> None:
-        if (booking := state.get(_BOOKING)) is not None:
-            self.tracker.progress(booking, tokens)
+        self.tracker.progress(state.key, tokens)
 
     def on_finished(
         self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
     ) -> None:
-        if (booking := state.get(_BOOKING)) is not None:
-            self.tracker.finish(booking)
+        self.tracker.finish(state.key)
 
 
 def find_tracker(plugins: Iterable[Plugin]) -> TokenLoadTracker | None:

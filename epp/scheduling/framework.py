@@ -13,6 +13,7 @@ same code.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from abc import ABC, abstractmethod
@@ -39,12 +40,18 @@ class DataKey(Generic[T]):
 
 
 class CycleState:
-    """Per-request scratch space: data produced for this request, keyed by :class:`DataKey`."""
+    """Per-request scratch space: data produced for this request, keyed by :class:`DataKey`.
 
-    __slots__ = ("_data",)
+    ``key`` is unique among this process's requests, unlike the client's request id (a retry may
+    reuse one while the first attempt is still closing): plugins that keep per-request state
+    across requests key it by ``key``."""
+
+    __slots__ = ("_data", "key")
+    _keys = itertools.count()
 
     def __init__(self) -> None:
         self._data: dict[DataKey[Any], Any] = {}
+        self.key: int = next(CycleState._keys)
 
     def put(self, key: DataKey[T], value: T) -> None:
         self._data[key] = value
