@@ -22,6 +22,7 @@ from operator import attrgetter
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sim.engine import Engine, EngineConfig, EngineCounters, RequestOutput
+from sim.host_cpu import HostCpu, host_cpu
 
 # Bucket boundaries as vLLM 0.32 publishes them (vllm/v1/metrics/buckets.py).
 TIME_TO_FIRST_TOKEN_BUCKETS = (
@@ -55,7 +56,11 @@ def request_tokens_buckets(max_model_len: int) -> list[int]:
 
 
 class EngineMetrics:
-    """Metrics of one engine in registries of their own; ``record_step`` after every step."""
+    """Metrics of one engine in registries of their own; ``record_step`` after every step.
+
+    ``cpu`` is the CPU whose vLLM CPU build the cache config labels follow (default: this
+    machine's, where the conformance suite runs real vLLM beside the simulator).
+    """
 
     def __init__(
         self,
@@ -64,6 +69,7 @@ class EngineMetrics:
         *,
         histogram_refresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        cpu: HostCpu | None = None,
     ) -> None:
         self.live_registry = CollectorRegistry()
         self.histogram_registry = CollectorRegistry()
@@ -77,7 +83,7 @@ class EngineMetrics:
         self._define_gauges(engine)
         self._define_counters()
         self._define_histograms(engine.config)
-        self._define_cache_config_info(engine.config)
+        self._define_cache_config_info(engine.config, cpu or host_cpu())
 
     def render(self) -> bytes:
         """The text exposition format of all metrics."""
@@ -275,10 +281,10 @@ class EngineMetrics:
             tokens,
         )
 
-    def _define_cache_config_info(self, config: EngineConfig) -> None:
+    def _define_cache_config_info(self, config: EngineConfig, cpu: HostCpu) -> None:
         # vLLM publishes its whole CacheConfig as labels. These are vLLM 0.32's names, with this
-        # engine's geometry, and elsewhere the values vLLM shows for a Llama model with default
-        # cache settings (so a scraper finds every label it would find on vLLM).
+        # engine's geometry, and elsewhere the values vLLM's CPU build shows on ``cpu`` for a Llama
+        # model with default cache settings (so a scraper finds every label it would find on vLLM).
         blocks_per_request = -(-config.max_model_len // config.block_size)
         labels = {
             "_block_size_resolved": "True",
@@ -304,7 +310,7 @@ class EngineMetrics:
             "mamba_cache_dtype": "auto",
             "mamba_cache_mode": "none",
             "mamba_page_size_padded": "None",
-            "mamba_ssm_cache_dtype": "float32",
+            "mamba_ssm_cache_dtype": cpu.vllm_mamba_ssm_cache_dtype,
             "num_cpu_blocks": "None",
             "num_gpu_blocks": str(config.num_gpu_blocks),
             "num_gpu_blocks_override": "None",

@@ -1,11 +1,13 @@
 """The OpenAI endpoints of one simulated server: request checks, engine requests, responses.
 
-Requests are checked with vLLM 0.32's wording and in its order where it matters: the model name
+Requests are checked with vLLM 0.32's wording and in its order where it matters: the body's
+fields (types, and the logprob fields' signs, as the request models parse it); the model name
 (404); an output limit above ``max_model_len``; the prompt (missing, an empty batch, a text longer
-than any ``max_model_len`` tokens can spell, more than ``max_model_len`` tokens); the output length
-actually left, ``min(max_model_len - prompt, max_tokens)``, which must be at least 1 (so a long
-prompt silently shortens the output, as in vLLM); and last the token ids (an empty prompt in a
-batch of one, ids outside the vocabulary).
+than any ``max_model_len`` tokens can spell, more than ``max_model_len`` tokens); the sampling
+parameters (``sim.sampling_checks``), among them the output length actually left,
+``min(max_model_len - prompt, max_tokens)``, which must be at least 1 (so a long prompt silently
+shortens the output, as in vLLM); the logprobs asked for; and last the token ids (an empty prompt
+in a batch of one, ids outside the vocabulary).
 
 The simulated model never stops on its own: a request generates ``max_tokens`` tokens. The
 ``x-sim-output-tokens: N`` header makes it stop after N tokens with ``finish_reason: "stop"``,
@@ -49,6 +51,7 @@ from sim.openai_api import (
     stream_usage_chunk,
     usage,
 )
+from sim.sampling_checks import check_logprob_limits, check_sampling
 
 SIM_OUTPUT_TOKENS_HEADER = "x-sim-output-tokens"
 
@@ -177,7 +180,7 @@ class OpenAIServing:
     def _check_request(self, body: GenerationRequest, max_tokens: int | None, param: str) -> None:
         """Checks that need no tokenization, in vLLM's order."""
         self._check_model(body.model)
-        if body.n != 1:
+        if body.n > 1:
             raise bad_request(
                 "the simulated server generates one choice per request (n=1)", parameter="n", value=body.n
             )
@@ -243,7 +246,7 @@ class OpenAIServing:
 
     async def _generate(
         self,
-        body: GenerationRequest,
+        body: CompletionRequest | ChatCompletionRequest,
         prompt_ids: list[int],
         from_text: bool,
         max_tokens: int | None,
@@ -285,7 +288,7 @@ class OpenAIServing:
 
     def _engine_request(
         self,
-        body: GenerationRequest,
+        body: CompletionRequest | ChatCompletionRequest,
         prompt_ids: list[int],
         from_text: bool,
         max_tokens: int | None,
@@ -311,12 +314,8 @@ class OpenAIServing:
                 value=shown,
             )
         output_tokens = limit - num_prompt if max_tokens is None else min(limit - num_prompt, max_tokens)
-        if output_tokens < 1:
-            raise bad_request(
-                f"max_tokens must be at least 1, got {output_tokens}.",
-                parameter="max_tokens",
-                value=output_tokens,
-            )
+        check_sampling(body, output_tokens)
+        check_logprob_limits(body, self.model.tokenizer.vocab_size)
         if not prompt_ids:
             raise ApiError(400, "BadRequestError", "The decoder prompt cannot be empty")
         if not from_text and max(prompt_ids) >= self.model.tokenizer.vocab_size:
