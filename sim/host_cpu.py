@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
-ISA_CLASSES = ("amx", "avx512-bf16", "avx512", "avx2")
+ISA_CLASSES = ("amx", "avx512-bf16", "avx512", "avx2", "other")
 """CPU classes, best first, by the kernels vLLM's CPU build runs: AMX tiles (its attention,
 among others, then uses them), its AVX-512 BF16 build (``vllm._C``), its plain AVX-512 build
-(``vllm._C_AVX512``) and its AVX2 build (``vllm._C_AVX2``)."""
-OTHER_ISA = "other"
+(``vllm._C_AVX512``), its AVX2 build (``vllm._C_AVX2``); and any other CPU."""
 _AVX512 = frozenset({"avx512f", "avx512vl", "avx512bw", "avx512dq"})
 
 
@@ -46,7 +45,7 @@ class HostCpu:
 
     @property
     def isa(self) -> str:
-        """The best of ``ISA_CLASSES`` this CPU has, or ``OTHER_ISA``."""
+        """The first of ``ISA_CLASSES`` this CPU has."""
         if self.amx_tile and self.avx512_bf16:
             return "amx"
         if self.avx512_bf16:
@@ -55,7 +54,7 @@ class HostCpu:
             return "avx512"
         if "avx2" in self.flags:
             return "avx2"
-        return OTHER_ISA
+        return "other"
 
     @property
     def vllm_mamba_ssm_cache_dtype(self) -> str:
