@@ -77,8 +77,8 @@ def test_the_fitted_profile_goes_where_its_class_is_shipped() -> None:
 
 def test_load_levels_are_fractions_of_the_measured_capacity() -> None:
     settings = FidelitySettings()
-    assert level_rates(settings, 10.0) == [("light", 2.0), ("medium", 5.5), ("near saturation", 9.0)]
-    assert level_rates(settings, 3.0) == [("light", 0.6), ("medium", 1.7), ("near saturation", 2.7)]
+    assert level_rates(settings, 20.0) == [("light", 3.0), ("medium", 8.0), ("near saturation", 14.0)]
+    assert level_rates(settings, 6.0) == [("light", 0.9), ("medium", 2.4), ("near saturation", 4.2)]
 
 
 def level(name: str, rate: float) -> dict[str, object]:
@@ -108,5 +108,5 @@ def test_the_report_names_the_cpu_its_class_and_the_profiles_origin(fitted_here:
     assert "Machine: 2 CPUs, AMD EPYC Processor (ISA class avx2)" in report
     origin = "fitted on this machine for this run" if fitted_here else "shipped for ISA class avx2"
     assert f"Profile `tiny-cpu-avx2`: {origin}" in report
-    assert "0.2, 0.55, 0.9 of real vLLM's capacity here (5.0 req/s" in report
+    assert "0.15, 0.4, 0.7 of real vLLM's capacity here (5.0 req/s" in report
     assert "| near saturation (4.5 req/s) | TTFT p50 | 30.0 | 30.0 | +0.0% |" in report
