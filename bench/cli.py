@@ -4,6 +4,8 @@
 name       what it measures
 =========  ==================================================================================
 overhead   the EPP's added latency, throughput and CPU through real Envoy (stub engines)
+stack      the ``make run`` stack's CPU per request, process by process: short requests, and
+           growing chat sessions to 30k+ tokens (EPP CPU against turn); py-spy flame graphs
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import compare, fidelity, kv_index_bench, overhead, predictor_bench
+from bench import compare, fidelity, kv_index_bench, overhead, predictor_bench, stack_overhead
 from bench.fleet_workloads import workload_names
 from sim.engine import available_profiles
 from sim.fleet import router_names
@@ -58,6 +60,7 @@ def run_fleet_defaults(out_dir: Path) -> None:
 
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
+    "stack": stack_overhead.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,
