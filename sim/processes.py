@@ -24,7 +24,7 @@ BIN = Path(sys.executable).parent
 # stack killed hard leaves no replica, EPP or Envoy holding its ports. SIGTERM, not SIGKILL:
 # each program then ends its own children (vLLM's engine core) as on a normal stop.
 PARENT_DEATH_SIGNAL = signal.SIGTERM
-_DIE_WITH_PARENT = Path(__file__).with_name("die_with_parent.py")
+DIE_WITH_PARENT = Path(__file__).with_name("die_with_parent.py")
 
 
 class ProcessError(RuntimeError):
@@ -114,7 +114,7 @@ def spawn(name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | N
     :data:`PARENT_DEATH_SIGNAL` when this process dies; call from the main thread (or one that
     outlives the child), since the kernel ties that signal to the forking thread."""
     log_path = log_dir / f"{name}.log"
-    guard = [sys.executable, "-S", str(_DIE_WITH_PARENT), str(os.getpid()), str(int(PARENT_DEATH_SIGNAL))]
+    guard = [sys.executable, "-S", str(DIE_WITH_PARENT), str(os.getpid()), str(int(PARENT_DEATH_SIGNAL))]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [*guard, *argv],
