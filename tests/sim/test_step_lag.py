@@ -34,9 +34,8 @@ async def test_every_step_of_a_served_request_is_counted(served_model: ServedMod
     lag = samples(text, LAG)
     # One request of 5 tokens: its prefill step and 4 decode steps, each of which produced tokens.
     assert lag[f"{LAG}_count"] == 5
-    assert lag[f"{LAG}_count"] == samples(text, "vllm:iteration_tokens_total")[
-        "vllm:iteration_tokens_total_count"
-    ]
+    steps = samples(text, "vllm:iteration_tokens_total")["vllm:iteration_tokens_total_count"]
+    assert lag[f"{LAG}_count"] == steps
     assert lag[f"{LAG}_bucket+Inf"] == 5
     assert lag[f"{LAG}_sum"] >= 0
 
