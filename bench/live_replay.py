@@ -405,12 +405,19 @@ def summarize(
 
 
 def build(settings: ReplaySettings) -> tuple[Workload, list[PlannedSession]]:
-    """The workload at the settings' scale, seed and limit, and its sessions as chat prompts."""
+    """The workload at the settings' scale, seed and limit, and as chat prompts its sessions that
+    start within the duration."""
     window = load_profile(settings.profile).engine.max_model_len
     options = WorkloadOptions(
         scale=settings.rate_scale, seed=settings.seed, limit=settings.limit, max_model_len=window
     )
     workload = build_workload(settings.workload, options)
+    # Sessions that start after the duration send nothing: leave them unplanned.
+    workload.sessions = [
+        session
+        for session in workload.sessions
+        if session.after is not None or session.start_s < settings.duration_s
+    ]
     return workload, plan_sessions(workload, PromptTexts(ModelTokenizer()), window)
 
 
@@ -425,7 +432,12 @@ def run(
     data = {
         "benchmark": "replay",
         "settings": asdict(settings),
-        "workload": {"name": workload.name, "description": workload.description, "params": workload.params},
+        "workload": {
+            "name": workload.name,
+            "description": workload.description,
+            "params": workload.params,
+            "sessions_within_duration": len(sessions),
+        },
         "slo": {"ttft_ms": workload.slo_ttft_ms, "tpot_ms": workload.slo_tpot_ms},
         "profile": {"name": profile.name, "description": profile.description},
         "machine": machine(),
@@ -528,8 +540,9 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
     lines = [
         f"# Live replay: {workload['name']}",
         "",
-        f"- {workload['description']}; requests sent while due within the first "
-        f"{settings['duration_s']:g} s (rate scale {settings['rate_scale']:g}, seed {settings['seed']}).",
+        f"- {workload['description']}; of these, the {workload['sessions_within_duration']} sessions that "
+        f"start within the first {settings['duration_s']:g} s send their requests that fall due by then "
+        f"(rate scale {settings['rate_scale']:g}, seed {settings['seed']}).",
         f"- Stack per config (fresh each time): {settings['replicas']} simulated replicas, profile "
         f"**{data['profile']['name']}**; {settings['predictors']} predictors and a trainer for the configs "
         "that predict latency; the EPP; real Envoy. Requests carry the workload's SLO headers "
