@@ -4,13 +4,18 @@
 name       what it measures
 =========  ==================================================================================
 overhead   the EPP's added latency, throughput and CPU through real Envoy (stub engines)
+stack      the ``make run`` stack's CPU per request, process by process: short requests, and
+           growing chat sessions to 30k+ tokens (EPP CPU against turn); py-spy flame graphs
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
 compare    one workload replayed through several routers on the fleet simulator
            (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
-all        every benchmark above except a custom ``compare``
+replay     a trace replayed in real time through the live stack, one config after another, with
+           client-side TTFT/TPOT/E2E, CPU per process and the engines' scheduling lag
+           (``replay --workload NAME --duration S``; see bench/live_replay.py)
+all        every benchmark above except a custom ``compare`` and ``replay``
 =========  ==================================================================================
 """
 
@@ -21,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import compare, fidelity, kv_index_bench, overhead, predictor_bench
+from bench import compare, fidelity, kv_index_bench, live_replay, overhead, predictor_bench, stack_overhead
 from bench.fleet_workloads import workload_names
 from sim.engine import available_profiles
 from sim.fleet import router_names
@@ -58,6 +63,7 @@ def run_fleet_defaults(out_dir: Path) -> None:
 
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
+    "stack": stack_overhead.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,
@@ -91,6 +97,61 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retrain-interval-s", type=float, default=10.0, help="the live trainer's default")
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _add_replay(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="replay a trace in real time through the live stack, config by config")
+    p.add_argument("--workload", default="agentic-weka", help=f"one of: {', '.join(workload_names())}")
+    p.add_argument(
+        "--configs",
+        default=",".join(live_replay.DEFAULT_CONFIGS),
+        help="comma-separated EndpointPickerConfig names or paths, run one after another",
+    )
+    p.add_argument("--rate-scale", type=_positive, default=1.0, help="load scale, as the workload defines it")
+    p.add_argument("--duration", type=_positive, default=150.0, help="seconds in which requests are sent")
+    p.add_argument("--limit", type=int, default=None, help="first N sessions / requests of the workload")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default="default", help="simulated engine profile, name or YAML path")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--predictors", type=int, default=2, help="for the configs that predict latency")
+    p.add_argument("--out", type=Path, default=Path("results"))
+
+
+def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    configs = tuple(name.strip() for name in args.configs.split(",") if name.strip())
+    if not configs:
+        parser.error("--configs names no config")
+    if args.replicas < 1 or args.predictors < 1:
+        parser.error("--replicas and --predictors must be >= 1")
+    settings = live_replay.ReplaySettings(
+        workload=args.workload,
+        configs=configs,
+        rate_scale=args.rate_scale,
+        duration_s=args.duration,
+        limit=args.limit,
+        seed=args.seed,
+        profile=args.profile,
+        replicas=args.replicas,
+        predictors=args.predictors,
+    )
+    try:
+        for config in configs:
+            live_replay.uses_predictor(config)
+        plan = live_replay.build(settings)
+    except (FileNotFoundError, ValueError) as exc:  # unknown config, workload or profile; a bad trace
+        parser.error(str(exc))
+    live_replay.run(settings, args.out, plan)
+    print(f"results written to {args.out}/")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="llm-epp-bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,7 +159,11 @@ def main(argv: list[str] | None = None) -> None:
         p = sub.add_parser(name, help="every benchmark" if name == "all" else f"the {name} benchmark")
         p.add_argument("--out", type=Path, default=Path("results"))
     _add_compare(sub)
+    _add_replay(sub)
     args = parser.parse_args(argv)
+    if args.command == "replay":
+        _replay(parser, args)
+        return
     if args.command == "compare":
         routers = compare.resolve_routers(args.routers)
         unknown = [name for name in routers if name not in router_names() and not Path(name).is_file()]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bench.stub_engine import stub_engine_bootstrap
 from epp.envoy_config import gateway_bootstrap
+from epp.tokenization import TINY_MODEL_DIR
 from sim.processes import (
     BIN,
     Component,
@@ -90,6 +91,7 @@ class GatewayRig:
             health_port=free_port(),
             metrics_port=free_port(),
             expected_endpoints=self.endpoints,
+            tokenizer_dir=TINY_MODEL_DIR,
             extra_args=["--log-level", "WARNING", *self.epp_args],
         )
         self.components.append(self.epp)

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import random
 import time
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -30,7 +31,7 @@ from epp.plugins.token_load import find_tracker
 from epp.requestcontrol.director import Director
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
-from epp.settings import EppSettings
+from epp.settings import TOKENIZER_HELP, EppSettings
 from epp.tokenization import ModelTokenizer
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,17 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.so_reuseport", 0),
 ]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def load_tokenizer(model_dir: Path) -> ModelTokenizer:
+    """The served model's tokenizer from ``model_dir``; :class:`FileNotFoundError` naming the
+    missing files and how to provide them, so the EPP refuses to start without one."""
+    missing = [name for name in TOKENIZER_FILES if not (model_dir / name).is_file()]
+    if missing:
+        files = " or ".join(missing)
+        raise FileNotFoundError(f"--tokenizer-dir {model_dir} has no {files}; give it {TOKENIZER_HELP}")
+    return ModelTokenizer(model_dir)
 
 
 class EppApp:
@@ -82,7 +94,7 @@ class EppApp:
         self.director = Director(
             self.pipeline,
             self.store,
-            ModelTokenizer(settings.tokenizer_dir),
+            load_tokenizer(settings.tokenizer_dir),
             self.metrics,
             self.clock,
             rng,

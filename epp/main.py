@@ -15,12 +15,16 @@ from epp.scheduling.config import ConfigError
 from epp.settings import EppSettings
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[EppSettings, str]:
     parser = argparse.ArgumentParser(
         prog="llm-epp", description="Envoy ext_proc endpoint picker for LLM fleets"
     )
     for name, field in EppSettings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
+        flag = _flag(name)
         kwargs: dict = {"help": field.description, "dest": name}
         if field.annotation == list[str]:
             kwargs["action"] = "append"
@@ -29,14 +33,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[EppSettings, str]:
             continue
         if field.annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        kwargs["default"] = argparse.SUPPRESS
         if field.is_required():
-            kwargs["required"] = True
+            kwargs["help"] = f"{field.description} (required)"
         else:
-            kwargs["default"] = argparse.SUPPRESS
             kwargs["help"] = f"{field.description} (default: {field.default})"
         parser.add_argument(flag, **kwargs)
     parser.add_argument("--log-level", default="INFO")
     args = vars(parser.parse_args(argv))
+    # Checked here rather than by argparse, whose message names the flag but not what it needs.
+    for name, field in EppSettings.model_fields.items():
+        if field.is_required() and name not in args:
+            parser.error(f"{_flag(name)} is required: {field.description}")
     log_level = args.pop("log_level")
     if "predictor_url" in args:
         args["predictor_url"] = [u for value in args["predictor_url"] for u in value.split(",") if u]

@@ -7,7 +7,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from epp.tokenization import TINY_MODEL_DIR
+# No default: tokenizing with any other model's vocabulary would silently skew every token
+# count and never match the engines' prefix-cache blocks.
+TOKENIZER_HELP = (
+    "the served model's tokenizer: a directory with its tokenizer.json and tokenizer_config.json "
+    "(as in the model's Hugging Face repository); the Helm chart provides one from "
+    "inferenceExtension.tokenizer.* (README, 'Deploy on Kubernetes')"
+)
 
 
 class EppSettings(BaseModel):
@@ -37,9 +43,7 @@ class EppSettings(BaseModel):
     )
     endpoints_poll_s: float = Field(1.0, gt=0, description="how often the endpoints file is checked")
     config: str = Field("gie-default", description="EndpointPickerConfig: a shipped name or a YAML path")
-    tokenizer_dir: Path = Field(
-        TINY_MODEL_DIR, description="model dir with tokenizer.json + tokenizer_config.json"
-    )
+    tokenizer_dir: Path = Field(description=TOKENIZER_HELP)
     scrape_interval_s: float = Field(0.05, gt=0, description="engine /metrics polling period")
     scrape_timeout_s: float = Field(1.0, gt=0, description="engine /metrics request timeout")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")

@@ -102,7 +102,9 @@ class Replica:
             self.engine, self.model.name, histogram_refresh_s=settings.histogram_refresh_s, cpu=settings.cpu
         )
         self.kv_events = KVEventPublisher(kv_events) if kv_events.publishes else None
-        self.driver = EngineDriver(self.engine, on_step=self._on_step)
+        self.driver = EngineDriver(
+            self.engine, on_step=self._on_step, on_step_lag=self.metrics.record_step_lag
+        )
         self.serving = OpenAIServing(self.model, self.driver, self.profile.frontend)
         self.app = _create_app(self)
 

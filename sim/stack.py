@@ -2,13 +2,15 @@
 simulated (default) or real (``--engine vllm``: the CPU build of vLLM serving a tiny model).
 
 Every component is a separate process in its own process group, started in dependency order
-(replicas, EPP, Envoy) and each waited on until it answers; ``stop()`` ends them all. The
-integration tests use the same class, on free ports.
+(replicas, EPP, Envoy) and each waited on until it answers; ``stop()`` ends them all, and they
+end by themselves if the stack is killed (see ``sim.processes.spawn``). The integration tests
+use the same class, on free ports.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import signal
@@ -21,12 +23,14 @@ from pathlib import Path
 from typing import Literal
 
 from epp.envoy_config import FailureMode, gateway_bootstrap
+from epp.tokenization import TINY_MODEL_DIR
 from sim.processes import (
     BIN,
     Component,
     ProcessError,
     free_port,
     http_ok,
+    port_in_use,
     spawn,
     start_envoy,
     start_epp,
@@ -69,9 +73,16 @@ class StackConfig:
     trainer_args: Sequence[str] = ()
     failure_mode: FailureMode = "FailClose"
     model: str = "tiny"
+    model_dir: Path = TINY_MODEL_DIR
+    """The served model: the replicas serve it and the EPP tokenizes with its tokenizer."""
     workdir: Path | None = None
     kv_events: bool = False
     """Simulated replicas publish KV events (with a replay socket) and the EPP subscribes."""
+
+
+def port_flag(name: str) -> str:
+    """The ``llm-epp-stack`` flag that sets the :class:`StackPorts` field ``name``."""
+    return f"--{name.replace('_', '-')}-port"
 
 
 class LocalStack:
@@ -140,7 +151,10 @@ class LocalStack:
 
     def vllm_spec(self, index: int) -> VllmReplicaSpec:
         return VllmReplicaSpec(
-            port=self.replica_ports[index], workdir=self.workdir, served_model_name=self.config.model
+            port=self.replica_ports[index],
+            workdir=self.workdir,
+            served_model_name=self.config.model,
+            model_dir=self.config.model_dir,
         )
 
     def _start_replicas(self) -> list[Component]:
@@ -161,6 +175,8 @@ class LocalStack:
             str(port),
             "--served-model-name",
             self.config.model,
+            "--model-dir",
+            str(self.config.model_dir),
             "--profile",
             self.config.sim_profile,
             *self.config.sim_args,
@@ -193,8 +209,28 @@ class LocalStack:
             self.stop()
             raise
 
+    def bound_ports(self) -> dict[int, str]:
+        """Every port the stack's processes will bind → the :class:`StackPorts` field that sets it."""
+        ports = dataclasses.asdict(self.config.ports)
+        always = ("gateway", "epp_grpc", "epp_health", "epp_metrics", "envoy_admin")
+        used = {ports[name]: name for name in always}
+        used.update((port, "first_replica") for port in self.replica_ports)
+        if self.config.predictors:
+            used[ports["trainer"]] = "trainer"
+            used.update((port, "first_predictor") for port in self.predictor_ports)
+        return used
+
+    def _check_ports_free(self) -> None:
+        for port, name in self.bound_ports().items():
+            if port_in_use(port):
+                raise ProcessError(
+                    f"port {port} is in use by another process (`ss -ltnp 'sport = :{port}'` names it): "
+                    f"stop it, or choose another port with {port_flag(name)}"
+                )
+
     def _start(self) -> None:
         ports = self.config.ports
+        self._check_ports_free()
         self.replicas = self._start_replicas()
         latency_flags = self._start_latency_sidecars()
         default_config = "predicted-latency" if self.config.predictors else "gie-default"
@@ -206,6 +242,7 @@ class LocalStack:
             health_port=ports.epp_health,
             metrics_port=ports.epp_metrics,
             expected_endpoints=self.config.replicas,
+            tokenizer_dir=self.config.model_dir,
             extra_args=["--config", epp_config, *latency_flags, *self.config.epp_args],
         )
         bootstrap = gateway_bootstrap(
@@ -264,8 +301,11 @@ def main(argv: list[str] | None = None) -> None:
         "--engine", choices=["sim", "vllm"], default="sim", help="simulated or real vLLM replicas"
     )
     parser.add_argument("--replicas", type=int, default=None, help="default: 4 simulated or 2 real")
-    parser.add_argument("--gateway-port", type=int, default=8081)
-    parser.add_argument("--first-replica-port", type=int, default=8100)
+    for port in dataclasses.fields(StackPorts):
+        parser.add_argument(
+            port_flag(port.name), type=int, default=port.default, dest=port.name, metavar="PORT",
+            help=f"default: {port.default}",
+        )  # fmt: skip
     parser.add_argument("--sim-profile", default="default", help="simulated engine profile")
     parser.add_argument(
         "--config",
@@ -279,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--failure-mode", choices=["FailOpen", "FailClose"], default="FailClose")
     args = parser.parse_args(argv)
     replicas = args.replicas or (2 if args.engine == "vllm" else 4)
-    ports = StackPorts(gateway=args.gateway_port, first_replica=args.first_replica_port)
+    ports = StackPorts(**{port.name: getattr(args, port.name) for port in dataclasses.fields(StackPorts)})
     stack = LocalStack(
         StackConfig(
             replicas=replicas,

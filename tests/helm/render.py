@@ -85,6 +85,24 @@ def _render(values_json: str) -> Rendered:
     return Rendered(docs=docs, lint=result["lint"], posted=posted)
 
 
+def ci_values() -> dict[str, dict[str, Any]]:
+    """The chart's value sets for lint and template tests, chart-testing's ``ci/NAME-values.yaml``,
+    by NAME."""
+    return {
+        path.name.removesuffix("-values.yaml"): yaml.safe_load(path.read_text())
+        for path in sorted((CHART / "ci").glob("*-values.yaml"))
+    }
+
+
+def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override`` merged in, as Helm merges a values file over another."""
+    out = dict(base)
+    for key, value in override.items():
+        nested = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if nested else value
+    return out
+
+
 def render(values: dict[str, Any]) -> Rendered:
     """Helm's manifest for ``values`` (cached per values); raise :class:`HelmFailed` if Helm refuses."""
     return _render(json.dumps(values, sort_keys=True))
