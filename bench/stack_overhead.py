@@ -46,7 +46,7 @@ from sim.processes import BIN, Component, free_port, start_envoy
 from sim.stack import LocalStack, StackConfig, StackPorts
 
 # ~200 tokens with the tiny model's tokenizer.
-SHORT_PROMPT = "The quick brown fox jumps over the lazy dog. " * 20
+SHORT_PROMPT = "The quick brown fox jumps over the lazy dog. " * 10
 _VOCABULARY = (
     "def return self import numpy the of to in and for while if else class value index token request "
     "replica cache prefix block latency route score = ( ) [ ] { } : , . + - * / 0 1 2 42"
