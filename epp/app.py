@@ -99,6 +99,7 @@ class EppApp:
             self.clock,
             rng,
             objective_priorities=self.objective_priorities,
+            default_max_model_len=settings.max_model_len,
         )
         self.scraper = MetricsScraper(
             self.store, self.clock, settings.scrape_interval_s, settings.scrape_timeout_s

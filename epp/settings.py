@@ -44,6 +44,12 @@ class EppSettings(BaseModel):
     endpoints_poll_s: float = Field(1.0, gt=0, description="how often the endpoints file is checked")
     config: str = Field("gie-default", description="EndpointPickerConfig: a shipped name or a YAML path")
     tokenizer_dir: Path = Field(description=TOKENIZER_HELP)
+    max_model_len: int | None = Field(
+        None,
+        ge=1,
+        description="context length in tokens, for prompts routed before any engine's /v1/models "
+        "reported its own (longer prompts get 400)",
+    )
     scrape_interval_s: float = Field(0.05, gt=0, description="engine /metrics polling period")
     scrape_timeout_s: float = Field(1.0, gt=0, description="engine /metrics request timeout")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")

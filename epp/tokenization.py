@@ -16,6 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -52,6 +53,11 @@ def flatten_content(content: Any) -> str:
     raise ChatTemplateError("message content must be a string or a list of text parts")
 
 
+def _raise_exception(message: str) -> None:
+    """The templates' way to refuse a conversation (``transformers`` defines it too)."""
+    raise TemplateError(message)
+
+
 class ModelTokenizer:
     """Tokenizer + chat template of one model directory (``tokenizer.json``, ``tokenizer_config.json``)."""
 
@@ -60,6 +66,7 @@ class ModelTokenizer:
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         config = json.loads((model_dir / "tokenizer_config.json").read_text())
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_exception
         self._template = env.from_string(config["chat_template"])
         self.eos_token_id: int = self._tokenizer.token_to_id(config["eos_token"])
         self.model_max_length: int = int(config.get("model_max_length", 2048))
@@ -67,6 +74,11 @@ class ModelTokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size()
+
+    @cached_property
+    def max_chars_per_token(self) -> int:
+        """The longest vocabulary entry, in characters: vLLM's bound on the text one token covers."""
+        return max(map(len, self._tokenizer.get_vocab()))
 
     @cached_property
     def special_token_ids(self) -> frozenset[int]:
@@ -87,7 +99,12 @@ class ModelTokenizer:
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise ChatTemplateError("each message needs a string 'role'")
             normalised.append({**message, "content": flatten_content(message.get("content"))})
-        return self._template.render(messages=normalised, add_generation_prompt=add_generation_prompt)
+        try:
+            return self._template.render(messages=normalised, add_generation_prompt=add_generation_prompt)
+        except Exception as exc:
+            # The template is the model's and fixed: whatever fails while it renders (its own
+            # refusal, a missing key, a wrong type, nesting too deep) is these messages not fitting it.
+            raise ChatTemplateError(str(exc) if isinstance(exc, TemplateError) else repr(exc)) from None
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         return self.encode(self.render_chat(messages))
