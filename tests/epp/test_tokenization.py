@@ -1,8 +1,18 @@
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
-from epp.tokenization import GIL_FREE_CHARS, ChatTemplateError, ModelTokenizer, flatten_content
+from epp.tokenization import (
+    GIL_FREE_CHARS,
+    TINY_MODEL_DIR,
+    ChatTemplateError,
+    ModelTokenizer,
+    flatten_content,
+)
 
 TOKENIZER = ModelTokenizer()
 
@@ -33,3 +43,38 @@ def test_content_parts_are_joined_with_newlines() -> None:
 def test_decode_skips_special_tokens() -> None:
     ids = TOKENIZER.encode("hello world")
     assert TOKENIZER.decode([5, *ids, 7]) == "hello world"
+
+
+def tokenizer_with_template(tmp_path: Path, template: str) -> ModelTokenizer:
+    config = json.loads((TINY_MODEL_DIR / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    shutil.copy(TINY_MODEL_DIR / "tokenizer.json", tmp_path)
+    return ModelTokenizer(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        (  # the templates' own refusal, as transformers provides it
+            "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}"
+            "{% endif %}{{ messages[0]['content'] }}",
+            "Conversation must start with user",
+        ),
+        ("{{ messages[0]['tool_calls'][0]['name'] }}", "has no attribute"),
+        ("{{ messages[0]['content'] ~ (messages[0]['name'] + 1) }}", "TypeError"),
+        ("{{ messages[0] }}", "RecursionError"),
+    ],
+)
+def test_messages_the_template_cannot_render_are_template_errors(
+    tmp_path: Path, template: str, message: str
+) -> None:
+    tokenizer = tokenizer_with_template(tmp_path, template)
+    deep: list = []
+    for _ in range(995):
+        deep = [deep]
+    with pytest.raises(ChatTemplateError, match=message):
+        tokenizer.render_chat([{"role": "system", "content": "x", "name": "n", "nested": deep}])
+
+
+def test_the_longest_vocabulary_entry_bounds_the_characters_of_a_token() -> None:
+    assert TOKENIZER.max_chars_per_token == 37  # vLLM's max_chars_per_token for the tiny model
