@@ -9,6 +9,7 @@ stack      the ``make run`` stack's CPU per request, process by process: short r
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
+oversized  the EPP's CPU to refuse a 10 MiB prompt over the context (in process, through Envoy)
 compare    one workload replayed through several routers on the fleet simulator
            (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
@@ -26,7 +27,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import compare, fidelity, kv_index_bench, live_replay, overhead, predictor_bench, stack_overhead
+from bench import (
+    compare,
+    fidelity,
+    kv_index_bench,
+    live_replay,
+    overhead,
+    oversized_prompt,
+    predictor_bench,
+    stack_overhead,
+)
 from bench.fleet_workloads import workload_names
 from sim.engine import available_profiles
 from sim.fleet import router_names
@@ -67,6 +77,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,
+    "oversized": oversized_prompt.run,
     "fleet": run_fleet_defaults,
 }
 

@@ -61,8 +61,9 @@ def check_token_ids(token_ids: Sequence[int], max_model_len: int | None) -> None
 
 def encode_prompt(text: str, tokenizer: ModelTokenizer, max_model_len: int | None) -> list[int]:
     """The token ids of a text prompt; raise :class:`BadRequest` if it cannot fit ``max_model_len``
-    tokens (None: unknown, nothing is refused). A text over the limit is tokenized only as far as
-    needed to prove it, at most about twice the prefix that holds ``max_model_len`` tokens."""
+    tokens (None: unknown, nothing is refused). A text over the limit is tokenized only in prefixes:
+    the first of ``(max_model_len + 1) * PROBE_CHARS_PER_TOKEN`` characters, each next one twice as
+    long, until one holds more than ``max_model_len`` tokens."""
     if max_model_len is None:
         return tokenizer.encode(text)
     max_chars = max_model_len * tokenizer.max_chars_per_token
