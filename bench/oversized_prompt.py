@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 from rich.progress import Progress
 
 from bench.report import machine, markdown_table, write_results
@@ -115,6 +119,23 @@ def measure_through_envoy(settings: OversizedPromptSettings) -> dict[str, Any]:
     }
 
 
+def _plot(data: dict[str, Any], path: Path) -> None:
+    rows = [
+        *data["in_process"],
+        {"case": "10 MiB prompt through Envoy", "cpu_ms": data["through_envoy"]["epp_cpu_ms_per_request"]},
+    ]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.barh([r["case"] for r in rows], [r["cpu_ms"] for r in rows], color="#47a")
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.axvline(50, color="#a44", linestyle="--", label="50 ms")
+    ax.set_xlabel("EPP CPU ms to refuse (log scale)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _markdown(data: dict[str, Any]) -> str:
     envoy = data["through_envoy"]
     return "\n\n".join(
@@ -145,4 +166,5 @@ def run(out_dir: Path, settings: OversizedPromptSettings | None = None) -> dict[
         "through_envoy": through_envoy,
     }
     write_results(out_dir, "oversized-prompt", data, _markdown(data))
+    _plot(data, out_dir / "oversized-prompt.png")
     return data
