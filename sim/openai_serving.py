@@ -21,14 +21,12 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
-from tokenizers import Tokenizer
 
 from epp.tokenization import GIL_FREE_CHARS, ChatTemplateError, ModelTokenizer
 from sim.driver import EngineDeadError, EngineDriver, RequestStream
@@ -66,9 +64,6 @@ class ServedModel:
         self.tokenizer = tokenizer
         self.name = name
         self.root = root
-        # vLLM refuses, before tokenizing, a prompt longer than max_model_len times this.
-        vocab = Tokenizer.from_file(str(Path(root) / "tokenizer.json")).get_vocab()
-        self.max_chars_per_token = max(map(len, vocab))
         # Each generated token's text is its own decode, computed once per vocabulary entry.
         self.token_texts = [tokenizer.decode([token_id]) for token_id in range(tokenizer.vocab_size)]
         special = tokenizer.special_token_ids
@@ -225,7 +220,7 @@ class OpenAIServing:
     async def _generation_prompt_ids(self, text: str) -> list[int]:
         """Tokenize the text of a prompt to generate from. Like vLLM, refuse first, untokenized, a
         text longer than ``max_model_len`` of the vocabulary's longest tokens."""
-        max_chars = self.max_model_len * self.model.max_chars_per_token
+        max_chars = self.max_model_len * self.model.tokenizer.max_chars_per_token
         if len(text) > max_chars:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your "
