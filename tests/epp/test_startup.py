@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.app import TOKENIZER_FILES
+from epp.app import TOKENIZER_FILES, EppApp
+from epp.main import parse_args
 from epp.tokenization import TINY_MODEL_DIR
 from sim.processes import BIN, write_endpoints_file
 
@@ -39,3 +40,13 @@ def test_a_tokenizer_dir_without_the_files_stops_the_epp_with_one_line(tmp_path:
     [line] = result.stderr.strip().splitlines()  # a message, not a traceback
     assert line.startswith(f"llm-epp: --tokenizer-dir {model} has no {missing};")
     assert all(part in line for part in HOW_TO_GIVE_ONE), line
+
+
+def test_the_max_model_len_flag_is_the_directors_fallback_context(tmp_path: Path) -> None:
+    endpoints = write_endpoints_file(tmp_path / "endpoints.yaml", [("127.0.0.1", 1)])
+    base = ["--endpoints-file", str(endpoints), "--tokenizer-dir", str(TINY_MODEL_DIR)]
+    settings, _ = parse_args([*base, "--max-model-len", "4096"])
+    assert EppApp(settings).director.default_max_model_len == 4096
+    assert parse_args(base)[0].max_model_len is None
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--max-model-len", "0"])
