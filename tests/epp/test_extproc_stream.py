@@ -446,16 +446,18 @@ def _classify(replies: list) -> list[str]:
             error = json.loads(reply.immediate_response.body)["error"]
             assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
             kinds.append(f"answered {status}")
-        elif DESTINATION_HEADER in str(reply.dynamic_metadata):
+        elif LB_METADATA_NAMESPACE in reply.dynamic_metadata.fields:
             kinds.append("routed")
     return kinds
 
 
-SHUFFLED_HEADERS = st.dictionaries(
+# Header values as Envoy hands them over: any UTF-8.
+HINT_HEADERS = st.dictionaries(
     st.sampled_from(
         ["x-slo-ttft-ms", "x-llm-d-slo-tpot-ms", "x-priority", "x-llm-epp-debug", "x-request-id"]
     ),
-    st.text(max_size=8) | st.sampled_from(["250", "-1", "nan", "1_000", "true", "١"]),
+    st.text(st.characters(codec="utf-8"), max_size=8)
+    | st.sampled_from(["250", "-1", "nan", "1_000", "true", "١"]),
     max_size=3,
 )
 
@@ -463,7 +465,7 @@ SHUFFLED_HEADERS = st.dictionaries(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     path=PATHS,
-    extra=SHUFFLED_HEADERS,
+    extra=HINT_HEADERS,
     body=request_bodies(),
     cuts=st.lists(st.integers(0, 200), max_size=3),
     buffered=st.booleans(),
