@@ -51,9 +51,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from epp.extproc.messages import DESTINATION_HEADER, LB_METADATA_NAMESPACE
+
 FailureMode = Literal["FailOpen", "FailClose"]
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-LB_METADATA_NAMESPACE = "envoy.lb"
 INFERENCE_API_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 MODEL_SERVERS_CLUSTER = "model_servers"
 UPSTREAM_IDLE_TIMEOUT = "3s"

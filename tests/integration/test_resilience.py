@@ -32,10 +32,12 @@ DEBUG = {"x-llm-epp-debug": "true"}  # the EPP names the endpoint it picked in t
 
 
 def envoy_stat(stack: LocalStack, name: str) -> float:
-    text = httpx.get(
-        f"http://127.0.0.1:{stack.config.ports.envoy_admin}/stats?filter=^{name}$", timeout=5
-    ).text
-    return float(text.split(":")[1])
+    """One counter from Envoy's admin ``/stats``."""
+    admin = f"http://127.0.0.1:{stack.config.ports.envoy_admin}"
+    text = httpx.get(f"{admin}/stats", params={"filter": f"^{name}$"}, timeout=5).text
+    stat, value = text.strip().split(": ")
+    assert stat == name, text
+    return float(value)
 
 
 @dataclass
