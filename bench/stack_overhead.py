@@ -111,8 +111,9 @@ def _stack(config: str, settings: StackOverheadSettings) -> Iterator[StackUnderT
     try:
         stack.start()
         port = free_port()
-        upstreams = [("127.0.0.1", p) for p in stack.replica_ports]
-        bootstrap = gateway_bootstrap(listen_port=port, epp_address=None, fallback_endpoints=upstreams)
+        bootstrap = gateway_bootstrap(
+            listen_port=port, epp_address=None, endpoints_file=stack.cluster_endpoints_file
+        )
         direct = start_envoy("gateway-without-epp", bootstrap, stack.workdir)
         yield StackUnderTest(stack, direct, f"http://127.0.0.1:{port}")
     finally:

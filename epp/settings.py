@@ -51,7 +51,12 @@ class EppSettings(BaseModel):
         "reported its own (longer prompts get 400)",
     )
     scrape_interval_s: float = Field(0.05, gt=0, description="engine /metrics polling period")
-    scrape_timeout_s: float = Field(1.0, gt=0, description="engine /metrics request timeout")
+    scrape_timeout_s: float = Field(
+        0.5,
+        gt=0,
+        description="engine /metrics request timeout; an engine that misses it (stalled) is out "
+        "of scheduling until its next good scrape",
+    )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
     kv_events_staleness_s: float = Field(
         5.0, gt=0, description="a busy engine silent this long falls back to the approximate index"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from epp.envoy_config import FailureMode, gateway_bootstrap
+from epp.envoy_config import INFERENCE_API_PATHS, FailureMode, gateway_bootstrap, write_cluster_endpoints
 from epp.tokenization import TINY_MODEL_DIR
 from sim.processes import (
     BIN,
@@ -78,6 +78,8 @@ class StackConfig:
     workdir: Path | None = None
     kv_events: bool = False
     """Simulated replicas publish KV events (with a replay socket) and the EPP subscribes."""
+    api_paths: Sequence[str] = INFERENCE_API_PATHS
+    """Request paths the gateway routes to the replicas; any other gets a 404."""
 
 
 def port_flag(name: str) -> str:
@@ -189,12 +191,20 @@ class LocalStack:
         wait_until(component, http_ok(f"http://127.0.0.1:{port}/health"))
         return component
 
+    @property
+    def cluster_endpoints_file(self) -> Path:
+        """The gateway's model-server endpoints (Envoy reloads it when it is replaced)."""
+        return self.workdir / "gateway-endpoints" / "endpoints.json"
+
     def write_endpoints(self, indexes: Sequence[int] | None = None) -> Path:
-        """(Re)write the EPP's endpoints file with the given replicas (all by default)."""
+        """(Re)write the EPP's endpoints file, and the gateway's, with the given replicas (all by
+        default); return the EPP's."""
         indexes = range(self.config.replicas) if indexes is None else indexes
+        endpoints = [("127.0.0.1", self.replica_ports[i]) for i in indexes]
+        write_cluster_endpoints(self.cluster_endpoints_file, endpoints)
         return write_endpoints_file(
             self.workdir / "endpoints.yaml",
-            [("127.0.0.1", self.replica_ports[i]) for i in indexes],
+            endpoints,
             [self.kv_event_sockets(i) for i in indexes] if self.config.kv_events else None,
         )
 
@@ -248,8 +258,9 @@ class LocalStack:
         bootstrap = gateway_bootstrap(
             listen_port=ports.gateway,
             epp_address=("127.0.0.1", ports.epp_grpc),
+            endpoints_file=self.cluster_endpoints_file,
             failure_mode=self.config.failure_mode,
-            fallback_endpoints=[("127.0.0.1", p) for p in self.replica_ports],
+            api_paths=self.config.api_paths,
         )
         self.envoy = start_envoy("envoy", bootstrap, self.workdir, admin_port=ports.envoy_admin)
 
@@ -317,6 +328,14 @@ def main(argv: list[str] | None = None) -> None:
         "--predictors", type=int, default=2, help="prediction sidecars (0: no trainer/predictors)"
     )
     parser.add_argument("--failure-mode", choices=["FailOpen", "FailClose"], default="FailClose")
+    parser.add_argument(
+        "--api-path",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help=f"another request path the gateway routes to the replicas (repeatable; always: "
+        f"{', '.join(INFERENCE_API_PATHS)}); any other path gets a 404",
+    )
     args = parser.parse_args(argv)
     replicas = args.replicas or (2 if args.engine == "vllm" else 4)
     ports = StackPorts(**{port.name: getattr(args, port.name) for port in dataclasses.fields(StackPorts)})
@@ -329,6 +348,7 @@ def main(argv: list[str] | None = None) -> None:
             epp_config=args.config,
             predictors=args.predictors,
             failure_mode=args.failure_mode,
+            api_paths=[*INFERENCE_API_PATHS, *args.api_path],
         )
     )
     kind = "real vLLM (CPU, up to a few minutes)" if args.engine == "vllm" else "simulated"

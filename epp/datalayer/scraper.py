@@ -2,8 +2,10 @@
 
 One task per endpoint, started and stopped as the store adds and removes endpoints, so a
 slow or dead endpoint never delays the others. A failed scrape takes the endpoint out of
-scheduling until the next success. The client is aiohttp with keep-alive: at 20 scrapes a
-second per endpoint, httpx's per-request cost (~1.5 ms of CPU) was a fifth of the EPP's CPU.
+scheduling until the next success; a scrape unanswered for ``timeout`` (0.5 s by default) is a
+failure, so an engine that stalls leaves scheduling within about ``interval + timeout``. The
+client is aiohttp with keep-alive: at 20 scrapes a second per endpoint, httpx's per-request
+cost (~1.5 ms of CPU) was a fifth of the EPP's CPU.
 
 The same task reads the engine's context length from its ``/v1/models`` once it is healthy,
 again every ``models_refresh_s`` (an engine restarted in place may serve another), and every
@@ -32,7 +34,7 @@ class MetricsScraper:
         store: EndpointStore,
         clock: Callable[[], float],
         interval: float = 0.05,
-        timeout: float = 1.0,
+        timeout: float = 0.5,
         models_refresh_s: float = 60.0,
         models_retry_s: float = 10.0,
     ) -> None:

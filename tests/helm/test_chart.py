@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from epp.app import HEALTH_SERVICES
+from epp.envoy_config import INFERENCE_API_PATHS
 from epp.k8s.pool import parse_pool
 from epp.main import parse_args as epp_args
 from epp.scheduling.config import EndpointPickerConfig
@@ -220,6 +221,7 @@ def test_provider_and_monitoring_objects() -> None:
     assert istio.one("ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
     route = istio.one("HTTPRoute")
     assert route["spec"]["rules"][0]["backendRefs"][0]["kind"] == "InferencePool"
+    assert _route_paths(route) == list(INFERENCE_API_PATHS)
     assert {o["metadata"]["name"]: o["spec"]["priority"] for o in istio.of_kind("InferenceObjective")} == {
         "batch": -1,
         "chat": 10,
@@ -230,6 +232,21 @@ def test_provider_and_monitoring_objects() -> None:
     assert not {"HealthCheckPolicy", "DestinationRule", "PodMonitoring"} & {
         d["kind"] for d in render(PREDICTOR_OFF).docs
     }
+
+
+def _route_paths(route: dict[str, Any]) -> list[str]:
+    [rule] = route["spec"]["rules"]
+    assert {m["path"]["type"] for m in rule["matches"]} == {"Exact"}
+    return [m["path"]["value"] for m in rule["matches"]]
+
+
+def test_http_route_matches_only_the_inference_api_paths_the_local_gateway_routes() -> None:
+    extra = merged(ANCHOR_COUNT_ISTIO, {"httpRoute": {"extraPaths": ["/v1/embeddings", "/tokenize"]}})
+    route = render(extra).one("HTTPRoute")
+    assert _route_paths(route) == [*INFERENCE_API_PATHS, "/v1/embeddings", "/tokenize"]
+    assert route["spec"]["rules"][0]["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": RELEASE}
+    ]
 
 
 def _tokenizer(**tokenizer: Any) -> dict[str, Any]:
@@ -265,6 +282,10 @@ BAD_VALUES = {
         "tokenizer.image.path is required",
     ),
     "hub-without-repo": (_tokenizer(source="hub"), "tokenizer.hub.repo is required"),
+    "relative-route-path": (
+        merged(PREDICTOR_OFF, {"httpRoute": {"enabled": True, "extraPaths": ["v1/embeddings"]}}),
+        "extraPaths",
+    ),
 }
 
 
