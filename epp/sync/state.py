@@ -280,6 +280,10 @@ class ReplicaSyncState:
         self._outbox = []
         return messages
 
+    def unsent(self, data: bytes) -> None:
+        """The transport could not send ``data`` (one of ours): count its deltas as dropped."""
+        self.stats.dropped["unsent"] += len(decode(data).body)
+
     def _message(self, deltas: list[list[Any]]) -> bytes:
         self._seq += 1
         for delta in deltas:
