@@ -20,6 +20,7 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.kv_events import KVEventsSubscriber
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
+from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.k8s.client import api_client, default_identity, default_namespace
 from epp.k8s.leader import LeaseElector
@@ -39,7 +40,6 @@ from epp.sync.state import ReplicaSyncState, SyncTuning
 from epp.tokenization import ModelTokenizer
 
 log = logging.getLogger(__name__)
-EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
 READINESS_SERVICES = ("readiness", EXT_PROC_SERVICE)
 GRPC_OPTIONS = [
