@@ -13,23 +13,30 @@ One :class:`ReplicaSyncState` per EPP replica. It does two jobs:
   (the peer, the peer's key), so peers never collide with each other or with local bookings.
   Local decisions read whatever has arrived; nothing here waits.
 
-API (the live transport ``epp.sync.nats`` and the fleet simulator both drive it)::
+API (the live transport ``epp.sync.nats_transport`` and the fleet simulator both drive it)::
 
-    state = ReplicaSyncState("epp-0", targets_for(pipeline), clock=clock, tuning=SyncTuning())
-    attach_replica_sync(pipeline, state)          # epp.sync.hook: feed the lifecycle in
-    state.on_pending = wake                       # optional: called when the outbox fills
+    state = ReplicaSyncState("epp-0", sync_targets(pipeline), clock=clock, tuning=SyncTuning())
+    attach_replica_sync(pipeline, state, context)   # epp.sync.hook: feeds the lifecycle in
+    state.on_pending = wake                         # optional: called when the outbox fills
 
-    # every loop turn where on_pending fired, and every tuning.progress_interval_s:
-    state.flush_progress()                        # (the progress tick only)
-    for data in state.take_messages(): deliver to every peer
-    # every tuning.heartbeat_interval_s:
-    deliver state.heartbeat() to every peer; state.expire()
-    for peer in state.wanted_snapshots():         # joins, gaps, reconnects
-        reply = peers[peer].answer(state.snapshot_request())   # request/reply
-        state.receive(reply) if reply is not None else state.snapshot_failed(peer)
-    # on delivery of ``data`` (after any delay):
-    state.receive(data)                           # -> Received | None
-    # transport only: state.connection_lost() / state.connection_restored()
+    # every tuning.progress_interval_s:
+    state.flush_progress()                          # queue the coalesced decode progress
+    # whenever on_pending fired (the live transport: on the next loop turn):
+    for data in state.take_messages(): deliver data to every peer, in order
+    # every tuning.heartbeat_interval_s, after take_messages():
+    deliver state.heartbeat() to every peer
+    state.expire()                                  # drop peers silent for peer_timeout_s
+    for peer in state.wanted_snapshots():           # joins, gaps, restarts, reconnects
+        reply = <peer's state>.answer(state.snapshot_request())   # request/reply
+        if reply is None or state.receive(reply) is None: state.snapshot_failed(peer)
+    # when ``data`` arrives from a peer (after whatever delay):
+    state.receive(data)                             # -> Received(kind, replica, lag_s) | None
+    # the live transport only: state.connection_lost() / state.connection_restored()
+    # a message it could not send: state.unsent(data)
+
+Introspection: ``state.peers`` (names), ``peer_bookings(name)``, ``own_bookings()``, ``stats``
+(:class:`SyncStats`). The peers' load itself is read where scoring reads it: the token-load
+producer's ``peers`` tracker (``targets.token_load``).
 
 Everything delivered is bytes in the ``epp.sync.messages`` schema, so a simulator that delays
 ``data`` by d exercises the same decode and apply code as the live EPP. Each call is O(1) per
