@@ -99,6 +99,7 @@ class NatsSyncTransport:
         self.snapshot_timeout_s = snapshot_timeout_s
         self.metrics = metrics
         self.last_error: str | None = None
+        self._closing = False
         self._nc = Client()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -156,7 +157,8 @@ class NatsSyncTransport:
         self.state.connection_lost()
         if self.metrics is not None:
             self.metrics.connected.set(0)
-        log.warning("sync: lost NATS; routing on own and last known remote state until it is back")
+        if not self._closing:
+            log.warning("sync: lost NATS; routing on own and last known remote state until it is back")
 
     async def _on_error(self, error: Exception) -> None:
         text = str(error) or type(error).__name__
@@ -233,6 +235,7 @@ class NatsSyncTransport:
 
     async def close(self) -> None:
         """Publish what is queued, then disconnect."""
+        self._closing = True
         if self._nc.is_connected:
             await self._publish_pending()
             with contextlib.suppress(TimeoutError, NatsError):
