@@ -158,11 +158,9 @@ class TokenLoadTracker:
     def terms(self, booking_id: Hashable) -> BookingTerms | None:
         """The terms ``booking_id`` is booked with (None if it is not booked)."""
         b = self._bookings.get(booking_id)
-        return (
-            None
-            if b is None
-            else BookingTerms(b.endpoint, b.prompt_tokens, b.uncached_tokens, b.expected_output)
-        )
+        if b is None:
+            return None
+        return BookingTerms(b.endpoint, b.prompt_tokens, b.uncached_tokens, b.expected_output)
 
     def load(self, endpoint: str) -> EndpointLoad:
         totals = self._totals.get(endpoint)

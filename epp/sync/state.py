@@ -68,7 +68,6 @@ only when its block size equals the local index's, and a structure missing local
 from __future__ import annotations
 
 import logging
-import random
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -188,13 +187,14 @@ class ReplicaSyncState:
     ) -> None:
         """``clock`` times heartbeats (monotonic seconds); ``wall_clock`` stamps messages for the
         lag (seconds since the epoch; default ``clock``). ``incarnation`` tells this process's life
-        from an earlier one under the same ``replica_id`` (default: random)."""
+        from an earlier one under the same ``replica_id``; a later life must have a larger one
+        (default: ``wall_clock()`` in microseconds)."""
         self.replica_id = replica_id
         self.targets = targets
         self.clock = clock
         self.wall_clock = wall_clock or clock
         self.tuning = tuning or SyncTuning()
-        self.incarnation = incarnation if incarnation is not None else random.getrandbits(62)
+        self.incarnation = incarnation if incarnation is not None else int(self.wall_clock() * 1e6)
         self.stats = SyncStats()
         self.on_pending: Callable[[], None] | None = None
         """Called when the outbox goes from empty to not empty (the transport's wake-up)."""
