@@ -3,6 +3,7 @@ over both, each EPP's token load shows the other's bookings, and everything retu
 
 from __future__ import annotations
 
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -59,5 +60,40 @@ def test_two_synced_epps_share_token_load_and_release_it(tmp_path: Path) -> None
             )
             assert wait_for(lambda e=epp: not any(load_gauges(e).values())), load_gauges(epp)
             assert metric_sum(epp, "llm_epp_sync_connected") == 1
+    finally:
+        stack.stop()
+
+
+def envoy_sees_healthy(admin_port: int, epp_grpc_port: int) -> bool:
+    flags = f"epp::127.0.0.1:{epp_grpc_port}::health_flags::"
+    lines = httpx.get(f"http://127.0.0.1:{admin_port}/clusters", timeout=2).text.splitlines()
+    return f"{flags}healthy" in lines
+
+
+def test_a_killed_epp_gets_no_new_streams_and_its_bookings_leave_the_survivor(tmp_path: Path) -> None:
+    stack = start_stack(tmp_path, replicas=2, epp_config="ray-kv-aware", epp_replicas=2)
+    try:
+        survivor = stack.epp_metrics_urls[0]
+        admin = stack.config.ports.envoy_admin
+        (_, _, _), (doomed_grpc, _, _) = stack.epp_ports
+        assert wait_for(lambda: envoy_sees_healthy(admin, doomed_grpc))
+        assert wait_for(lambda: metric_sum(survivor, "llm_epp_sync_peers_alive") == 1)
+        url = f"{stack.gateway_url}/v1/completions"
+        with ThreadPoolExecutor(4) as pool:
+            # The streams the dead replica held fail (FailClose); the benchmarks count those.
+            running = [pool.submit(stream_completion, url, i) for i in range(4)]
+            assert wait_for(lambda: metric_sum(survivor, "llm_epp_endpoint_remote_token_share") > 0)
+            stack.epps[1].stop(signal.SIGKILL)  # dies holding the bookings of what it routed
+            for stream in running:
+                stream.exception()
+        assert wait_for(lambda: not envoy_sees_healthy(admin, doomed_grpc))
+        before = metric_sum(survivor, "inference_objective_request_total")
+        statuses = [stream_completion(url, i) for i in range(6)]
+        assert statuses == [200] * 6
+        assert metric_sum(survivor, "inference_objective_request_total") == before + 6
+        # The dead replica's bookings leave the survivor's token load after the peer timeout.
+        assert wait_for(lambda: not any(load_gauges(survivor).values()), timeout=15), load_gauges(survivor)
+        assert metric_sum(survivor, "llm_epp_sync_peers_alive") == 0
+        assert metric_sum(survivor, "llm_epp_sync_peers_expired_total") == 1
     finally:
         stack.stop()
