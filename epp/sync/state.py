@@ -126,8 +126,9 @@ class SyncStats:
     """Deltas handed out by :meth:`ReplicaSyncState.take_messages`, by kind."""
     applied: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
-    """By reason: duplicate, superseded, version, malformed, stale_incarnation, replica_id_conflict,
-    block_size, unused (no local structure for it), kept_overflow, and unsent (the transport)."""
+    """By reason: duplicate, superseded (covered by a snapshot), version, malformed, stale_incarnation,
+    replica_id_conflict, block_size, unused (no local structure for it), kept_overflow (applied, but
+    too many to keep for replay after a snapshot), and unsent (ours, that the transport could not send)."""
     gaps: int = 0
     snapshots: Counter[str] = field(default_factory=Counter)
     """requested, installed, stale, failed (asked of peers); served (answered to peers)."""
