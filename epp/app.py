@@ -20,6 +20,7 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.kv_events import KVEventsSubscriber
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
+from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.k8s.client import api_client, default_identity, default_namespace
 from epp.k8s.leader import LeaseElector
@@ -27,15 +28,18 @@ from epp.k8s.source import ApiGroupVersion, KubernetesSource
 from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient
 from epp.metrics import EppMetrics
-from epp.plugins.token_load import find_tracker
+from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
 from epp.settings import TOKENIZER_HELP, EppSettings
+from epp.sync.hook import attach_replica_sync, sync_targets
+from epp.sync.metrics import SyncMetrics
+from epp.sync.nats_transport import NatsSyncTransport, connect_options, default_replica_id
+from epp.sync.state import ReplicaSyncState, SyncTuning
 from epp.tokenization import ModelTokenizer
 
 log = logging.getLogger(__name__)
-EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
 READINESS_SERVICES = ("readiness", EXT_PROC_SERVICE)
 GRPC_OPTIONS = [
@@ -89,8 +93,12 @@ class EppApp:
             clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
         )
         self.pipeline = build_pipeline(config, context)
-        if (tracker := find_tracker(self.pipeline.plugins.values())) is not None:
-            self.metrics.export_token_load(tracker)
+        token_load = find_token_load(self.pipeline.plugins.values())
+        self.sync: NatsSyncTransport | None = None
+        if settings.sync_nats_url:
+            self.sync = self._replica_sync(context)
+        if token_load is not None:
+            self.metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
         self.director = Director(
             self.pipeline,
             self.store,
@@ -119,6 +127,33 @@ class EppApp:
         self._tasks: list[asyncio.Task[None]] = []
         self._kube_api: ApiClient | None = None
 
+    def _replica_sync(self, context: PluginContext) -> NatsSyncTransport:
+        """Active-active: share this replica's bookings with its peers over NATS, apply theirs."""
+        s = self.settings
+        state = ReplicaSyncState(
+            s.replica_id or default_replica_id(),
+            sync_targets(self.pipeline),
+            clock=self.clock,
+            wall_clock=time.time,
+            tuning=SyncTuning(
+                progress_interval_s=s.sync_progress_interval_ms / 1e3,
+                heartbeat_interval_s=s.sync_heartbeat_interval_s,
+                peer_timeout_s=s.sync_peer_timeout_s,
+            ),
+        )
+        attach_replica_sync(self.pipeline, state, context)
+        metrics = SyncMetrics(
+            self.registry, s.pool_name, self.store, state, find_token_load(self.pipeline.plugins.values())
+        )
+        return NatsSyncTransport(
+            state,
+            s.sync_nats_url,
+            f"{s.sync_subject_prefix}.{s.sync_pool or s.pool_name}",
+            connect_options=connect_options(s),
+            snapshot_timeout_s=s.sync_snapshot_timeout_s,
+            metrics=metrics,
+        )
+
     async def start(self) -> None:
         s = self.settings
         if self.source is not None:
@@ -127,6 +162,8 @@ class EppApp:
         self.kv_events.start()
         if self.predictor is not None:
             await self.predictor.start()
+        if self.sync is not None:
+            await self.sync.start()
         if self.source is not None:
             self._tasks.append(asyncio.create_task(self.source.watch(), name="endpoints-file"))
         else:
@@ -209,6 +246,8 @@ class EppApp:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._grpc is not None:
             await self._grpc.stop(grace)
+        if self.sync is not None:  # after the streams ended, so peers see their releases
+            await self.sync.close()
         if self._health_server is not None:
             await self._health_server.stop(0)
         if self._metrics_server is not None:

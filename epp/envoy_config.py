@@ -384,3 +384,57 @@ def gateway_bootstrap(
             "clusters": clusters,
         },
     }
+
+
+EXT_PROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+"""The gRPC health service an EPP reports SERVING for while it is ready to take ext_proc streams."""
+
+
+def with_epp_replicas(bootstrap: dict[str, Any], replicas: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
+    """``bootstrap`` with its ext_proc cluster spread over active-active EPP replicas, each given as
+    (address, ext_proc port, gRPC health port).
+
+    Envoy health-checks every replica over gRPC on its health port (the ext_proc service's
+    readiness, every 0.5 s, down after 2 failures) and ejects one whose streams fail (outlier
+    detection: 2 local-origin failures, such as refused connections, or 3 gateway errors), so a
+    dead or stopping replica gets no new streams within about a second. New streams are spread
+    round-robin; the replicas keep one view of the load through ``epp.sync``."""
+    clusters = bootstrap["static_resources"]["clusters"]
+    [epp] = [c for c in clusters if c["name"] == "epp"]
+    epp = {
+        **epp,
+        "load_assignment": {
+            "cluster_name": "epp",
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {"endpoint": {"address": _socket(a, p), "health_check_config": {"port_value": h}}}
+                        for a, p, h in replicas
+                    ]
+                }
+            ],
+        },
+        "health_checks": [
+            {
+                "timeout": "0.5s",
+                "interval": "0.5s",
+                "no_traffic_interval": "0.5s",
+                "unhealthy_threshold": 2,
+                "healthy_threshold": 1,
+                "grpc_health_check": {"service_name": EXT_PROC_HEALTH_SERVICE},
+            }
+        ],
+        "outlier_detection": {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 2,
+            "consecutive_gateway_failure": 3,
+            "interval": "1s",
+            "base_ejection_time": "5s",
+            "max_ejection_percent": 100,
+        },
+    }
+    resources = {
+        **bootstrap["static_resources"],
+        "clusters": [epp if c["name"] == "epp" else c for c in clusters],
+    }
+    return {**bootstrap, "static_resources": resources}

@@ -46,8 +46,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[EppSettings, str]:
         if field.is_required() and name not in args:
             parser.error(f"{_flag(name)} is required: {field.description}")
     log_level = args.pop("log_level")
-    if "predictor_url" in args:
-        args["predictor_url"] = [u for value in args["predictor_url"] for u in value.split(",") if u]
+    for name, field in EppSettings.model_fields.items():
+        if field.annotation == list[str] and name in args:
+            args[name] = [u for value in args[name] for u in value.split(",") if u]
     try:
         return EppSettings.model_validate(args), log_level
     except ValidationError as exc:

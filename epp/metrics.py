@@ -106,6 +106,7 @@ class _PoolCollector(Collector):
     def __init__(self, pool: str, store: EndpointStore, clock: Callable[[], float]) -> None:
         self.pool, self.store, self.clock = pool, store, clock
         self.token_load: TokenLoadTracker | None = None
+        self.peers_token_load: TokenLoadTracker | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["name", "model_server_pod"]
@@ -150,29 +151,33 @@ class _PoolCollector(Collector):
             yield from self._token_load(self.token_load, [s.name for s in states])
 
     def _token_load(self, tracker: TokenLoadTracker, names: list[str]) -> Iterator[GaugeMetricFamily]:
+        # "Routed by this EPP" includes, with replica sync, what its peers routed (as scoring sees it).
         labels = ["name", "model_server_pod"]
         prefill = GaugeMetricFamily(
             "llm_epp_endpoint_prefill_tokens_in_flight",
-            "Uncached prompt tokens routed by this EPP and not yet prefilled",
+            "Uncached prompt tokens routed by this EPP (and its synced peers) and not yet prefilled",
             labels=labels,
         )
         decode = GaugeMetricFamily(
             "llm_epp_endpoint_decode_tokens_in_flight",
-            "KV tokens (prompt + generated) of requests routed by this EPP that are decoding",
+            "KV tokens (prompt + generated) of requests routed by this EPP (and its synced peers) "
+            "that are decoding",
             labels=labels,
         )
         kv = GaugeMetricFamily(
             "llm_epp_endpoint_kv_tokens_in_flight",
-            "KV tokens (prompt + generated) of every request routed by this EPP and not finished",
+            "KV tokens (prompt + generated) of every request routed by this EPP (and its synced peers) "
+            "and not finished",
             labels=labels,
         )
         remaining = GaugeMetricFamily(
             "llm_epp_endpoint_expected_output_tokens_in_flight",
-            "Output tokens still expected from requests routed by this EPP (estimates)",
+            "Output tokens still expected from requests routed by this EPP (and its synced peers; estimates)",
             labels=labels,
         )
+        peers = self.peers_token_load
         for name in names:
-            load = tracker.load(name)
+            load = tracker.load(name) if peers is None else tracker.load(name) + peers.load(name)
             prefill.add_metric([self.pool, name], load.prefill_tokens)
             decode.add_metric([self.pool, name], load.decode_tokens)
             kv.add_metric([self.pool, name], load.kv_tokens)
@@ -385,9 +390,11 @@ class EppMetrics:
         registry.register(self._pool)
         self._series: dict[str, ModelSeries] = {}
 
-    def export_token_load(self, tracker: TokenLoadTracker) -> None:
-        """Export ``tracker``'s per-endpoint load (the pipeline's ``token-load-producer``)."""
+    def export_token_load(self, tracker: TokenLoadTracker, peers: TokenLoadTracker | None = None) -> None:
+        """Export ``tracker``'s per-endpoint load (the pipeline's ``token-load-producer``), plus
+        ``peers``' (the bookings synced from peer replicas) when given."""
         self._pool.token_load = tracker
+        self._pool.peers_token_load = peers
 
     def track_kv_index(self, index: PreciseIndex) -> None:
         """Export ``index`` per endpoint (blocks, staleness) and its memory."""

@@ -210,9 +210,10 @@ def start_epp(
     expected_endpoints: int,
     tokenizer_dir: Path,
     extra_args: Sequence[str] = (),
+    name: str = "epp",
 ) -> Component:
-    """Run the EPP, tokenizing with the model in ``tokenizer_dir``, and wait until it has scraped
-    ``expected_endpoints`` healthy endpoints."""
+    """Run the EPP (logging to ``name``.log), tokenizing with the model in ``tokenizer_dir``, and
+    wait until it has scraped ``expected_endpoints`` healthy endpoints."""
     argv = [
         str(BIN / "llm-epp"),
         "--host",
@@ -231,7 +232,7 @@ def start_epp(
         str(tokenizer_dir),
         *extra_args,
     ]
-    component = spawn("epp", argv, log_dir)
+    component = spawn(name, argv, log_dir)
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
 
     def ready() -> bool:

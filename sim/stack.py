@@ -1,5 +1,7 @@
 """``llm-epp-stack``: the whole gateway on loopback — real Envoy, the EPP, and vLLM replicas,
 simulated (default) or real (``--engine vllm``: the CPU build of vLLM serving a tiny model).
+With ``--epp-replicas N`` (N > 1) it runs N EPPs active-active: a nats-server, the EPPs synced
+through it, and Envoy with all of them in its ext_proc cluster (health-checked over gRPC).
 
 Every component is a separate process in its own process group, started in dependency order
 (replicas, EPP, Envoy) and each waited on until it answers; ``stop()`` ends them all, and they
@@ -22,8 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from epp.envoy_config import INFERENCE_API_PATHS, FailureMode, gateway_bootstrap, write_cluster_endpoints
+from epp.envoy_config import (
+    INFERENCE_API_PATHS,
+    FailureMode,
+    gateway_bootstrap,
+    with_epp_replicas,
+    write_cluster_endpoints,
+)
 from epp.tokenization import TINY_MODEL_DIR
+from sim.nats_server import start_nats_server
 from sim.processes import (
     BIN,
     Component,
@@ -50,11 +59,19 @@ class StackPorts:
     first_replica: int = 8100
     trainer: int = 8000
     first_predictor: int = 8001
+    nats: int = 4222
+    """The nats-server that syncs EPP replicas (with more than one)."""
 
     @classmethod
     def free(cls) -> StackPorts:
         """Free ports for every process; replicas and predictors get individual free ports."""
-        return cls(*(free_port() for _ in range(5)), first_replica=0, trainer=free_port(), first_predictor=0)
+        return cls(
+            *(free_port() for _ in range(5)),
+            first_replica=0,
+            trainer=free_port(),
+            first_predictor=0,
+            nats=free_port(),
+        )
 
 
 @dataclass
@@ -80,6 +97,9 @@ class StackConfig:
     """Simulated replicas publish KV events (with a replay socket) and the EPP subscribes."""
     api_paths: Sequence[str] = INFERENCE_API_PATHS
     """Request paths the gateway routes to the replicas; any other gets a 404."""
+    epp_replicas: int = 1
+    """EPP processes. More than one run active-active, synced through a nats-server the stack
+    starts; the first uses the ``epp_*`` ports, the others free ports."""
 
 
 def port_flag(name: str) -> str:
@@ -104,10 +124,18 @@ class LocalStack:
             if config.ports.first_predictor
             else [free_port() for _ in range(config.predictors)]
         )
+        ports = config.ports
+        self.epp_ports = [(ports.epp_grpc, ports.epp_health, ports.epp_metrics)] + [
+            (free_port(), free_port(), free_port()) for _ in range(config.epp_replicas - 1)
+        ]
+        """(ext_proc, health, metrics) port of each EPP."""
         self.replicas: list[Component] = []
         self.trainer: Component | None = None
         self.predictors: list[Component] = []
+        self.nats: Component | None = None
+        self.epps: list[Component] = []
         self.epp: Component | None = None
+        """The first EPP (the only one unless ``epp_replicas`` > 1)."""
         self.envoy: Component | None = None
 
     @property
@@ -117,6 +145,11 @@ class LocalStack:
     @property
     def epp_metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.config.ports.epp_metrics}/metrics"
+
+    @property
+    def epp_metrics_urls(self) -> list[str]:
+        """Every EPP's /metrics, in start order."""
+        return [f"http://127.0.0.1:{metrics}/metrics" for _, _, metrics in self.epp_ports]
 
     def replica_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.replica_ports[index]}"
@@ -228,6 +261,8 @@ class LocalStack:
         if self.config.predictors:
             used[ports["trainer"]] = "trainer"
             used.update((port, "first_predictor") for port in self.predictor_ports)
+        if self.config.epp_replicas > 1:
+            used[ports["nats"]] = "nats"
         return used
 
     def _check_ports_free(self) -> None:
@@ -245,16 +280,21 @@ class LocalStack:
         latency_flags = self._start_latency_sidecars()
         default_config = "predicted-latency" if self.config.predictors else "gie-default"
         epp_config = self.config.epp_config or default_config
-        self.epp = start_epp(
-            self.workdir,
-            self.write_endpoints(),
-            grpc_port=ports.epp_grpc,
-            health_port=ports.epp_health,
-            metrics_port=ports.epp_metrics,
-            expected_endpoints=self.config.replicas,
-            tokenizer_dir=self.config.model_dir,
-            extra_args=["--config", epp_config, *latency_flags, *self.config.epp_args],
-        )
+        epp_args = ["--config", epp_config, *latency_flags, *self.config.epp_args]
+        if self.config.epp_replicas == 1:
+            self.epp = start_epp(
+                self.workdir,
+                self.write_endpoints(),
+                grpc_port=ports.epp_grpc,
+                health_port=ports.epp_health,
+                metrics_port=ports.epp_metrics,
+                expected_endpoints=self.config.replicas,
+                tokenizer_dir=self.config.model_dir,
+                extra_args=epp_args,
+            )
+            self.epps = [self.epp]
+        else:
+            self._start_synced_epps(epp_args)
         bootstrap = gateway_bootstrap(
             listen_port=ports.gateway,
             epp_address=("127.0.0.1", ports.epp_grpc),
@@ -262,11 +302,39 @@ class LocalStack:
             failure_mode=self.config.failure_mode,
             api_paths=self.config.api_paths,
         )
+        if self.config.epp_replicas > 1:
+            bootstrap = with_epp_replicas(bootstrap, [("127.0.0.1", g, h) for g, h, _ in self.epp_ports])
         self.envoy = start_envoy("envoy", bootstrap, self.workdir, admin_port=ports.envoy_admin)
+
+    def _start_synced_epps(self, epp_args: list[str]) -> None:
+        """A nats-server, then every EPP replica syncing through it (``epp-0``, ``epp-1``, ...)."""
+        self.nats = start_nats_server(self.workdir, self.config.ports.nats)
+        endpoints = self.write_endpoints()
+        for i, (grpc, health, metrics) in enumerate(self.epp_ports):
+            sync_args = [
+                "--sync-nats-url",
+                f"nats://127.0.0.1:{self.config.ports.nats}",
+                "--replica-id",
+                f"epp-{i}",
+            ]
+            self.epps.append(
+                start_epp(
+                    self.workdir,
+                    endpoints,
+                    grpc_port=grpc,
+                    health_port=health,
+                    metrics_port=metrics,
+                    expected_endpoints=self.config.replicas,
+                    tokenizer_dir=self.config.model_dir,
+                    extra_args=[*epp_args, *sync_args],
+                    name=f"epp-{i}",
+                )
+            )
+        self.epp = self.epps[0]
 
     def components(self) -> list[Component]:
         """Every started process, gateway first."""
-        started = [self.envoy, self.epp, *self.predictors, self.trainer, *self.replicas]
+        started = [self.envoy, *self.epps, self.nats, *self.predictors, self.trainer, *self.replicas]
         return [c for c in started if c is not None]
 
     def stop(self) -> None:
@@ -295,6 +363,15 @@ def _try_it(stack: LocalStack) -> str:
     )
     url = f"{stack.gateway_url}/v1/chat/completions"
     lines = [f"  curl -N {url} -H 'content-type: application/json'{slo} -d '{body}'"]
+    if len(stack.epps) > 1:
+        lines += [
+            "",
+            "Each EPP's share of the token load that its peers booked (synced through NATS):",
+            *(
+                f"  curl -s {url} | grep '^llm_epp_endpoint_remote_token_share'"
+                for url in stack.epp_metrics_urls
+            ),
+        ]
     if stack.predictors:
         lines += [
             "",
@@ -336,7 +413,15 @@ def main(argv: list[str] | None = None) -> None:
         help=f"another request path the gateway routes to the replicas (repeatable; always: "
         f"{', '.join(INFERENCE_API_PATHS)}); any other path gets a 404",
     )
+    parser.add_argument(
+        "--epp-replicas",
+        type=int,
+        default=1,
+        help="EPP processes; more than one run active-active, synced through a nats-server",
+    )
     args = parser.parse_args(argv)
+    if args.epp_replicas < 1:
+        parser.error("--epp-replicas must be at least 1")
     replicas = args.replicas or (2 if args.engine == "vllm" else 4)
     ports = StackPorts(**{port.name: getattr(args, port.name) for port in dataclasses.fields(StackPorts)})
     stack = LocalStack(
@@ -349,11 +434,13 @@ def main(argv: list[str] | None = None) -> None:
             predictors=args.predictors,
             failure_mode=args.failure_mode,
             api_paths=[*INFERENCE_API_PATHS, *args.api_path],
+            epp_replicas=args.epp_replicas,
         )
     )
     kind = "real vLLM (CPU, up to a few minutes)" if args.engine == "vllm" else "simulated"
     sidecars = f", a trainer, {args.predictors} predictors" if args.predictors else ""
-    print(f"starting {replicas} {kind} replicas{sidecars}, the EPP and Envoy (logs in {stack.workdir}) ...")
+    epps = "the EPP" if args.epp_replicas == 1 else f"nats-server, {args.epp_replicas} synced EPPs"
+    print(f"starting {replicas} {kind} replicas{sidecars}, {epps} and Envoy (logs in {stack.workdir}) ...")
     stopping = False
 
     def request_stop(signum: int, frame: object) -> None:

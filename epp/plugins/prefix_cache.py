@@ -115,8 +115,11 @@ class ApproximatePrefixCacheProducer(DataProducer, PreRequest):
         match = state.get(PREFIX_MATCH)
         if match is None or not match.block_hashes:
             return
-        target = result.endpoint.name
-        self.index.record(target, match.block_hashes, self._capacity.get(target, DEFAULT_LRU_BLOCKS))
+        self.record(result.endpoint.name, match.block_hashes)
+
+    def record(self, endpoint: str, block_hashes: list[int]) -> None:
+        """Note that ``endpoint`` was sent these blocks (this replica's pick, or a peer's)."""
+        self.index.record(endpoint, block_hashes, self._capacity.get(endpoint, DEFAULT_LRU_BLOCKS))
 
 
 @register

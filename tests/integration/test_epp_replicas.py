@@ -1,0 +1,99 @@
+"""Two active-active EPPs behind one Envoy, synced through a real nats-server: requests spread
+over both, each EPP's token load shows the other's bookings, and everything returns to zero."""
+
+from __future__ import annotations
+
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.stacks import metric_sum, scrape, start_stack, wait_for
+
+pytestmark = pytest.mark.integration
+
+LOAD_GAUGES = (
+    "llm_epp_endpoint_prefill_tokens_in_flight",
+    "llm_epp_endpoint_decode_tokens_in_flight",
+    "llm_epp_endpoint_kv_tokens_in_flight",
+    "llm_epp_endpoint_expected_output_tokens_in_flight",
+    "llm_epp_endpoint_remote_token_share",
+)
+
+
+def stream_completion(url: str, i: int) -> int:
+    body = {
+        "model": "tiny",
+        "prompt": f"story {i}: " + "routers and caches " * 20,
+        "max_tokens": 300,
+        "stream": True,
+    }
+    with httpx.Client(timeout=60) as client, client.stream("POST", url, json=body) as response:
+        for _ in response.iter_lines():
+            pass
+        return response.status_code
+
+
+def load_gauges(url: str) -> dict[str, float]:
+    return {k: v for k, v in scrape(url).items() if k.partition("{")[0] in LOAD_GAUGES}
+
+
+def test_two_synced_epps_share_token_load_and_release_it(tmp_path: Path) -> None:
+    stack = start_stack(tmp_path, replicas=2, epp_config="ray-kv-aware", epp_replicas=2)
+    try:
+        epp0, epp1 = stack.epp_metrics_urls
+        assert wait_for(lambda: all(metric_sum(u, "llm_epp_sync_peers_alive") == 1 for u in (epp0, epp1)))
+        url = f"{stack.gateway_url}/v1/completions"
+        with ThreadPoolExecutor(8) as pool:
+            statuses = pool.map(stream_completion, [url] * 8, range(8))
+            # While the streams run, each EPP scores with the other's bookings.
+            for epp in (epp0, epp1):
+                assert wait_for(lambda e=epp: metric_sum(e, "llm_epp_endpoint_remote_token_share") > 0), epp
+            assert list(statuses) == [200] * 8
+        served = [metric_sum(u, "inference_objective_request_total") for u in (epp0, epp1)]
+        assert sum(served) == 8 and min(served) >= 1, served  # Envoy spread the streams over both
+        for epp in (epp0, epp1):
+            assert metric_sum(epp, "llm_epp_sync_deltas_applied_total", kind="routed") == 8 - metric_sum(
+                epp, "inference_objective_request_total"
+            )
+            assert wait_for(lambda e=epp: not any(load_gauges(e).values())), load_gauges(epp)
+            assert metric_sum(epp, "llm_epp_sync_connected") == 1
+    finally:
+        stack.stop()
+
+
+def envoy_sees_healthy(admin_port: int, epp_grpc_port: int) -> bool:
+    flags = f"epp::127.0.0.1:{epp_grpc_port}::health_flags::"
+    lines = httpx.get(f"http://127.0.0.1:{admin_port}/clusters", timeout=2).text.splitlines()
+    return f"{flags}healthy" in lines
+
+
+def test_a_killed_epp_gets_no_new_streams_and_its_bookings_leave_the_survivor(tmp_path: Path) -> None:
+    stack = start_stack(tmp_path, replicas=2, epp_config="ray-kv-aware", epp_replicas=2)
+    try:
+        survivor = stack.epp_metrics_urls[0]
+        admin = stack.config.ports.envoy_admin
+        (_, _, _), (doomed_grpc, _, _) = stack.epp_ports
+        assert wait_for(lambda: envoy_sees_healthy(admin, doomed_grpc))
+        assert wait_for(lambda: metric_sum(survivor, "llm_epp_sync_peers_alive") == 1)
+        url = f"{stack.gateway_url}/v1/completions"
+        with ThreadPoolExecutor(4) as pool:
+            # The streams the dead replica held fail (FailClose); the benchmarks count those.
+            running = [pool.submit(stream_completion, url, i) for i in range(4)]
+            assert wait_for(lambda: metric_sum(survivor, "llm_epp_endpoint_remote_token_share") > 0)
+            stack.epps[1].stop(signal.SIGKILL)  # dies holding the bookings of what it routed
+            for stream in running:
+                stream.exception()
+        assert wait_for(lambda: not envoy_sees_healthy(admin, doomed_grpc))
+        before = metric_sum(survivor, "inference_objective_request_total")
+        statuses = [stream_completion(url, i) for i in range(6)]
+        assert statuses == [200] * 6
+        assert metric_sum(survivor, "inference_objective_request_total") == before + 6
+        # The dead replica's bookings leave the survivor's token load after the peer timeout.
+        assert wait_for(lambda: not any(load_gauges(survivor).values()), timeout=15), load_gauges(survivor)
+        assert metric_sum(survivor, "llm_epp_sync_peers_alive") == 0
+        assert metric_sum(survivor, "llm_epp_sync_peers_expired_total") == 1
+    finally:
+        stack.stop()
