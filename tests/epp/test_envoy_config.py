@@ -13,7 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from epp.envoy_config import gateway_bootstrap, write_cluster_endpoints
+from epp.envoy_config import (
+    EXT_PROC_HEALTH_SERVICE,
+    gateway_bootstrap,
+    with_epp_replicas,
+    write_cluster_endpoints,
+)
 from sim.processes import free_port, start_envoy
 
 ENVOY = shutil.which("envoy", path=str(Path(sys.executable).parent))
@@ -101,3 +106,17 @@ def test_an_unreachable_model_server_gets_a_json_503(gateway: str, path: str) ->
 def test_headers_over_the_limit_get_a_json_431(gateway: str, headers: dict[str, str]) -> None:
     response = httpx.post(gateway + "/v1/completions", json={}, headers=headers, timeout=5)
     assert _error(response, 431, "RequestHeaderFieldsTooLargeError") == "Request Header Fields Too Large"
+
+
+def test_envoy_validates_a_health_checked_ext_proc_cluster_of_two_epps(tmp_path: Path) -> None:
+    endpoints = write_cluster_endpoints(tmp_path / "eds" / "endpoints.json", [("127.0.0.1", 18100)])
+    single = gateway_bootstrap(listen_port=18081, epp_address=("127.0.0.1", 19002), endpoints_file=endpoints)
+    bootstrap = with_epp_replicas(single, [("127.0.0.1", 19002, 19003), ("127.0.0.1", 19012, 19013)])
+    _validate(tmp_path, bootstrap)
+    [epp] = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "epp"]
+    hosts = epp["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [h["endpoint"]["health_check_config"]["port_value"] for h in hosts] == [19003, 19013]
+    assert epp["health_checks"][0]["grpc_health_check"]["service_name"] == EXT_PROC_HEALTH_SERVICE
+    assert "outlier_detection" in epp and "typed_extension_protocol_options" in epp  # still HTTP/2
+    [single_epp] = [c for c in single["static_resources"]["clusters"] if c["name"] == "epp"]
+    assert "health_checks" not in single_epp  # the input is left as it was
