@@ -50,14 +50,15 @@ GRPC_OPTIONS = [
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def load_tokenizer(model_dir: Path) -> ModelTokenizer:
-    """The served model's tokenizer from ``model_dir``; :class:`FileNotFoundError` naming the
-    missing files and how to provide them, so the EPP refuses to start without one."""
+def load_tokenizer(model_dir: Path, cache_bytes: int = 0, verify_cache: bool = False) -> ModelTokenizer:
+    """The served model's tokenizer from ``model_dir`` (with a cache of recent prompts' ids, see
+    ``ModelTokenizer``); :class:`FileNotFoundError` naming the missing files and how to provide
+    them, so the EPP refuses to start without one."""
     missing = [name for name in TOKENIZER_FILES if not (model_dir / name).is_file()]
     if missing:
         files = " or ".join(missing)
         raise FileNotFoundError(f"--tokenizer-dir {model_dir} has no {files}; give it {TOKENIZER_HELP}")
-    return ModelTokenizer(model_dir)
+    return ModelTokenizer(model_dir, cache_bytes, verify_cache)
 
 
 class EppApp:
@@ -99,10 +100,15 @@ class EppApp:
             self.sync = self._replica_sync(context)
         if token_load is not None:
             self.metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
+        tokenizer = load_tokenizer(
+            settings.tokenizer_dir, settings.tokenizer_cache_bytes, settings.verify_tokenizer_cache
+        )
+        if tokenizer.cache is not None:
+            self.metrics.track_tokenizer_cache(tokenizer.cache)
         self.director = Director(
             self.pipeline,
             self.store,
-            load_tokenizer(settings.tokenizer_dir),
+            tokenizer,
             self.metrics,
             self.clock,
             rng,

@@ -12,12 +12,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.kvcache.precise_index import PreciseIndex
 from epp.load.token_load import TokenLoadTracker
+from epp.tokenizer_cache import TokenizerCache
 
 MAX_MODEL_LABELS = 100
 LATENCY_BUCKETS = (
@@ -221,6 +222,48 @@ class _KVIndexCollector(Collector):
         yield from (blocks, stale, orphans, size)
 
 
+class _TokenizerCacheCollector(Collector):
+    """The tokenizer cache's counts and size, read at scrape time."""
+
+    def __init__(self, pool: str, cache: TokenizerCache) -> None:
+        self.pool, self.cache = pool, cache
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self.cache.stats()
+        counters = [
+            ("hits", "Prompts whose token ids were partly or wholly reused from the cache", stats.hits),
+            ("misses", "Prompts that share no cached text, tokenized whole", stats.misses),
+            (
+                "fallbacks",
+                "Prompts that share cached text but were tokenized whole: no cut could be verified",
+                stats.fallbacks,
+            ),
+            (
+                "cut_failures",
+                "Cuts whose overlap did not tokenize as cached (each also a fallback; a bug if counted)",
+                stats.cut_failures,
+            ),
+            ("tokens_reused", "Token ids taken from the cache instead of tokenizing", stats.tokens_reused),
+            ("verified", "Reused results checked against a full tokenization (verify mode)", stats.verified),
+            (
+                "mismatches",
+                "Reused results that differed from a full tokenization (verify mode)",
+                stats.mismatches,
+            ),
+        ]
+        for name, help_text, value in counters:
+            family = CounterMetricFamily(f"llm_epp_tokenizer_cache_{name}", help_text, labels=["name"])
+            family.add_metric([self.pool], value)
+            yield family
+        for name, help_text, value in (
+            ("bytes", "Estimated memory of the tokenizer cache", stats.bytes),
+            ("entries", "Prompts held by the tokenizer cache", stats.entries),
+        ):
+            family = GaugeMetricFamily(f"llm_epp_tokenizer_cache_{name}", help_text, labels=["name"])
+            family.add_metric([self.pool], value)
+            yield family
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSeries:
     """The per-model children of the request metrics, resolved once per model (labels are slow)."""
@@ -399,6 +442,10 @@ class EppMetrics:
     def track_kv_index(self, index: PreciseIndex) -> None:
         """Export ``index`` per endpoint (blocks, staleness) and its memory."""
         self.registry.register(_KVIndexCollector(self.pool, self.store, index))
+
+    def track_tokenizer_cache(self, cache: TokenizerCache) -> None:
+        """Export the tokenizer cache's hit counts and size."""
+        self.registry.register(_TokenizerCacheCollector(self.pool, cache))
 
     def for_model(self, model: str) -> ModelSeries:
         """Series for ``model``; past ``MAX_MODEL_LABELS`` distinct models, the shared ``other`` series."""

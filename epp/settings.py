@@ -57,6 +57,14 @@ class EppSettings(BaseModel):
         description="context length in tokens, for prompts routed before any engine's /v1/models "
         "reported its own (longer prompts get 400)",
     )
+    tokenizer_cache_bytes: int = Field(
+        256 << 20,
+        ge=0,
+        description="memory for recent prompts' token ids, reused when a prompt extends one (0: off)",
+    )
+    verify_tokenizer_cache: bool = Field(
+        False, description="also tokenize every reused prompt whole and count mismatches (for tests)"
+    )
     scrape_interval_s: float = Field(0.05, gt=0, description="engine /metrics polling period")
     scrape_timeout_s: float = Field(
         0.5,

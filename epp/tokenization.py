@@ -5,7 +5,9 @@ engine will see. vLLM renders chat messages with the Jinja chat template from
 ``tokenizer_config.json`` (in a sandboxed environment with ``trim_blocks`` and
 ``lstrip_blocks``, as ``transformers`` does), then tokenizes without adding special
 tokens; completion prompts are tokenized as given. This module does the same, so it is
-shared by the simulated engine and the EPP.
+shared by the simulated engine and the EPP. The EPP also keeps a cache of recent prompts'
+ids (``epp.tokenizer_cache``), so a prompt that extends one it has seen is tokenized only
+where it is new.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+from epp.tokenizer_cache import TokenizerCache
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "sim" / "models" / "tiny"
 # Above this many characters, tokenize through ``encode_batch``, which releases the GIL while
@@ -61,7 +65,11 @@ def _raise_exception(message: str) -> None:
 class ModelTokenizer:
     """Tokenizer + chat template of one model directory (``tokenizer.json``, ``tokenizer_config.json``)."""
 
-    def __init__(self, model_dir: Path | str = TINY_MODEL_DIR) -> None:
+    def __init__(
+        self, model_dir: Path | str = TINY_MODEL_DIR, cache_bytes: int = 0, verify_cache: bool = False
+    ) -> None:
+        """``cache_bytes`` > 0 keeps that much of recent prompts' ids to reuse (see
+        ``epp.tokenizer_cache``); ``verify_cache`` checks every reuse against a full tokenization."""
         model_dir = Path(model_dir)
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         config = json.loads((model_dir / "tokenizer_config.json").read_text())
@@ -70,6 +78,11 @@ class ModelTokenizer:
         self._template = env.from_string(config["chat_template"])
         self.eos_token_id: int = self._tokenizer.token_to_id(config["eos_token"])
         self.model_max_length: int = int(config.get("model_max_length", 2048))
+        self.cache: TokenizerCache | None = None
+        if cache_bytes > 0:
+            self.cache = TokenizerCache.for_tokenizer(
+                self._tokenizer, self._encode_whole, cache_bytes, verify_cache
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -85,6 +98,11 @@ class ModelTokenizer:
         return frozenset(i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special)
 
     def encode(self, text: str) -> list[int]:
+        if self.cache is not None:
+            return self.cache.encode(text)
+        return self._encode_whole(text)
+
+    def _encode_whole(self, text: str) -> list[int]:
         if len(text) > GIL_FREE_CHARS:
             return self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tokenizer.encode(text, add_special_tokens=False).ids
