@@ -16,9 +16,11 @@ class CheckedStack(LocalStack):
     check of ``epp.tokenizer_cache``): ``stop()`` fails if any differed."""
 
     def stop(self) -> None:
-        mismatches = 0.0
-        if self.epp is not None and self.epp.alive():
-            mismatches = metric_sum(self.epp_metrics_url, "llm_epp_tokenizer_cache_mismatches_total")
+        mismatches = sum(
+            metric_sum(url, "llm_epp_tokenizer_cache_mismatches_total")
+            for epp, url in zip(self.epps, self.epp_metrics_urls, strict=False)
+            if epp.alive()
+        )
         super().stop()
         assert mismatches == 0, f"the EPP's tokenizer cache gave {mismatches:.0f} wrong tokenizations"
 
