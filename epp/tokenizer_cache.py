@@ -26,9 +26,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 
 from tokenizers import Tokenizer
 from xxhash import xxh3_64_intdigest
@@ -217,8 +216,9 @@ class TokenizerCache:
             self._count(cut_failures=1)
             log.warning("tokenizer cache: a cut at byte %d did not verify; tokenizing the whole prompt", pos)
             return None
-        shared = index + sum(1 for _ in _common_prefix(tail, islice(entry.ids, index, None)))
-        ids = TokenIds(entry.ids[:index])
+        shared = index + _common_length(tail, entry.ids[index : index + len(tail)])
+        ids = TokenIds(entry.ids)  # one copy; the few ids past the cut are dropped next
+        del ids[index:]
         ids.extend(tail)
         return ids, index, shared
 
@@ -332,8 +332,11 @@ class TokenizerCache:
                 setattr(self._counts, name, getattr(self._counts, name) + value)
 
 
-def _common_prefix(a: list[int], b: Iterator[int]) -> Iterator[int]:
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` have in common."""
+    same = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
-            return
-        yield x
+            break
+        same += 1
+    return same
