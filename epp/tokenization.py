@@ -61,6 +61,29 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def chat_template(model_dir: Path, config: dict[str, Any]) -> str:
+    """The model's chat template: ``chat_template.jinja`` beside the tokenizer where the model
+    ships one (newer Hugging Face repositories do, and ``transformers`` prefers it), else
+    ``chat_template`` in ``tokenizer_config.json`` (a string, or named templates of which the EPP
+    renders ``default``, as ``transformers`` does). :class:`FileNotFoundError` if it has neither."""
+    path = model_dir / CHAT_TEMPLATE_FILE
+    if path.is_file():
+        return path.read_text()
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if isinstance(template, str):
+        return template
+    raise FileNotFoundError(
+        f"{model_dir} has no chat template: add its {CHAT_TEMPLATE_FILE}, or a 'chat_template' "
+        "string in tokenizer_config.json"
+    )
+
+
 class ModelTokenizer:
     """Tokenizer + chat template of one model directory (``tokenizer.json``, ``tokenizer_config.json``)."""
 
@@ -74,7 +97,7 @@ class ModelTokenizer:
         config = json.loads((model_dir / "tokenizer_config.json").read_text())
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_exception
-        self._template = env.from_string(config["chat_template"])
+        self._template = env.from_string(chat_template(model_dir, config))
         self.eos_token_id: int = self._tokenizer.token_to_id(config["eos_token"])
         self.model_max_length: int = int(config.get("model_max_length", 2048))
         self.cache: TokenizerCache | None = None

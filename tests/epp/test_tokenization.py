@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from epp.tokenization import (
+    CHAT_TEMPLATE_FILE,
     GIL_FREE_CHARS,
     TINY_MODEL_DIR,
     ChatTemplateError,
@@ -78,3 +79,36 @@ def test_messages_the_template_cannot_render_are_template_errors(
 
 def test_the_longest_vocabulary_entry_bounds_the_characters_of_a_token() -> None:
     assert TOKENIZER.max_chars_per_token == 37  # vLLM's max_chars_per_token for the tiny model
+
+
+def _model_dir(tmp_path: Path, config_changes: dict[str, object], template_file: str | None) -> Path:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY_MODEL_DIR / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.update(config_changes)
+    config = {k: v for k, v in config.items() if v is not None}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    if template_file is not None:
+        (tmp_path / CHAT_TEMPLATE_FILE).write_text(template_file)
+    return tmp_path
+
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def test_a_chat_template_file_beside_the_tokenizer_is_used(tmp_path: Path) -> None:
+    tokenizer = ModelTokenizer(_model_dir(tmp_path, {"chat_template": None}, "<{{ messages[0].content }}>"))
+    assert tokenizer.render_chat(MESSAGES) == "<hi>"
+
+
+def test_named_chat_templates_render_the_default_one(tmp_path: Path) -> None:
+    named = [
+        {"name": "tool_use", "template": "tools"},
+        {"name": "default", "template": "D{{ messages|length }}"},
+    ]
+    assert ModelTokenizer(_model_dir(tmp_path, {"chat_template": named}, None)).render_chat(MESSAGES) == "D1"
+
+
+def test_a_model_without_a_chat_template_is_refused_with_a_message(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no chat template"):
+        ModelTokenizer(_model_dir(tmp_path, {"chat_template": None}, None))
