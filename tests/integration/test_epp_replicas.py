@@ -4,6 +4,7 @@ over both, each EPP's token load shows the other's bookings, and everything retu
 from __future__ import annotations
 
 import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -95,5 +96,44 @@ def test_a_killed_epp_gets_no_new_streams_and_its_bookings_leave_the_survivor(tm
         assert wait_for(lambda: not any(load_gauges(survivor).values()), timeout=15), load_gauges(survivor)
         assert metric_sum(survivor, "llm_epp_sync_peers_alive") == 0
         assert metric_sum(survivor, "llm_epp_sync_peers_expired_total") == 1
+    finally:
+        stack.stop()
+
+
+def completions_until(url: str, stop: threading.Event) -> list[int | str]:
+    """Short completions one after another until ``stop``; each one's status, or its error."""
+    outcomes: list[int | str] = []
+    with httpx.Client(timeout=30) as client:
+        while not stop.is_set():
+            body = {"model": "tiny", "prompt": f"drain {len(outcomes)}", "max_tokens": 4}
+            try:
+                outcomes.append(client.post(url, json=body).status_code)
+            except httpx.HTTPError as exc:
+                outcomes.append(repr(exc))
+    return outcomes
+
+
+def test_a_sigterm_drains_the_epp_so_no_request_fails_under_fail_close(tmp_path: Path) -> None:
+    stack = start_stack(tmp_path, replicas=2, sim_profile="instant", epp_replicas=2, failure_mode="FailClose")
+    try:
+        admin = stack.config.ports.envoy_admin
+        (_, _, _), (doomed_grpc, _, doomed_metrics) = stack.epp_ports
+        assert wait_for(lambda: envoy_sees_healthy(admin, doomed_grpc))
+        doomed = f"http://127.0.0.1:{doomed_metrics}/metrics"
+        url = f"{stack.gateway_url}/v1/completions"
+        stop = threading.Event()
+        with ThreadPoolExecutor(4) as pool:
+            loads = [pool.submit(completions_until, url, stop) for _ in range(4)]
+            assert wait_for(lambda: metric_sum(doomed, "inference_objective_request_total") >= 20)
+            stack.epps[1].stop(signal.SIGTERM, timeout=30)  # returns once it has exited
+            survivor = stack.epp_metrics_urls[0]
+            after = metric_sum(survivor, "inference_objective_request_total")
+            assert wait_for(lambda: metric_sum(survivor, "inference_objective_request_total") >= after + 20)
+            stop.set()
+            outcomes = [o for load in loads for o in load.result()]
+        assert stack.epps[1].process.returncode == 0, stack.epps[1].log_tail()
+        assert "draining: NOT_SERVING" in stack.epps[1].log_tail(100)
+        assert len(outcomes) >= 40
+        assert [o for o in outcomes if o != 200] == []
     finally:
         stack.stop()
