@@ -10,6 +10,8 @@ predictor  predictor throughput/latency, trainer retrain time, prediction error 
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
 oversized  the EPP's CPU to refuse a 10 MiB prompt over the context (in process, through Envoy)
+sync       active-active EPPs: sync lag through real NATS at 100 and 1,000 requests/s; requests/s
+           and CPU per request through Envoy with one EPP process and with two
 compare    one workload replayed through several routers on the fleet simulator
            (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
@@ -36,6 +38,7 @@ from bench import (
     oversized_prompt,
     predictor_bench,
     stack_overhead,
+    sync_bench,
 )
 from bench.fleet_workloads import workload_names
 from sim.engine import available_profiles
@@ -78,6 +81,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,
     "oversized": oversized_prompt.run,
+    "sync": sync_bench.run,
     "fleet": run_fleet_defaults,
 }
 
