@@ -88,6 +88,10 @@ def test_a_killed_epp_gets_no_new_streams_and_its_bookings_leave_the_survivor(tm
             running = [pool.submit(stream_completion, url, i) for i in range(4)]
             assert wait_for(lambda: metric_sum(survivor, "llm_epp_endpoint_remote_token_share") > 0)
             stack.epps[1].stop(signal.SIGKILL)  # dies holding the bookings of what it routed
+            # Within the peer timeout (3 s) and a heartbeat (0.5 s), with 1 s to spare, the
+            # survivor drops the dead replica and every token it had booked.
+            assert wait_for(lambda: metric_sum(survivor, "llm_epp_sync_peers_expired_total") == 1, 4.5)
+            assert metric_sum(survivor, "llm_epp_endpoint_remote_token_share") == 0
             for stream in running:
                 stream.exception()
         assert wait_for(lambda: not envoy_sees_healthy(admin, doomed_grpc))
