@@ -12,6 +12,8 @@ kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory
 oversized  the EPP's CPU to refuse a 10 MiB prompt over the context (in process, through Envoy)
 tokenize   parse + tokenize + block hashes of a 26k-token chat turn, first seen and extending a
            seen one, with and without the tokenizer cache (in process)
+sync       active-active EPPs: sync lag through real NATS at 100 and 1,000 requests/s; requests/s
+           and CPU per request through Envoy with one EPP process and with two
 compare    one workload replayed through several routers on the fleet simulator
            (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
@@ -38,6 +40,7 @@ from bench import (
     oversized_prompt,
     predictor_bench,
     stack_overhead,
+    sync_bench,
     tokenize_bench,
 )
 from bench.fleet_workloads import workload_names
@@ -82,6 +85,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "kv-index": kv_index_bench.run,
     "oversized": oversized_prompt.run,
     "tokenize": tokenize_bench.run,
+    "sync": sync_bench.run,
     "fleet": run_fleet_defaults,
 }
 

@@ -132,6 +132,7 @@ class EppApp:
         self._metrics_server: WSGIServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._kube_api: ApiClient | None = None
+        self._draining = False
 
     def _replica_sync(self, context: PluginContext) -> NatsSyncTransport:
         """Active-active: share this replica's bookings with its peers over NATS, apply theirs."""
@@ -238,20 +239,29 @@ class EppApp:
         await self._set_ready(leading)
 
     async def _set_ready(self, ready: bool) -> None:
+        serving = ready and not self._draining
         status = (
-            health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for service in READINESS_SERVICES:
             await self.health.set(service, status)
 
-    async def stop(self, grace: float = 2.0) -> None:
+    async def begin_drain(self) -> None:
+        """Report not ready from now on (the gateway's health checks and the readiness probe see
+        it) while ext_proc keeps taking streams, so traffic moves to other replicas before
+        :meth:`stop` refuses any. Liveness stays SERVING."""
+        self._draining = True
+        await self._set_ready(False)
+
+    async def stop(self, drain_s: float = 2.0) -> None:
+        """Refuse new streams, give the in-flight ones up to ``drain_s`` to end, release every port."""
         for service in HEALTH_SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._grpc is not None:
-            await self._grpc.stop(grace)
+            await self._grpc.stop(drain_s)
         if self.sync is not None:  # after the streams ended, so peers see their releases
             await self.sync.close()
         if self._health_server is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 
@@ -63,8 +64,16 @@ async def serve(settings: EppSettings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    logging.getLogger(__name__).info("shutting down")
-    await app.stop()
+    # Drain: NOT_SERVING first, streams still taken for the grace (a second signal cuts it
+    # short), then in-flight streams get up to the drain time.
+    stop.clear()
+    log = logging.getLogger(__name__)
+    log.info("draining: NOT_SERVING, taking new streams for %.1f s more", settings.shutdown_grace_s)
+    await app.begin_drain()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), settings.shutdown_grace_s)
+    log.info("shutting down: in-flight streams get up to %.1f s", settings.shutdown_drain_s)
+    await app.stop(settings.shutdown_drain_s)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -49,6 +49,21 @@ class EppSettings(BaseModel):
         False, description="active-passive replicas: only the Lease holder reports ready"
     )
     endpoints_poll_s: float = Field(1.0, gt=0, description="how often the endpoints file is checked")
+    shutdown_grace_s: float = Field(
+        1.5,
+        ge=0,
+        le=300,
+        description="after SIGTERM: report NOT_SERVING but keep taking new ext_proc streams this long, "
+        "so the gateway's health checks (the local stack's: every 0.5 s, down after 2) move traffic "
+        "to other replicas before this one refuses any",
+    )
+    shutdown_drain_s: float = Field(
+        20.0,
+        ge=0,
+        le=3600,
+        description="after the grace: wait at most this long for in-flight ext_proc streams to end, "
+        "then cancel the rest and exit",
+    )
     config: str = Field("gie-default", description="EndpointPickerConfig: a shipped name or a YAML path")
     tokenizer_dir: Path = Field(description=TOKENIZER_HELP)
     max_model_len: int | None = Field(

@@ -290,7 +290,8 @@ class LocalStack:
                 metrics_port=ports.epp_metrics,
                 expected_endpoints=self.config.replicas,
                 tokenizer_dir=self.config.model_dir,
-                extra_args=epp_args,
+                # One EPP: no other replica takes new streams while it drains, so no grace.
+                extra_args=["--shutdown-grace-s", "0", *epp_args],
             )
             self.epps = [self.epp]
         else:

@@ -44,6 +44,10 @@ class Rendered:
         [doc] = self.of_kind(kind)
         return doc
 
+    def named(self, kind: str, name: str) -> dict[str, Any]:
+        [doc] = [d for d in self.of_kind(kind) if d["metadata"]["name"] == name]
+        return doc
+
 
 class HelmFailed(Exception):
     pass

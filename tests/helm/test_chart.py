@@ -72,8 +72,11 @@ def case(request: pytest.FixtureRequest) -> tuple[Rendered, int]:
     return render(values), servers
 
 
+EPP = f"{RELEASE}-epp"
+
+
 def _containers(rendered: Rendered) -> dict[str, dict[str, Any]]:
-    pod = rendered.one("Deployment")["spec"]["template"]["spec"]
+    pod = rendered.named("Deployment", EPP)["spec"]["template"]["spec"]
     return {c["name"]: c for c in pod["containers"]}
 
 
@@ -180,7 +183,7 @@ def test_probes_hit_real_endpoints_of_our_processes(case: tuple[Rendered, int], 
 def test_config_map_holds_a_valid_endpoint_picker_config(case: tuple[Rendered, int]) -> None:
     rendered, servers = case
     settings, _ = epp_args(_containers(rendered)["epp"]["args"])
-    config_map = rendered.one("ConfigMap")
+    config_map = rendered.named("ConfigMap", f"{EPP}-config")
     name = Path(settings.config).name
     config = EndpointPickerConfig.model_validate(yaml.safe_load(config_map["data"][name]))
     plugin_types = {p.type for p in config.plugins}
@@ -195,11 +198,11 @@ def test_inference_pool_points_at_the_epp_service(case: tuple[Rendered, int]) ->
     assert pool.match_labels == {"app": "vllm-llama3-8b-instruct"}
     ref = pool.endpointPickerRef
     assert ref is not None and ref.failureMode == "FailOpen"
-    service = rendered.one("Service")
-    assert ref.name == service["metadata"]["name"] == f"{RELEASE}-epp"
+    service = rendered.named("Service", EPP)
+    assert ref.name == EPP
     assert ref.port is not None
     assert ref.port.number in [p["port"] for p in service["spec"]["ports"]]
-    pod_labels = rendered.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    pod_labels = rendered.named("Deployment", EPP)["spec"]["template"]["metadata"]["labels"]
     assert pod_labels["app"] == f"{RELEASE}-epp"  # kubectl get pods -l app=NAME-epp
     assert all(pod_labels.get(k) == v for k, v in service["spec"]["selector"].items())
 
@@ -282,6 +285,29 @@ BAD_VALUES = {
         "tokenizer.image.path is required",
     ),
     "hub-without-repo": (_tokenizer(source="hub"), "tokenizer.hub.repo is required"),
+    "replicas-without-sync-or-leader-election": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"replicas": 2}}),
+        "/inferenceExtension/sync/enabled': value must be true",
+    ),
+    "leader-election-with-sync": (
+        merged(
+            PREDICTOR_OFF,
+            {"inferenceExtension": {"leaderElection": {"enabled": True}, "sync": {"enabled": True}}},
+        ),
+        "/inferenceExtension/sync/enabled': value must be false",
+    ),
+    "sync-token-without-secret": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"sync": {"enabled": True, "auth": {"type": "token"}}}}),
+        "sync/auth/secretName",
+    ),
+    "sync-http-url": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"sync": {"enabled": True, "natsUrl": "http://nats"}}}),
+        "sync/natsUrl",
+    ),
+    "sync-flag-outside-sync": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"sync": {"flags": {"grpc-port": 1}}}}),
+        r"'grpc-port' does not match pattern '\^sync-",
+    ),
     "relative-route-path": (
         merged(PREDICTOR_OFF, {"httpRoute": {"enabled": True, "extraPaths": ["v1/embeddings"]}}),
         "extraPaths",
