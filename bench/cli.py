@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -178,32 +177,48 @@ def _add_sync_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workloads",
         default=",".join(w.name for w in sync_sweep.DEFAULT_WORKLOADS),
-        help=f"comma-separated, among {', '.join(w.name for w in sync_sweep.DEFAULT_WORKLOADS)}",
+        help="comma-separated NAME[:RATE_SCALE[:ENGINES[:LIMIT]]] (defaults: "
+        + ", ".join(f"{w.name}:{w.rate_scale:g}:{w.engines}:{w.limit}" for w in sync_sweep.DEFAULT_WORKLOADS)
+        + ")",
     )
     p.add_argument("--routers", default=",".join(defaults.routers), help="comma-separated router names")
     p.add_argument("--router-replicas", type=_counts, default=defaults.router_replicas, help="K values")
     p.add_argument(
         "--sync-delays-ms", type=_delays, default=defaults.sync_delays_s, help="d values, e.g. 0,50,500,none"
     )
-    p.add_argument("--limit", type=int, default=None, help="override every workload's default limit")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
     p.add_argument("--out", type=Path, default=Path("results"))
 
 
-def _sync_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _sweep_workload(text: str) -> sync_sweep.SweepWorkload:
+    """``NAME[:RATE_SCALE[:ENGINES[:LIMIT]]]``; what is left out comes from the defaults."""
     known = {w.name: w for w in sync_sweep.DEFAULT_WORKLOADS}
-    names = [name.strip() for name in args.workloads.split(",") if name.strip()]
+    name, *rest = text.strip().split(":")
+    if name not in known or len(rest) > 3:
+        raise ValueError(f"workloads are NAME[:RATE_SCALE[:ENGINES[:LIMIT]]], NAME among {', '.join(known)}")
+    spec = known[name]
+    try:
+        scale = float(rest[0]) if rest else spec.rate_scale
+        engines = int(rest[1]) if len(rest) > 1 else spec.engines
+        limit = int(rest[2]) if len(rest) > 2 else spec.limit
+    except ValueError:
+        raise ValueError(f"{text!r}: the rate scale is a number, engines and limit are integers") from None
+    if scale <= 0 or engines < 1 or (limit is not None and limit < 1):
+        raise ValueError(f"{text!r}: the rate scale must be positive, engines and limit >= 1")
+    return sync_sweep.SweepWorkload(name, scale, engines, limit)
+
+
+def _sync_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    try:
+        workloads = tuple(_sweep_workload(part) for part in args.workloads.split(",") if part.strip())
+    except ValueError as exc:
+        parser.error(str(exc))
     routers = compare.resolve_routers(args.routers)
-    if not names or any(name not in known for name in names):
-        parser.error(f"--workloads must name some of {', '.join(known)}")
+    if not workloads:
+        parser.error("--workloads names no workload")
     if not routers or any(name not in router_names() or name == "oracle" for name in routers):
         parser.error("--routers must name shipped configs (the oracle has no replicas)")
-    if args.limit is not None and args.limit < 1:
-        parser.error("--limit must be >= 1")
-    workloads = tuple(
-        known[name] if args.limit is None else replace(known[name], limit=args.limit) for name in names
-    )
     settings = sync_sweep.SweepSettings(
         workloads=workloads,
         routers=routers,

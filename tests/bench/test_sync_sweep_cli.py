@@ -16,15 +16,13 @@ def test_sync_sweep_writes_the_k_by_d_grid_with_the_goal(tmp_path: Path) -> None
         [
             "sync-sweep",
             "--workloads",
-            "rl-stragglers",
+            "rl-stragglers:2:2:1",
             "--routers",
             "ray-kv-aware",
             "--router-replicas",
             "1,4",
             "--sync-delays-ms",
             "50,none",
-            "--limit",
-            "1",
             "--out",
             str(out),
         ]
@@ -35,6 +33,7 @@ def test_sync_sweep_writes_the_k_by_d_grid_with_the_goal(tmp_path: Path) -> None
         (4, 50.0),
         (4, None),
     ]
+    assert data["workloads"]["rl-stragglers"]["engines"] == 2
     assert all(r["router"] == "ray-kv-aware" and r["rejected"] == 0 for r in data["runs"])
     assert len({r["completed"] for r in data["runs"]}) == 1  # every run replays the same requests
     [goal] = data["goal"]
@@ -51,6 +50,8 @@ def test_sync_sweep_writes_the_k_by_d_grid_with_the_goal(tmp_path: Path) -> None
     [
         ["--routers", "oracle"],
         ["--workloads", "nope"],
+        ["--workloads", "rl-stragglers:fast"],
+        ["--workloads", "rl-stragglers:1:0"],
         ["--sync-delays-ms", "-5"],
         ["--sync-delays-ms", "soon"],
         ["--router-replicas", "0"],
