@@ -10,11 +10,16 @@ its ``actual_tpot_ms`` is > 0 (the EPP sends one row of each kind per request). 
 retrained when its window holds ``min_samples`` and changed since its last fit. A version is
 published only when it has a TTFT model (fresh or carried over); the TPOT model is optional,
 since non-streaming traffic never trains one.
+
+Schedule: the first version is fitted as soon as the TTFT window holds ``min_samples`` (the
+EPP routes on its heuristic fallback until then, so every second of waiting counts); after
+that, every ``retrain_interval_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +64,7 @@ class TrainerService:
         }
         self._fitted_mark: dict[ModelName, int] = dict.fromkeys(MODEL_NAMES, -1)
         self._retrain_lock = asyncio.Lock()
+        self._first_fit = asyncio.Event()
         self._rng = np.random.default_rng(settings.seed)
         if self.store.current is not None:
             self._report(self.store.current)
@@ -85,7 +91,14 @@ class TrainerService:
             self.metrics.samples.labels(name).inc(int(measured.sum()))
             self.metrics.window_samples.labels(name).set(len(window))
         self.metrics.samples.labels("unused").inc(int((~used).sum()))
+        if self.first_fit_due:
+            self._first_fit.set()
         return len(entries)
+
+    @property
+    def first_fit_due(self) -> bool:
+        """No version exists yet and the TTFT window holds enough samples for the first."""
+        return self.store.current is None and len(self.windows["ttft"]) >= self.settings.min_samples
 
     def data_status(self) -> dict[str, Any]:
         return {
@@ -94,14 +107,20 @@ class TrainerService:
         }
 
     async def run_forever(self) -> None:
-        """Retrain every ``retrain_interval_s`` until cancelled; failures are logged and counted."""
+        """Retrain every ``retrain_interval_s``, and at once when the first fit is due, until
+        cancelled; failures are logged and counted (a failed first fit is retried when more
+        samples arrive)."""
         while True:
-            await asyncio.sleep(self.settings.retrain_interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.retrain_interval_s):
+                    await self._first_fit.wait()
             try:
                 await self.retrain()
             except Exception:
                 log.exception("retraining failed")
                 self.metrics.retrain_failures.inc()
+            finally:
+                self._first_fit.clear()
 
     async def retrain(self) -> Manifest | None:
         """Fit every model that is due and publish a version; None if nothing was due.
