@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.trainer.synthetic import training_samples
@@ -230,6 +231,25 @@ async def test_only_ttft_samples_count_towards_the_first_fit(trainer: Trainer) -
     assert service.first_fit_due
     manifest = await published(service)
     assert manifest.models["ttft"].training_samples + manifest.models["ttft"].holdout.samples == 100
+
+
+async def test_a_first_model_no_better_than_a_constant_is_withheld(trainer: Trainer) -> None:
+    client, service = trainer
+    samples = training_samples(300, seed=1)
+    rng = np.random.default_rng(1)
+    for sample in samples:  # 100 ms, with one in ten a stall that no feature explains
+        sample["actual_ttft_ms"] = float(rng.uniform(1000, 10_000)) if rng.random() < 0.1 else 100.0
+    await client.post("/add_training_data_bulk", json={"entries": samples})
+    async with asyncio.timeout(60):
+        while not metric((await client.get("/metrics")).text, 'trainer_models_withheld_total{model="ttft"}'):
+            await asyncio.sleep(0.01)
+    assert service.store.current is None  # the TPOT model alone is no version
+    assert (await client.get("/model/download/info")).status_code == 404
+    assert service.first_fit_due  # still: the next samples try again
+    await client.post("/add_training_data_bulk", json={"entries": training_samples(2000, seed=2)})
+    manifest = await published(service)
+    ttft = manifest.models["ttft"].holdout
+    assert ttft.baseline_loss is not None and ttft.mape is not None and ttft.mape < ttft.baseline_loss
 
 
 async def test_no_version_without_a_ttft_model(trainer: Trainer) -> None:
