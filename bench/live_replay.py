@@ -21,7 +21,8 @@ E2E to the end of the stream. Reported per config (JSON, Markdown, PNG):
 * CPU seconds of every process (EPP, Envoy, predictors, trainer, each replica) and of this
   client, over the replay;
 * the requests the EPP routed on predictions and those that fell back to its heuristic, by
-  reason (``llm_epp_prediction_fallback_total``);
+  reason (``llm_epp_prediction_fallback_total``), and when the first request was routed on
+  predictions (each response's ``x-llm-epp-prediction-fallback`` debug header);
 * the replicas' scheduling lag (``llm_epp_sim_step_lag_seconds``, how late each engine step
   started): CPU starvation of an engine shows there, not as a routing effect.
 
@@ -65,6 +66,8 @@ STEP_LAG = "llm_epp_sim_step_lag_seconds"
 HISTOGRAM_SETTLE_S = 1.5
 """The replicas re-render their histograms at most every second: wait that long before the last scrape."""
 MODEL = "tiny"
+DEBUG_HEADER = "x-llm-epp-debug"
+FALLBACK_HEADER = "x-llm-epp-prediction-fallback"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,8 @@ class RequestResult:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
+    fallback: str | None = None
+    """Why the EPP routed this request without predictions (its debug header); None if it did not."""
 
     @property
     def ok(self) -> bool:
@@ -152,6 +157,7 @@ async def send_turn(
     try:
         async with client.stream("POST", url, content=body, headers=headers) as response:
             result.status = response.status_code
+            result.fallback = response.headers.get(FALLBACK_HEADER)
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 result.error = f"HTTP {response.status_code}: {text[:200]}"
@@ -239,7 +245,7 @@ async def replay(
     gateway_url: str, sessions: list[PlannedSession], workload: Workload, settings: ReplaySettings
 ) -> tuple[list[RequestResult], float]:
     """Send every planned request that falls due within the duration; results and wall seconds."""
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": "application/json", DEBUG_HEADER: "true"}
     if workload.slo_ttft_ms is not None:
         headers["x-slo-ttft-ms"] = f"{workload.slo_ttft_ms:g}"
     if workload.slo_tpot_ms is not None:
@@ -392,6 +398,9 @@ def summarize(
             "predicted_share": (
                 round(1 - sum(fallbacks.values()) / epp_requests, 4) if predicted and epp_requests else None
             ),
+            "first_predicted_s": (
+                min((r.sent_s for r in ok if r.fallback is None), default=None) if predicted else None
+            ),
         },
         "step_lag": {
             "all": _step_lag(prom.merge(lags)),
@@ -525,12 +534,13 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         ],
     )  # fmt: skip
     fallbacks = markdown_table(
-        ["config", "EPP requests", "fallbacks by reason"],
+        ["config", "EPP requests", "fallbacks by reason", "first routed on predictions (s into the replay)"],
         [
             [
                 r["config"],
                 _fmt(r["epp"]["requests"]),
                 ", ".join(f"{k} {v:g}" for k, v in sorted(r["epp"]["fallbacks"].items())) or "none",
+                _fmt(r["epp"]["first_predicted_s"], 1),
             ]
             for r in results
             if r["predicts_latency"]
