@@ -88,16 +88,23 @@ def test_killed_vllm_replica_mid_stream(tmp_path: Path) -> None:
 
 def test_trainer_learns_from_real_vllm_traffic(vllm_stack: LocalStack, vllm_client: openai.OpenAI) -> None:
     words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
-    for i in range(60):
+    version = lambda: metric_sum(f"{vllm_stack.trainer_url}/metrics", "trainer_model_version")  # noqa: E731
+    requests = iter(range(400))
+
+    def one_more_request_then_published() -> bool:
+        # The trainer withholds a model that does not beat predicting the median on its held-out
+        # samples, and refits as samples arrive, so traffic goes on until a model is published.
+        i = next(requests)
         text = " ".join(words[(i + k) % len(words)] for k in range(10 + (i * 37) % 400))
         # Streamed: in streaming mode the EPP measures TTFT and TPOT from the token stream.
         stream = vllm_client.completions.create(
             model="tiny", prompt=f"{i}: {text}", max_tokens=4 + i % 6, stream=True
         )
         assert list(stream)
-    version = lambda: metric_sum(f"{vllm_stack.trainer_url}/metrics", "trainer_model_version")  # noqa: E731
-    assert wait_for(lambda: version() >= 1, timeout=60), (
-        "the trainer never fitted a model on vLLM's latencies"
+        return i >= 60 and version() >= 1
+
+    assert wait_for(one_more_request_then_published, timeout=120), (
+        "the trainer never published a model fitted on vLLM's latencies"
     )
     samples = metric_sum(f"{vllm_stack.trainer_url}/metrics", "trainer_model_training_samples", model="ttft")
     assert samples >= 30  # of the >= 40 the trainer waited for, the rest are held out to evaluate
