@@ -615,7 +615,8 @@ def _markdown(data: dict[str, Any]) -> str:
             "Each case, TTFT / TPOT / TTFT-without-step-wait MAPE (%):",
             markdown_table(["seed", "req/s/engine", *sizes], case_rows),
             "## Predictor throughput",
-            f"Closed loop, `POST /predict/bulk/strict`, {s['rows_per_call']} rows per call, one instance, "
+            f"Closed loop, `POST /predict/bulk/strict`, {s['rows_per_call']} rows per call, one instance "
+            f"serving the models of the first load level ({r['trees']} trees of depth {r['max_depth']}), "
             f"{s['load_seconds']} s per concurrency after a 0.5 s warm-up. The load generator shares the "
             f"{m['cpus']} CPUs with the predictor (and so does any other work: a 1-minute load average "
             "above about 1 before a run means it competed), so calls/s is a lower bound; the server-bound "
