@@ -8,14 +8,16 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 RUN python -m venv /opt/llm-epp
 COPY pyproject.toml README.md ./
+COPY locks/venv.txt locks/
 COPY epp epp
 COPY trainer trainer
 COPY predictor predictor
 COPY sim sim
 COPY bench bench
-# A regular (non-editable) install: the final stage needs only the virtual environment.
-RUN /opt/llm-epp/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/llm-epp/bin/pip install --no-cache-dir . \
+# A regular (non-editable) install, pinned by the same lock as `make install`: the final stage
+# needs only the virtual environment.
+RUN /opt/llm-epp/bin/pip install --no-cache-dir -c locks/venv.txt --upgrade pip \
+ && PIP_CONSTRAINT=locks/venv.txt /opt/llm-epp/bin/pip install --no-cache-dir . \
  && /opt/llm-epp/bin/pip uninstall -y pip
 
 FROM ${PYTHON_IMAGE}

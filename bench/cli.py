@@ -4,13 +4,26 @@
 name       what it measures
 =========  ==================================================================================
 overhead   the EPP's added latency, throughput and CPU through real Envoy (stub engines)
+stack      the ``make run`` stack's CPU per request, process by process: short requests, and
+           growing chat sessions to 30k+ tokens (EPP CPU against turn); py-spy flame graphs
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
+oversized  the EPP's CPU to refuse a 10 MiB prompt over the context (in process, through Envoy)
+tokenize   parse + tokenize + block hashes of a 26k-token chat turn, first seen and extending a
+           seen one, with and without the tokenizer cache (in process)
+sync       active-active EPPs: sync lag through real NATS at 100 and 1,000 requests/s; requests/s
+           and CPU per request through Envoy with one EPP process and with two
 compare    one workload replayed through several routers on the fleet simulator
            (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
-all        every benchmark above except a custom ``compare``
+sync-sweep K EPP replicas x sync delay on the fleet simulator: what replica sync is worth
+           (``sync-sweep --router-replicas 1,2,4,8 --sync-delays-ms 0,50,500,none``; see
+           bench/sync_sweep.py)
+replay     a trace replayed in real time through the live stack, one config after another, with
+           client-side TTFT/TPOT/E2E, CPU per process and the engines' scheduling lag
+           (``replay --workload NAME --duration S``; see bench/live_replay.py)
+all        every benchmark above except a custom ``compare``, ``sync-sweep`` and ``replay``
 =========  ==================================================================================
 """
 
@@ -21,7 +34,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import compare, fidelity, kv_index_bench, overhead, predictor_bench
+from bench import (
+    compare,
+    fidelity,
+    kv_index_bench,
+    live_replay,
+    overhead,
+    oversized_prompt,
+    predictor_bench,
+    stack_overhead,
+    sync_bench,
+    sync_sweep,
+    tokenize_bench,
+)
 from bench.fleet_workloads import workload_names
 from sim.engine import available_profiles
 from sim.fleet import router_names
@@ -58,9 +83,13 @@ def run_fleet_defaults(out_dir: Path) -> None:
 
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
+    "stack": stack_overhead.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,
+    "oversized": oversized_prompt.run,
+    "tokenize": tokenize_bench.run,
+    "sync": sync_bench.run,
     "fleet": run_fleet_defaults,
 }
 
@@ -91,6 +120,152 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retrain-interval-s", type=float, default=10.0, help="the live trainer's default")
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _add_replay(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="replay a trace in real time through the live stack, config by config")
+    p.add_argument("--workload", default="agentic-weka", help=f"one of: {', '.join(workload_names())}")
+    p.add_argument(
+        "--configs",
+        default=",".join(live_replay.DEFAULT_CONFIGS),
+        help="comma-separated EndpointPickerConfig names or paths, run one after another",
+    )
+    p.add_argument("--rate-scale", type=_positive, default=1.0, help="load scale, as the workload defines it")
+    p.add_argument("--duration", type=_positive, default=150.0, help="seconds in which requests are sent")
+    p.add_argument("--limit", type=int, default=None, help="first N sessions / requests of the workload")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default="default", help="simulated engine profile, name or YAML path")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--predictors", type=int, default=2, help="for the configs that predict latency")
+    p.add_argument("--out", type=Path, default=Path("results"))
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"replica counts must be integers, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("give one or more replica counts >= 1")
+    return counts
+
+
+def _delays(text: str) -> tuple[float | None, ...]:
+    """Comma-separated milliseconds, or ``none`` for replicas that never sync; in seconds."""
+    delays: list[float | None] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part.lower() == "none":
+            delays.append(None)
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"sync delays are milliseconds or 'none', got {part!r}"
+            ) from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"a sync delay cannot be negative, got {part!r}")
+        delays.append(value / 1e3)
+    if not delays:
+        raise argparse.ArgumentTypeError("give one or more sync delays")
+    return tuple(delays)
+
+
+def _add_sync_sweep(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sync-sweep", help="K EPP replicas x sync delay on the fleet simulator")
+    defaults = sync_sweep.SweepSettings()
+    p.add_argument(
+        "--workloads",
+        default=",".join(w.name for w in sync_sweep.DEFAULT_WORKLOADS),
+        help="comma-separated NAME[:RATE_SCALE[:ENGINES[:LIMIT]]] (defaults: "
+        + ", ".join(f"{w.name}:{w.rate_scale:g}:{w.engines}:{w.limit}" for w in sync_sweep.DEFAULT_WORKLOADS)
+        + ")",
+    )
+    p.add_argument("--routers", default=",".join(defaults.routers), help="comma-separated router names")
+    p.add_argument("--router-replicas", type=_counts, default=defaults.router_replicas, help="K values")
+    p.add_argument(
+        "--sync-delays-ms", type=_delays, default=defaults.sync_delays_s, help="d values, e.g. 0,50,500,none"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
+    p.add_argument("--out", type=Path, default=Path("results"))
+
+
+def _sweep_workload(text: str) -> sync_sweep.SweepWorkload:
+    """``NAME[:RATE_SCALE[:ENGINES[:LIMIT]]]``; what is left out comes from the defaults."""
+    known = {w.name: w for w in sync_sweep.DEFAULT_WORKLOADS}
+    name, *rest = text.strip().split(":")
+    if name not in known or len(rest) > 3:
+        raise ValueError(f"workloads are NAME[:RATE_SCALE[:ENGINES[:LIMIT]]], NAME among {', '.join(known)}")
+    spec = known[name]
+    try:
+        scale = float(rest[0]) if rest else spec.rate_scale
+        engines = int(rest[1]) if len(rest) > 1 else spec.engines
+        limit = int(rest[2]) if len(rest) > 2 else spec.limit
+    except ValueError:
+        raise ValueError(f"{text!r}: the rate scale is a number, engines and limit are integers") from None
+    if scale <= 0 or engines < 1 or (limit is not None and limit < 1):
+        raise ValueError(f"{text!r}: the rate scale must be positive, engines and limit >= 1")
+    return sync_sweep.SweepWorkload(name, scale, engines, limit)
+
+
+def _sync_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    try:
+        workloads = tuple(_sweep_workload(part) for part in args.workloads.split(",") if part.strip())
+    except ValueError as exc:
+        parser.error(str(exc))
+    routers = compare.resolve_routers(args.routers)
+    if not workloads:
+        parser.error("--workloads names no workload")
+    if not routers or any(name not in router_names() or name == "oracle" for name in routers):
+        parser.error("--routers must name shipped configs (the oracle has no replicas)")
+    settings = sync_sweep.SweepSettings(
+        workloads=workloads,
+        routers=routers,
+        router_replicas=args.router_replicas,
+        sync_delays_s=args.sync_delays_ms,
+        seed=args.seed,
+        profile=args.profile,
+    )
+    sync_sweep.run(settings, args.out)
+    print(f"results written to {args.out}/")
+
+
+def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    configs = tuple(name.strip() for name in args.configs.split(",") if name.strip())
+    if not configs:
+        parser.error("--configs names no config")
+    if args.replicas < 1 or args.predictors < 1:
+        parser.error("--replicas and --predictors must be >= 1")
+    settings = live_replay.ReplaySettings(
+        workload=args.workload,
+        configs=configs,
+        rate_scale=args.rate_scale,
+        duration_s=args.duration,
+        limit=args.limit,
+        seed=args.seed,
+        profile=args.profile,
+        replicas=args.replicas,
+        predictors=args.predictors,
+    )
+    try:
+        for config in configs:
+            live_replay.uses_predictor(config)
+        plan = live_replay.build(settings)
+    except (FileNotFoundError, ValueError) as exc:  # unknown config, workload or profile; a bad trace
+        parser.error(str(exc))
+    live_replay.run(settings, args.out, plan)
+    print(f"results written to {args.out}/")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="llm-epp-bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,7 +273,15 @@ def main(argv: list[str] | None = None) -> None:
         p = sub.add_parser(name, help="every benchmark" if name == "all" else f"the {name} benchmark")
         p.add_argument("--out", type=Path, default=Path("results"))
     _add_compare(sub)
+    _add_replay(sub)
+    _add_sync_sweep(sub)
     args = parser.parse_args(argv)
+    if args.command == "sync-sweep":
+        _sync_sweep(parser, args)
+        return
+    if args.command == "replay":
+        _replay(parser, args)
+        return
     if args.command == "compare":
         routers = compare.resolve_routers(args.routers)
         unknown = [name for name in routers if name not in router_names() and not Path(name).is_file()]

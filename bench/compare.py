@@ -20,12 +20,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.figure import Figure
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.fleet_metrics import load_cv_series, summarize
 from bench.fleet_workloads import WorkloadOptions, build_workload
-from bench.report import machine, markdown_table, write_results
+from bench.report import machine, markdown_table, save_figure, write_results
 from sim.engine import load_profile
 from sim.fleet import FleetConfig, FleetResult, FleetSimulator, make_router, router_names
 
@@ -230,7 +229,7 @@ def _plots(
             axis.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
         figure.suptitle(f"Latency CDFs, rate scale {scale:g}")
-        names.append(_save(figure, out_dir, f"{stem}-cdf-x{scale:g}.png"))
+        names.append(save_figure(figure, out_dir, f"{stem}-cdf-x{scale:g}.png"))
 
     scale = settings.rate_scales[-1]
     figure, axis = plt.subplots(figsize=(10, 4))
@@ -243,7 +242,7 @@ def _plots(
     axis.set_title(f"Load imbalance across replicas (0.5 s samples), rate scale {scale:g}")
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
-    names.append(_save(figure, out_dir, f"{stem}-load-cv.png"))
+    names.append(save_figure(figure, out_dir, f"{stem}-load-cv.png"))
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for router in settings.routers:
@@ -259,13 +258,5 @@ def _plots(
     axis.set_title("Hit rate against concurrency (one point per rate scale)")
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
-    names.append(_save(figure, out_dir, f"{stem}-hit-rate.png"))
+    names.append(save_figure(figure, out_dir, f"{stem}-hit-rate.png"))
     return names
-
-
-def _save(figure: Figure, out_dir: Path, name: str) -> str:
-    """Write ``figure`` as ``out_dir/name``, release it, and return ``name``."""
-    figure.tight_layout()
-    figure.savefig(out_dir / name, dpi=110)
-    plt.close(figure)
-    return name

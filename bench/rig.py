@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.stub_engine import stub_engine_bootstrap
-from epp.envoy_config import gateway_bootstrap
+from epp.envoy_config import gateway_bootstrap, write_cluster_endpoints
+from epp.tokenization import TINY_MODEL_DIR
 from sim.processes import (
     BIN,
     Component,
@@ -90,14 +91,16 @@ class GatewayRig:
             health_port=free_port(),
             metrics_port=free_port(),
             expected_endpoints=self.endpoints,
+            tokenizer_dir=TINY_MODEL_DIR,
             extra_args=["--log-level", "WARNING", *self.epp_args],
         )
         self.components.append(self.epp)
+        cluster = write_cluster_endpoints(self.workdir / "gateway-endpoints" / "endpoints.json", upstreams)
         with_epp = gateway_bootstrap(
-            listen_port=self.with_epp_port, epp_address=("127.0.0.1", epp_port), fallback_endpoints=upstreams
+            listen_port=self.with_epp_port, epp_address=("127.0.0.1", epp_port), endpoints_file=cluster
         )
         without = gateway_bootstrap(
-            listen_port=self.without_epp_port, epp_address=None, fallback_endpoints=upstreams
+            listen_port=self.without_epp_port, epp_address=None, endpoints_file=cluster
         )
         self.components.append(start_envoy("gateway-with-epp", with_epp, self.workdir))
         self.components.append(start_envoy("gateway-without-epp", without, self.workdir))

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import random
 import time
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -19,6 +20,7 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.kv_events import KVEventsSubscriber
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
+from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.k8s.client import api_client, default_identity, default_namespace
 from epp.k8s.leader import LeaseElector
@@ -26,15 +28,18 @@ from epp.k8s.source import ApiGroupVersion, KubernetesSource
 from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient
 from epp.metrics import EppMetrics
-from epp.plugins.token_load import find_tracker
+from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
-from epp.settings import EppSettings
+from epp.settings import TOKENIZER_HELP, EppSettings
+from epp.sync.hook import attach_replica_sync, sync_targets
+from epp.sync.metrics import SyncMetrics
+from epp.sync.nats_transport import NatsSyncTransport, connect_options, default_replica_id
+from epp.sync.state import ReplicaSyncState, SyncTuning
 from epp.tokenization import ModelTokenizer
 
 log = logging.getLogger(__name__)
-EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
 READINESS_SERVICES = ("readiness", EXT_PROC_SERVICE)
 GRPC_OPTIONS = [
@@ -42,6 +47,18 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.so_reuseport", 0),
 ]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def load_tokenizer(model_dir: Path, cache_bytes: int = 0, verify_cache: bool = False) -> ModelTokenizer:
+    """The served model's tokenizer from ``model_dir`` (with a cache of recent prompts' ids, see
+    ``ModelTokenizer``); :class:`FileNotFoundError` naming the missing files and how to provide
+    them, so the EPP refuses to start without one."""
+    missing = [name for name in TOKENIZER_FILES if not (model_dir / name).is_file()]
+    if missing:
+        files = " or ".join(missing)
+        raise FileNotFoundError(f"--tokenizer-dir {model_dir} has no {files}; give it {TOKENIZER_HELP}")
+    return ModelTokenizer(model_dir, cache_bytes, verify_cache)
 
 
 class EppApp:
@@ -77,16 +94,26 @@ class EppApp:
             clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
         )
         self.pipeline = build_pipeline(config, context)
-        if (tracker := find_tracker(self.pipeline.plugins.values())) is not None:
-            self.metrics.export_token_load(tracker)
+        token_load = find_token_load(self.pipeline.plugins.values())
+        self.sync: NatsSyncTransport | None = None
+        if settings.sync_nats_url:
+            self.sync = self._replica_sync(context)
+        if token_load is not None:
+            self.metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
+        tokenizer = load_tokenizer(
+            settings.tokenizer_dir, settings.tokenizer_cache_bytes, settings.verify_tokenizer_cache
+        )
+        if tokenizer.cache is not None:
+            self.metrics.track_tokenizer_cache(tokenizer.cache)
         self.director = Director(
             self.pipeline,
             self.store,
-            ModelTokenizer(settings.tokenizer_dir),
+            tokenizer,
             self.metrics,
             self.clock,
             rng,
             objective_priorities=self.objective_priorities,
+            default_max_model_len=settings.max_model_len,
         )
         self.scraper = MetricsScraper(
             self.store, self.clock, settings.scrape_interval_s, settings.scrape_timeout_s
@@ -105,6 +132,34 @@ class EppApp:
         self._metrics_server: WSGIServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._kube_api: ApiClient | None = None
+        self._draining = False
+
+    def _replica_sync(self, context: PluginContext) -> NatsSyncTransport:
+        """Active-active: share this replica's bookings with its peers over NATS, apply theirs."""
+        s = self.settings
+        state = ReplicaSyncState(
+            s.replica_id or default_replica_id(),
+            sync_targets(self.pipeline),
+            clock=self.clock,
+            wall_clock=time.time,
+            tuning=SyncTuning(
+                progress_interval_s=s.sync_progress_interval_ms / 1e3,
+                heartbeat_interval_s=s.sync_heartbeat_interval_s,
+                peer_timeout_s=s.sync_peer_timeout_s,
+            ),
+        )
+        attach_replica_sync(self.pipeline, state, context)
+        metrics = SyncMetrics(
+            self.registry, s.pool_name, self.store, state, find_token_load(self.pipeline.plugins.values())
+        )
+        return NatsSyncTransport(
+            state,
+            s.sync_nats_url,
+            f"{s.sync_subject_prefix}.{s.sync_pool or s.pool_name}",
+            connect_options=connect_options(s),
+            snapshot_timeout_s=s.sync_snapshot_timeout_s,
+            metrics=metrics,
+        )
 
     async def start(self) -> None:
         s = self.settings
@@ -114,6 +169,8 @@ class EppApp:
         self.kv_events.start()
         if self.predictor is not None:
             await self.predictor.start()
+        if self.sync is not None:
+            await self.sync.start()
         if self.source is not None:
             self._tasks.append(asyncio.create_task(self.source.watch(), name="endpoints-file"))
         else:
@@ -182,20 +239,31 @@ class EppApp:
         await self._set_ready(leading)
 
     async def _set_ready(self, ready: bool) -> None:
+        serving = ready and not self._draining
         status = (
-            health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for service in READINESS_SERVICES:
             await self.health.set(service, status)
 
-    async def stop(self, grace: float = 2.0) -> None:
+    async def begin_drain(self) -> None:
+        """Report not ready from now on (the gateway's health checks and the readiness probe see
+        it) while ext_proc keeps taking streams, so traffic moves to other replicas before
+        :meth:`stop` refuses any. Liveness stays SERVING."""
+        self._draining = True
+        await self._set_ready(False)
+
+    async def stop(self, drain_s: float = 2.0) -> None:
+        """Refuse new streams, give the in-flight ones up to ``drain_s`` to end, release every port."""
         for service in HEALTH_SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._grpc is not None:
-            await self._grpc.stop(grace)
+            await self._grpc.stop(drain_s)
+        if self.sync is not None:  # after the streams ended, so peers see their releases
+            await self.sync.close()
         if self._health_server is not None:
             await self._health_server.stop(0)
         if self._metrics_server is not None:

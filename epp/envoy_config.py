@@ -1,17 +1,38 @@
-"""Envoy bootstrap for a gateway in front of the EPP (used by the local stack and tests).
+"""Envoy bootstrap for a gateway in front of the EPP (used by the local stack, tests and benchmarks).
 
 The listener runs three HTTP filters: a header mutation that drops any client-supplied
 destination header (so a client can never pick its own upstream), the ext_proc filter
-talking to the EPP, and the router. Requests go to an ORIGINAL_DST cluster that connects
-to whatever ``x-gateway-destination-endpoint`` says.
+talking to the EPP, and the router.
+
+Routes: only the inference API paths (``INFERENCE_API_PATHS`` by default) go to the model
+servers; any other path gets a JSON 404 from Envoy without asking the EPP, so the engines'
+own endpoints (``/metrics``, ``/health``, ...) are not reachable through the gateway.
+
+Upstream: one EDS cluster of the model servers, read from a file (:func:`write_cluster_endpoints`,
+reloaded when it is replaced), balanced by Envoy's ``override_host`` policy. The EPP's picks
+arrive in ``envoy.lb`` dynamic metadata (``x-gateway-destination-endpoint``: the target, then
+fallbacks); Envoy sends the request to the first and each retry to the next, and round-robins
+over the cluster (skipping hosts already tried) when the list is used up or absent. A request
+is retried, up to ``RETRIES`` times, when it never got a response byte: connect failure,
+refused stream, or a reset before the response headers. Envoy closes idle upstream
+connections after ``UPSTREAM_IDLE_TIMEOUT``, before the engines do (uvicorn's, and so vLLM's,
+keep-alive is 5 s): an engine closing a connection just as Envoy sends a request on it would
+otherwise fail that request. In Kubernetes the gateway builds this cluster itself from the
+InferencePool (GKE, Istio and kgateway watch the pool's pods), so only the local stack writes
+the file.
+
+Errors Envoy answers itself (no route, upstream connect failure or reset, no healthy
+upstream, timeouts, headers over ``max_request_headers_kb``, an unreachable EPP in
+``FailClose`` mode) are rewritten by ``local_reply_config`` to the OpenAI/vLLM JSON shape
+``{"error": {"message", "type", "param", "code"}}`` that the EPP and vLLM use; replies that
+already are JSON (the EPP's own errors) pass unchanged.
 
 Failure mode (what happens when the EPP is down, slow, or errors):
 
 * ``FailClose`` (default here and the InferencePool CRD default): ext_proc errors fail the
   request; the client gets an error (500 from Envoy; 503 if no route was chosen).
-* ``FailOpen`` (the anchor Helm chart's default): Envoy skips the EPP and the request falls
-  through to a plain round-robin cluster over ``fallback_endpoints``. Traffic keeps flowing
-  with no load or cache awareness. With no fallback endpoints, fail-open has nowhere to go.
+* ``FailOpen`` (the anchor Helm chart's default): Envoy skips the EPP and the request goes to
+  the model servers round-robin: traffic keeps flowing with no load or cache awareness.
   Envoy can only fail open while it still holds the request body, and in FULL_DUPLEX_STREAMED
   mode it hands the first chunk to the EPP before it learns the EPP is down (requests with a
   body then get a 500: the "gateways ignore FailOpen" bug). So fail-open gateways use BUFFERED
@@ -19,60 +40,152 @@ Failure mode (what happens when the EPP is down, slow, or errors):
   trip), up to ``max_request_bytes``; fail-closed ones stream in FULL_DUPLEX_STREAMED mode.
 
 Without an EPP address the same gateway has no ext_proc filter at all and round-robins over
-``fallback_endpoints``: the baseline the overhead benchmark compares against.
+the model servers: the baseline the overhead benchmark compares against.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
+from epp.extproc.messages import DESTINATION_HEADER, LB_METADATA_NAMESPACE
+
 FailureMode = Literal["FailOpen", "FailClose"]
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
+INFERENCE_API_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+MODEL_SERVERS_CLUSTER = "model_servers"
+UPSTREAM_IDLE_TIMEOUT = "3s"
+RETRIES = 2
+MAX_REQUEST_HEADERS_KB = 60
+"""Envoy's default; larger request headers get a 431."""
+
+# The error ``type`` for each status Envoy answers with, named as the EPP and vLLM name theirs.
+ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    408: "RequestTimeoutError",
+    413: "PayloadTooLargeError",
+    429: "TooManyRequestsError",
+    431: "RequestHeaderFieldsTooLargeError",
+    500: "InternalServerError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
 
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+_FILTER_CONFIG = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
 _HEADER_MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+_CEL_FILTER = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
+_OVERRIDE_HOST = "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost"
+_ROUND_ROBIN = "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"
+_PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+_LOAD_ASSIGNMENT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+_EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 
 
 def _socket(address: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": address, "port_value": port}}
 
 
-def _static_cluster(name: str, endpoints: Sequence[tuple[str, int]], http2: bool = False) -> dict[str, Any]:
-    cluster: dict[str, Any] = {
-        "name": name,
+def _load_assignment(name: str, endpoints: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "cluster_name": name,
+        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(a, p)}} for a, p in endpoints]}],
+    }
+
+
+def write_cluster_endpoints(path: Path, endpoints: Sequence[tuple[str, int]]) -> Path:
+    """Atomically (re)write the model-server cluster's endpoints file that Envoy watches.
+
+    Envoy reloads it when it is replaced by a rename, so a running gateway follows the change.
+    Envoy watches the file's whole directory: give it a directory of its own (it is created),
+    not one where logs are written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    response = {
+        "resources": [{"@type": _LOAD_ASSIGNMENT, **_load_assignment(MODEL_SERVERS_CLUSTER, endpoints)}]
+    }
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(response))
+    tmp.replace(path)
+    return path
+
+
+def _epp_cluster(address: tuple[str, int]) -> dict[str, Any]:
+    return {
+        "name": "epp",
         "type": "STATIC",
         "connect_timeout": "1s",
-        "lb_policy": "ROUND_ROBIN",
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(a, p)}} for a, p in endpoints]}],
-        },
-    }
-    if http2:
-        cluster["typed_extension_protocol_options"] = {
+        "load_assignment": _load_assignment("epp", [address]),
+        "typed_extension_protocol_options": {
             _HTTP_OPTIONS: {
                 "@type": _HTTP_OPTIONS_TYPE,
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
-        }
-    return cluster
+        },
+    }
+
+
+def _lb_policy(name: str, typed_config: dict[str, Any]) -> dict[str, Any]:
+    return {"policies": [{"typed_extension_config": {"name": name, "typed_config": typed_config}}]}
+
+
+def model_servers_cluster(endpoints_file: Path) -> dict[str, Any]:
+    """The model servers, from ``endpoints_file``, balanced by the EPP's picks (see the module doc)."""
+    picks = {"key": LB_METADATA_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]}
+    return {
+        "name": MODEL_SERVERS_CLUSTER,
+        "type": "EDS",
+        "eds_cluster_config": {
+            "eds_config": {"path_config_source": {"path": str(endpoints_file)}, "resource_api_version": "V3"}
+        },
+        "connect_timeout": "2s",
+        "load_balancing_policy": _lb_policy(
+            "envoy.load_balancing_policies.override_host",
+            {
+                "@type": _OVERRIDE_HOST,
+                # Metadata only: the header repeats the first pick, and Envoy would append it
+                # to the list, retrying the first pick again.
+                "override_host_sources": [{"metadata": picks}],
+                "fallback_policy": _lb_policy(
+                    "envoy.load_balancing_policies.round_robin", {"@type": _ROUND_ROBIN}
+                ),
+            },
+        ),
+        "typed_extension_protocol_options": {
+            _HTTP_OPTIONS: {
+                "@type": _HTTP_OPTIONS_TYPE,
+                "common_http_protocol_options": {"idle_timeout": UPSTREAM_IDLE_TIMEOUT},
+                "explicit_http_config": {"http_protocol_options": {}},
+            }
+        },
+        # Envoy's default allows 3 retries in flight per cluster; a replica that stalls under
+        # load can leave more requests than that to retry at once.
+        "circuit_breakers": {
+            "thresholds": [{"retry_budget": {"budget_percent": {"value": 25.0}, "min_retry_concurrency": 16}}]
+        },
+    }
 
 
 def ext_proc_filter(epp_cluster: str, failure_mode: FailureMode) -> dict[str, Any]:
     fail_open = failure_mode == "FailOpen"
     return {
-        "name": "envoy.filters.http.ext_proc",
+        "name": _EXT_PROC_FILTER,
         "typed_config": {
             "@type": _EXT_PROC,
             "grpc_service": {"envoy_grpc": {"cluster_name": epp_cluster}, "timeout": "30s"},
             "failure_mode_allow": fail_open,
             "message_timeout": "5s",
             "send_body_without_waiting_for_header_response": True,
+            # Envoy drops the EPP's dynamic metadata (its picks) unless the namespace is listed.
+            "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE]}},
             # The EPP skips the response body of non-streamed requests per request.
             "allow_mode_override": True,
             "processing_mode": {
@@ -87,38 +200,149 @@ def ext_proc_filter(epp_cluster: str, failure_mode: FailureMode) -> dict[str, An
     }
 
 
+def _error_body(error_type: str) -> dict[str, Any]:
+    error = {
+        "message": "%LOCAL_REPLY_BODY%",
+        "type": error_type,
+        # A key nothing sets: Envoy renders it as JSON null.
+        "param": "%DYNAMIC_METADATA(llm_epp.unset:param)%",
+        "code": "%RESPONSE_CODE%",
+    }
+    return {"json_format": {"error": error}, "content_type": "application/json"}
+
+
+def _status_is(op: str, status: int) -> dict[str, Any]:
+    comparison = {
+        "op": op,
+        "value": {"default_value": status, "runtime_key": f"llm_epp.local_reply.{status}"},
+    }
+    return {"status_code_filter": {"comparison": comparison}}
+
+
+def _cel(expression: str) -> dict[str, Any]:
+    return {
+        "extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {"@type": _CEL_FILTER, "expression": expression},
+        }
+    }
+
+
+def local_reply_config() -> dict[str, Any]:
+    """Envoy's own replies in the OpenAI/vLLM error shape; JSON replies (the EPP's) unchanged.
+
+    ``json_format`` escapes the original text (``%LOCAL_REPLY_BODY%``) into the message. The
+    ext_proc filter's own errors (the EPP unreachable, or silent past ``message_timeout``)
+    have no text, so they get one.
+    """
+    unchanged = {
+        "text_format_source": {"inline_string": "%LOCAL_REPLY_BODY%"},
+        "content_type": "application/json",
+    }
+    mappers: list[dict[str, Any]] = [
+        {
+            "filter": _cel("response.headers['content-type'].startsWith('application/json')"),
+            "body_format_override": unchanged,
+        }
+    ]
+    epp_failed = _cel("response.code_details.startsWith('ext_proc_error')")
+    for status, message in ((500, "the endpoint picker failed"), (504, "the endpoint picker timed out")):
+        mappers.append(
+            {
+                "filter": {"and_filter": {"filters": [epp_failed, _status_is("EQ", status)]}},
+                "body": {"inline_string": message},
+                "body_format_override": _error_body(ERROR_TYPES[status]),
+            }
+        )
+    mappers += [
+        {"filter": _status_is("EQ", status), "body_format_override": _error_body(error_type)}
+        for status, error_type in ERROR_TYPES.items()
+    ]
+    mappers.append(
+        {"filter": _status_is("GE", 500), "body_format_override": _error_body("InternalServerError")}
+    )
+    return {"mappers": mappers, "body_format": _error_body("BadRequestError")}
+
+
+def _path_match(api_paths: Sequence[str]) -> dict[str, Any]:
+    """Exactly these paths (Envoy drops the query string before matching)."""
+    alternatives = "|".join(re.escape(p) for p in api_paths)
+    return {"safe_regex": {"regex": f"({alternatives})"}}
+
+
+def _routes(api_paths: Sequence[str], with_epp: bool, fail_open: bool) -> list[dict[str, Any]]:
+    api = _path_match(api_paths)
+    to_model_servers = {
+        "cluster": MODEL_SERVERS_CLUSTER,
+        "timeout": "0s",
+        "idle_timeout": "600s",
+        "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,reset",
+            "num_retries": RETRIES,
+            "retry_host_predicate": [
+                {
+                    "name": "envoy.retry_host_predicates.previous_hosts",
+                    "typed_config": {"@type": _PREVIOUS_HOSTS},
+                }
+            ],
+            "host_selection_retry_max_attempts": 5,
+        },
+    }
+    routes: list[dict[str, Any]] = []
+    if with_epp:
+        routed = {**api, "headers": [{"name": DESTINATION_HEADER, "present_match": True}]}
+        routes.append({"match": routed, "route": to_model_servers})
+    if fail_open:
+        routes.append({"match": api, "route": to_model_servers})
+    else:
+        no_pick = {"status": 503, "body": {"inline_string": "no endpoint was picked"}}
+        routes.append({"match": api, "direct_response": no_pick})
+    if with_epp:
+        # Turns on the ext_proc filter the listener has off (an empty config: no override).
+        enabled = {"@type": _FILTER_CONFIG, "config": {}}
+        for route in routes:
+            route["typed_per_filter_config"] = {_EXT_PROC_FILTER: enabled}
+    served = ", ".join(api_paths)
+    not_found = {
+        "match": {"prefix": "/"},
+        "direct_response": {
+            "status": 404,
+            "body": {"inline_string": f"not an inference API path; this gateway serves {served}"},
+        },
+    }
+    routes.append(not_found)
+    return routes
+
+
 def gateway_bootstrap(
     *,
     listen_port: int,
     epp_address: tuple[str, int] | None,
+    endpoints_file: Path,
     failure_mode: FailureMode = "FailClose",
-    fallback_endpoints: Sequence[tuple[str, int]] = (),
+    api_paths: Sequence[str] = INFERENCE_API_PATHS,
     listen_address: str = "127.0.0.1",
     max_request_bytes: int = 16 << 20,
 ) -> dict[str, Any]:
-    """An Envoy v3 bootstrap (as a dict, dump it to YAML or JSON) for the gateway; add ``admin`` to taste."""
+    """An Envoy v3 bootstrap (as a dict, dump it to YAML or JSON) for the gateway; add ``admin`` to taste.
+
+    ``endpoints_file`` holds the model servers (see :func:`write_cluster_endpoints`); it must
+    exist when Envoy starts. ``api_paths`` are the request paths routed to them.
+    """
+    if not api_paths or not all(p.startswith("/") for p in api_paths):
+        raise ValueError(f"api_paths must be non-empty absolute paths, got {list(api_paths)}")
     with_epp = epp_address is not None
-    fail_open = (failure_mode == "FailOpen" or not with_epp) and bool(fallback_endpoints)
-    routed = {
-        "match": {"prefix": "/", "headers": [{"name": DESTINATION_HEADER, "present_match": True}]},
-        "route": {"cluster": "model_servers", "timeout": "0s", "idle_timeout": "600s"},
-    }
-    unrouted: dict[str, Any] = {"match": {"prefix": "/"}}
-    if fail_open:
-        unrouted["route"] = {"cluster": "fallback_model_servers", "timeout": "0s", "idle_timeout": "600s"}
-    else:
-        unrouted["direct_response"] = {
-            "status": 503,
-            "body": {"inline_string": '{"error": {"message": "no endpoint was picked", "code": 503}}'},
-        }
+    fail_open = failure_mode == "FailOpen" or not with_epp
     hcm = {
         "@type": _HCM,
         "stat_prefix": "gateway",
         "codec_type": "AUTO",
         "stream_idle_timeout": "600s",
+        "max_request_headers_kb": MAX_REQUEST_HEADERS_KB,
+        "local_reply_config": local_reply_config(),
         "route_config": {
             "virtual_hosts": [
-                {"name": "all", "domains": ["*"], "routes": [routed, unrouted] if with_epp else [unrouted]}
+                {"name": "all", "domains": ["*"], "routes": _routes(api_paths, with_epp, fail_open)}
             ]
         },
         "http_filters": [
@@ -129,25 +353,19 @@ def gateway_bootstrap(
                     "mutations": {"request_mutations": [{"remove": DESTINATION_HEADER}]},
                 },
             },
-            *([ext_proc_filter("epp", failure_mode)] if with_epp else []),
+            # Enabled by the API routes only: a request with no route, as one Envoy's codec refuses
+            # (headers over the limit), is answered without waiting on the EPP (Envoy resets
+            # such a request instead when ext_proc must see its reply: envoyproxy/envoy#29440).
+            *([{**ext_proc_filter("epp", failure_mode), "disabled": True}] if with_epp else []),
             {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
         ],
     }
-    clusters = []
+    clusters = [model_servers_cluster(endpoints_file)]
     if epp_address is not None:
-        clusters.append(_static_cluster("epp", [epp_address], http2=True))
-        clusters.append(
-            {
-                "name": "model_servers",
-                "type": "ORIGINAL_DST",
-                "lb_policy": "CLUSTER_PROVIDED",
-                "connect_timeout": "2s",
-                "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
-            }
-        )
-    if fail_open:
-        clusters.append(_static_cluster("fallback_model_servers", fallback_endpoints))
+        clusters.append(_epp_cluster(epp_address))
     return {
+        # xDS (the endpoints file) needs a node identity.
+        "node": {"id": "gateway", "cluster": "gateway"},
         "static_resources": {
             "listeners": [
                 {
@@ -166,3 +384,57 @@ def gateway_bootstrap(
             "clusters": clusters,
         },
     }
+
+
+EXT_PROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+"""The gRPC health service an EPP reports SERVING for while it is ready to take ext_proc streams."""
+
+
+def with_epp_replicas(bootstrap: dict[str, Any], replicas: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
+    """``bootstrap`` with its ext_proc cluster spread over active-active EPP replicas, each given as
+    (address, ext_proc port, gRPC health port).
+
+    Envoy health-checks every replica over gRPC on its health port (the ext_proc service's
+    readiness, every 0.5 s, down after 2 failures) and ejects one whose streams fail (outlier
+    detection: 2 local-origin failures, such as refused connections, or 3 gateway errors), so a
+    dead or stopping replica gets no new streams within about a second. New streams are spread
+    round-robin; the replicas keep one view of the load through ``epp.sync``."""
+    clusters = bootstrap["static_resources"]["clusters"]
+    [epp] = [c for c in clusters if c["name"] == "epp"]
+    epp = {
+        **epp,
+        "load_assignment": {
+            "cluster_name": "epp",
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {"endpoint": {"address": _socket(a, p), "health_check_config": {"port_value": h}}}
+                        for a, p, h in replicas
+                    ]
+                }
+            ],
+        },
+        "health_checks": [
+            {
+                "timeout": "0.5s",
+                "interval": "0.5s",
+                "no_traffic_interval": "0.5s",
+                "unhealthy_threshold": 2,
+                "healthy_threshold": 1,
+                "grpc_health_check": {"service_name": EXT_PROC_HEALTH_SERVICE},
+            }
+        ],
+        "outlier_detection": {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 2,
+            "consecutive_gateway_failure": 3,
+            "interval": "1s",
+            "base_ejection_time": "5s",
+            "max_ejection_percent": 100,
+        },
+    }
+    resources = {
+        **bootstrap["static_resources"],
+        "clusters": [epp if c["name"] == "epp" else c for c in clusters],
+    }
+    return {**bootstrap, "static_resources": resources}

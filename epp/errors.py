@@ -7,6 +7,7 @@ so clients see the same error format whether the gateway or the engine refused t
 from __future__ import annotations
 
 import json
+import traceback
 from typing import ClassVar
 
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
@@ -26,6 +27,10 @@ class RequestError(Exception):
         error = {"message": self.message, "type": self.error_type, "param": self.param, "code": self.status}
         return json.dumps({"error": error}).encode()
 
+    def log_message(self) -> str:
+        """What the EPP's log line says about this error (never the prompt)."""
+        return self.message[:300]
+
     def headers(self) -> dict[str, str]:
         headers = {"content-type": "application/json"}
         if self.dropped_reason:
@@ -41,6 +46,25 @@ class BadRequest(RequestError):
 class PayloadTooLarge(RequestError):
     status = 413
     error_type = "PayloadTooLargeError"
+
+
+class InternalServerError(RequestError):
+    """A bug in the EPP, not the client's doing: the request is answered, the EPP stays up.
+    The client is told no more than that; the log line names the exception and where it rose."""
+
+    status = 500
+    error_type = "InternalServerError"
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__("internal error in the endpoint picker")
+        self.cause = cause
+
+    def log_message(self) -> str:
+        where = traceback.extract_tb(self.cause.__traceback__)[-1]
+        return (
+            f"{self.message}: {type(self.cause).__name__}: {str(self.cause)[:300]} "
+            f"(at {where.filename}:{where.lineno} in {where.name})"
+        )
 
 
 class NoEndpointAvailable(RequestError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 
@@ -15,12 +16,16 @@ from epp.scheduling.config import ConfigError
 from epp.settings import EppSettings
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[EppSettings, str]:
     parser = argparse.ArgumentParser(
         prog="llm-epp", description="Envoy ext_proc endpoint picker for LLM fleets"
     )
     for name, field in EppSettings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
+        flag = _flag(name)
         kwargs: dict = {"help": field.description, "dest": name}
         if field.annotation == list[str]:
             kwargs["action"] = "append"
@@ -29,17 +34,22 @@ def parse_args(argv: list[str] | None = None) -> tuple[EppSettings, str]:
             continue
         if field.annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        kwargs["default"] = argparse.SUPPRESS
         if field.is_required():
-            kwargs["required"] = True
+            kwargs["help"] = f"{field.description} (required)"
         else:
-            kwargs["default"] = argparse.SUPPRESS
             kwargs["help"] = f"{field.description} (default: {field.default})"
         parser.add_argument(flag, **kwargs)
     parser.add_argument("--log-level", default="INFO")
     args = vars(parser.parse_args(argv))
+    # Checked here rather than by argparse, whose message names the flag but not what it needs.
+    for name, field in EppSettings.model_fields.items():
+        if field.is_required() and name not in args:
+            parser.error(f"{_flag(name)} is required: {field.description}")
     log_level = args.pop("log_level")
-    if "predictor_url" in args:
-        args["predictor_url"] = [u for value in args["predictor_url"] for u in value.split(",") if u]
+    for name, field in EppSettings.model_fields.items():
+        if field.annotation == list[str] and name in args:
+            args[name] = [u for value in args[name] for u in value.split(",") if u]
     try:
         return EppSettings.model_validate(args), log_level
     except ValidationError as exc:
@@ -54,8 +64,16 @@ async def serve(settings: EppSettings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    logging.getLogger(__name__).info("shutting down")
-    await app.stop()
+    # Drain: NOT_SERVING first, streams still taken for the grace (a second signal cuts it
+    # short), then in-flight streams get up to the drain time.
+    stop.clear()
+    log = logging.getLogger(__name__)
+    log.info("draining: NOT_SERVING, taking new streams for %.1f s more", settings.shutdown_grace_s)
+    await app.begin_drain()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), settings.shutdown_grace_s)
+    log.info("shutting down: in-flight streams get up to %.1f s", settings.shutdown_drain_s)
+    await app.stop(settings.shutdown_drain_s)
 
 
 def main(argv: list[str] | None = None) -> None:

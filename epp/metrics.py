@@ -12,12 +12,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.kvcache.precise_index import PreciseIndex
 from epp.load.token_load import TokenLoadTracker
+from epp.tokenizer_cache import TokenizerCache
 
 MAX_MODEL_LABELS = 100
 LATENCY_BUCKETS = (
@@ -106,6 +107,7 @@ class _PoolCollector(Collector):
     def __init__(self, pool: str, store: EndpointStore, clock: Callable[[], float]) -> None:
         self.pool, self.store, self.clock = pool, store, clock
         self.token_load: TokenLoadTracker | None = None
+        self.peers_token_load: TokenLoadTracker | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["name", "model_server_pod"]
@@ -150,29 +152,33 @@ class _PoolCollector(Collector):
             yield from self._token_load(self.token_load, [s.name for s in states])
 
     def _token_load(self, tracker: TokenLoadTracker, names: list[str]) -> Iterator[GaugeMetricFamily]:
+        # "Routed by this EPP" includes, with replica sync, what its peers routed (as scoring sees it).
         labels = ["name", "model_server_pod"]
         prefill = GaugeMetricFamily(
             "llm_epp_endpoint_prefill_tokens_in_flight",
-            "Uncached prompt tokens routed by this EPP and not yet prefilled",
+            "Uncached prompt tokens routed by this EPP (and its synced peers) and not yet prefilled",
             labels=labels,
         )
         decode = GaugeMetricFamily(
             "llm_epp_endpoint_decode_tokens_in_flight",
-            "KV tokens (prompt + generated) of requests routed by this EPP that are decoding",
+            "KV tokens (prompt + generated) of requests routed by this EPP (and its synced peers) "
+            "that are decoding",
             labels=labels,
         )
         kv = GaugeMetricFamily(
             "llm_epp_endpoint_kv_tokens_in_flight",
-            "KV tokens (prompt + generated) of every request routed by this EPP and not finished",
+            "KV tokens (prompt + generated) of every request routed by this EPP (and its synced peers) "
+            "and not finished",
             labels=labels,
         )
         remaining = GaugeMetricFamily(
             "llm_epp_endpoint_expected_output_tokens_in_flight",
-            "Output tokens still expected from requests routed by this EPP (estimates)",
+            "Output tokens still expected from requests routed by this EPP (and its synced peers; estimates)",
             labels=labels,
         )
+        peers = self.peers_token_load
         for name in names:
-            load = tracker.load(name)
+            load = tracker.load(name) if peers is None else tracker.load(name) + peers.load(name)
             prefill.add_metric([self.pool, name], load.prefill_tokens)
             decode.add_metric([self.pool, name], load.decode_tokens)
             kv.add_metric([self.pool, name], load.kv_tokens)
@@ -214,6 +220,48 @@ class _KVIndexCollector(Collector):
         )
         size.add_metric([self.pool], self.index.nbytes)
         yield from (blocks, stale, orphans, size)
+
+
+class _TokenizerCacheCollector(Collector):
+    """The tokenizer cache's counts and size, read at scrape time."""
+
+    def __init__(self, pool: str, cache: TokenizerCache) -> None:
+        self.pool, self.cache = pool, cache
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self.cache.stats()
+        counters = [
+            ("hits", "Prompts whose token ids were partly or wholly reused from the cache", stats.hits),
+            ("misses", "Prompts that share no cached text, tokenized whole", stats.misses),
+            (
+                "fallbacks",
+                "Prompts that share cached text but were tokenized whole: no cut could be verified",
+                stats.fallbacks,
+            ),
+            (
+                "cut_failures",
+                "Cuts whose overlap did not tokenize as cached (each also a fallback; a bug if counted)",
+                stats.cut_failures,
+            ),
+            ("tokens_reused", "Token ids taken from the cache instead of tokenizing", stats.tokens_reused),
+            ("verified", "Reused results checked against a full tokenization (verify mode)", stats.verified),
+            (
+                "mismatches",
+                "Reused results that differed from a full tokenization (verify mode)",
+                stats.mismatches,
+            ),
+        ]
+        for name, help_text, value in counters:
+            family = CounterMetricFamily(f"llm_epp_tokenizer_cache_{name}", help_text, labels=["name"])
+            family.add_metric([self.pool], value)
+            yield family
+        for name, help_text, value in (
+            ("bytes", "Estimated memory of the tokenizer cache", stats.bytes),
+            ("entries", "Prompts held by the tokenizer cache", stats.entries),
+        ):
+            family = GaugeMetricFamily(f"llm_epp_tokenizer_cache_{name}", help_text, labels=["name"])
+            family.add_metric([self.pool], value)
+            yield family
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,13 +433,19 @@ class EppMetrics:
         registry.register(self._pool)
         self._series: dict[str, ModelSeries] = {}
 
-    def export_token_load(self, tracker: TokenLoadTracker) -> None:
-        """Export ``tracker``'s per-endpoint load (the pipeline's ``token-load-producer``)."""
+    def export_token_load(self, tracker: TokenLoadTracker, peers: TokenLoadTracker | None = None) -> None:
+        """Export ``tracker``'s per-endpoint load (the pipeline's ``token-load-producer``), plus
+        ``peers``' (the bookings synced from peer replicas) when given."""
         self._pool.token_load = tracker
+        self._pool.peers_token_load = peers
 
     def track_kv_index(self, index: PreciseIndex) -> None:
         """Export ``index`` per endpoint (blocks, staleness) and its memory."""
         self.registry.register(_KVIndexCollector(self.pool, self.store, index))
+
+    def track_tokenizer_cache(self, cache: TokenizerCache) -> None:
+        """Export the tokenizer cache's hit counts and size."""
+        self.registry.register(_TokenizerCacheCollector(self.pool, cache))
 
     def for_model(self, model: str) -> ModelSeries:
         """Series for ``model``; past ``MAX_MODEL_LABELS`` distinct models, the shared ``other`` series."""

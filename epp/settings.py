@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from epp.tokenization import TINY_MODEL_DIR
+# No default: tokenizing with any other model's vocabulary would silently skew every token
+# count and never match the engines' prefix-cache blocks.
+TOKENIZER_HELP = (
+    "the served model's tokenizer: a directory with its tokenizer.json and tokenizer_config.json "
+    "(as in the model's Hugging Face repository); the Helm chart provides one from "
+    "inferenceExtension.tokenizer.* (README, 'Deploy on Kubernetes')"
+)
+
+# NATS subject tokens: no dots, spaces or wildcards in a replica id; dot-separated tokens in a prefix.
+_SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
+_SUBJECT = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+SYNC_TOKEN_ENV = "LLM_EPP_SYNC_NATS_TOKEN"
+SYNC_PASSWORD_ENV = "LLM_EPP_SYNC_NATS_PASSWORD"
 
 
 class EppSettings(BaseModel):
@@ -36,12 +49,44 @@ class EppSettings(BaseModel):
         False, description="active-passive replicas: only the Lease holder reports ready"
     )
     endpoints_poll_s: float = Field(1.0, gt=0, description="how often the endpoints file is checked")
+    shutdown_grace_s: float = Field(
+        1.5,
+        ge=0,
+        le=300,
+        description="after SIGTERM: report NOT_SERVING but keep taking new ext_proc streams this long, "
+        "so the gateway's health checks (the local stack's: every 0.5 s, down after 2) move traffic "
+        "to other replicas before this one refuses any",
+    )
+    shutdown_drain_s: float = Field(
+        20.0,
+        ge=0,
+        le=3600,
+        description="after the grace: wait at most this long for in-flight ext_proc streams to end, "
+        "then cancel the rest and exit",
+    )
     config: str = Field("gie-default", description="EndpointPickerConfig: a shipped name or a YAML path")
-    tokenizer_dir: Path = Field(
-        TINY_MODEL_DIR, description="model dir with tokenizer.json + tokenizer_config.json"
+    tokenizer_dir: Path = Field(description=TOKENIZER_HELP)
+    max_model_len: int | None = Field(
+        None,
+        ge=1,
+        description="context length in tokens, for prompts routed before any engine's /v1/models "
+        "reported its own (longer prompts get 400)",
+    )
+    tokenizer_cache_bytes: int = Field(
+        256 << 20,
+        ge=0,
+        description="memory for recent prompts' token ids, reused when a prompt extends one (0: off)",
+    )
+    verify_tokenizer_cache: bool = Field(
+        False, description="also tokenize every reused prompt whole and count mismatches (for tests)"
     )
     scrape_interval_s: float = Field(0.05, gt=0, description="engine /metrics polling period")
-    scrape_timeout_s: float = Field(1.0, gt=0, description="engine /metrics request timeout")
+    scrape_timeout_s: float = Field(
+        0.5,
+        gt=0,
+        description="engine /metrics request timeout; an engine that misses it (stalled) is out "
+        "of scheduling until its next good scrape",
+    )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
     kv_events_staleness_s: float = Field(
         5.0, gt=0, description="a busy engine silent this long falls back to the approximate index"
@@ -57,10 +102,78 @@ class EppSettings(BaseModel):
         1.0, ge=0, le=100, description="window merging concurrent predictions"
     )
 
+    sync_nats_url: list[str] = Field(
+        default_factory=list,
+        description="active-active replicas: NATS server URLs (nats:// or tls://; repeat the flag or "
+        "comma-separate) through which replicas share token load and prefix state; none: sync off",
+    )
+    sync_pool: str | None = Field(
+        None, description="replicas that sync together (NATS subject token; default: --pool-name)"
+    )
+    sync_subject_prefix: str = Field("llm-epp", description="first tokens of every sync subject")
+    replica_id: str | None = Field(
+        None, description="this replica's name among its peers, unique in the pool (default: hostname-pid)"
+    )
+    sync_heartbeat_interval_s: float = Field(0.5, gt=0, le=60, description="sync heartbeat period")
+    sync_peer_timeout_s: float = Field(
+        3.0, gt=0, le=600, description="a peer silent this long is dropped with everything it booked"
+    )
+    sync_progress_interval_ms: float = Field(
+        50.0, gt=0, le=10_000, description="decode progress of each request is published at most this often"
+    )
+    sync_snapshot_timeout_s: float = Field(1.0, gt=0, le=60, description="wait for a peer's snapshot")
+    sync_nats_user: str | None = Field(None, description="NATS user (with --sync-nats-password-file)")
+    sync_nats_password_file: Path | None = Field(
+        None, description=f"file holding the NATS password (or set {SYNC_PASSWORD_ENV})"
+    )
+    sync_nats_token_file: Path | None = Field(
+        None, description=f"file holding the NATS auth token (or set {SYNC_TOKEN_ENV})"
+    )
+    sync_nats_nkey_seed_file: Path | None = Field(None, description="NATS nkey seed file (nkey auth)")
+    sync_nats_credentials_file: Path | None = Field(None, description="NATS .creds file (JWT auth)")
+    sync_nats_tls_ca_file: Path | None = Field(
+        None, description="CA bundle that signs the NATS server's cert"
+    )
+    sync_nats_tls_cert_file: Path | None = Field(None, description="client certificate for NATS mutual TLS")
+    sync_nats_tls_key_file: Path | None = Field(None, description="private key of --sync-nats-tls-cert-file")
+
     @model_validator(mode="after")
     def _source_inputs(self) -> EppSettings:
         if self.endpoint_source == "file" and self.endpoints_file is None:
             raise ValueError("--endpoints-file is required with --endpoint-source file")
         if self.ha_enable_leader_election and self.endpoint_source != "kubernetes":
             raise ValueError("--ha-enable-leader-election needs --endpoint-source kubernetes")
+        if self.ha_enable_leader_election and self.sync_nats_url:
+            raise ValueError(
+                "--ha-enable-leader-election (active-passive: one replica routes) and --sync-nats-url "
+                "(active-active: every replica routes) exclude each other; choose one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sync_inputs(self) -> EppSettings:
+        if self.replica_id is not None and not _SUBJECT_TOKEN.fullmatch(self.replica_id):
+            raise ValueError("--replica-id may hold only letters, digits, '_' and '-'")
+        if self.sync_pool is not None and not _SUBJECT_TOKEN.fullmatch(self.sync_pool):
+            raise ValueError("--sync-pool may hold only letters, digits, '_' and '-'")
+        if not _SUBJECT.fullmatch(self.sync_subject_prefix):
+            raise ValueError(
+                "--sync-subject-prefix must be dot-separated tokens of letters, digits, '_', '-'"
+            )
+        if self.sync_heartbeat_interval_s * 2 > self.sync_peer_timeout_s:
+            raise ValueError("--sync-peer-timeout-s must be at least twice --sync-heartbeat-interval-s")
+        auth = [
+            self.sync_nats_token_file,
+            self.sync_nats_user,
+            self.sync_nats_nkey_seed_file,
+            self.sync_nats_credentials_file,
+        ]
+        if sum(a is not None for a in auth) > 1:
+            raise ValueError(
+                "give one NATS auth: a token, a user and password, an nkey seed, or a .creds file"
+            )
+        if self.sync_nats_password_file is not None and self.sync_nats_user is None:
+            raise ValueError("--sync-nats-password-file needs --sync-nats-user")
+        if (self.sync_nats_tls_cert_file is None) != (self.sync_nats_tls_key_file is None):
+            raise ValueError("--sync-nats-tls-cert-file and --sync-nats-tls-key-file go together")
         return self

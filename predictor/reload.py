@@ -92,6 +92,11 @@ def _identity(manifest: Manifest) -> tuple[int, tuple[str, ...]]:
     return manifest.version, tuple(info.sha256 for info in manifest.models.values())
 
 
+FIRST_MODEL_POLL_S = 1.0
+"""How often to poll while no model is served, when ``poll_interval_s`` is longer: until the first
+model the EPP routes on its heuristic fallback, so a few seconds of polling lag count."""
+
+
 class ModelReloader:
     """Holds the served :class:`ModelSet` (``current``) and replaces it when the source has a
     different version. Run :meth:`run_forever` as a task, or call :meth:`poll_once`."""
@@ -113,9 +118,13 @@ class ModelReloader:
         """Load attempts that failed (the last good version kept serving)."""
 
     async def run_forever(self) -> None:
+        """Poll every ``poll_interval_s`` (every ``FIRST_MODEL_POLL_S`` until a model is served)."""
         while True:
             await self.poll_once()
-            await asyncio.sleep(self.poll_interval_s)
+            interval = self.poll_interval_s
+            if self.current is None:
+                interval = min(interval, FIRST_MODEL_POLL_S)
+            await asyncio.sleep(interval)
 
     async def poll_once(self) -> bool:
         """Look for a new version and swap it in; True if one was. Never raises (but cancels).

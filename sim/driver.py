@@ -7,6 +7,10 @@ The loop is vLLM's engine-core loop with the forward pass replaced by a sleep::
 While busy, steps follow each other on the engine's timeline (each starts where the previous
 one ended), so the event loop's wake-up lateness does not stretch every step.
 
+Each step's lag (when it started minus when it was due) goes to ``on_step_lag``: a step is due
+when the previous one ended, or, on an idle engine, at the last submit before it. A process
+starved of CPU runs its steps late, and that shows there rather than as slow routing.
+
 Requests are submitted and aborted from HTTP handlers at any moment; the engine tolerates an
 abort while a step is in flight (the aborted request's blocks are freed at once and its part of
 the step is dropped).
@@ -69,8 +73,9 @@ class RequestStream:
 class EngineDriver:
     """Owns one engine and the asyncio task that steps it in real (``clock``) time.
 
-    ``on_step`` is called with each step's outputs before they are delivered (metrics).
-    The task starts with the first ``submit`` in the running event loop.
+    ``on_step`` is called with each step's outputs before they are delivered (metrics), and
+    ``on_step_lag`` with each step's lag in seconds as it starts. The task starts with the first
+    ``submit`` in the running event loop.
     """
 
     def __init__(
@@ -78,10 +83,12 @@ class EngineDriver:
         engine: Engine,
         *,
         on_step: Callable[[list[RequestOutput]], None] | None = None,
+        on_step_lag: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self._on_step = on_step
+        self._on_step_lag = on_step_lag
         self._clock = clock
         self._streams: dict[str, RequestStream] = {}
         self._wake = asyncio.Event()
@@ -124,21 +131,26 @@ class EngineDriver:
     async def _run(self) -> None:
         engine = self.engine
         timeline: float | None = None  # end of the previous step while steps run back to back
+        due: float | None = None  # when the next step should start (the previous step's end)
         try:
             while True:
                 if not engine.has_unfinished_requests():
-                    timeline = None
+                    timeline = due = None
                     self._wake.clear()
                     await self._wake.wait()
-                step = engine.schedule(timeline_time(self._clock(), timeline, self._last_submit))
+                now = self._clock()
+                step = engine.schedule(timeline_time(now, timeline, self._last_submit))
                 if step is None:
                     # Unreachable while requests are unfinished (the head of the queue always fits
                     # an idle cache); if it ever happens, wait for news instead of spinning.
                     self._wake.clear()
                     await self._wake.wait()
                     continue
+                if self._on_step_lag is not None:
+                    self._on_step_lag(max(0.0, now - (self._last_submit if due is None else due)))
                 # Always yield, so handlers run even when steps take no time.
                 await asyncio.sleep(max(0.0, step.end_time - self._clock()))
+                due = step.end_time
                 timeline = timeline_time(self._clock(), step.end_time)
                 outputs = engine.finish_step(step, timeline)
                 if self._on_step is not None:

@@ -4,7 +4,9 @@ Counted as vLLM counts them: prompt tokens when a request's first token comes ou
 included); prefix-cache queries and hits in tokens at first admission; ``iteration_tokens_total``
 once per step that produced tokens, as the prompt tokens computed for requests that produced their
 first token plus the tokens generated. Aborted requests do not count as successes (vLLM does not
-record client aborts either). Gauges are read from the engine when scraped.
+record client aborts either). Gauges are read from the engine when scraped. One histogram is the
+simulator's own, not vLLM's: ``llm_epp_sim_step_lag_seconds``, how late each engine step started
+(``EngineDriver``), so that a replica starved of CPU is seen as such.
 
 The router scrapes every 50 ms, and rendering a registry costs about 5 µs a line, so the
 metrics live in two registries: gauges and counters (~60 lines, ~0.25 ms) are rendered on every
@@ -22,6 +24,7 @@ from operator import attrgetter
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sim.engine import Engine, EngineConfig, EngineCounters, RequestOutput
+from sim.host_cpu import HostCpu, host_cpu
 
 # Bucket boundaries as vLLM 0.32 publishes them (vllm/v1/metrics/buckets.py).
 TIME_TO_FIRST_TOKEN_BUCKETS = (
@@ -36,6 +39,8 @@ REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+STEP_LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+"""Seconds; the simulator's own ``llm_epp_sim_step_lag_seconds`` (vLLM has no such metric)."""
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -55,7 +60,11 @@ def request_tokens_buckets(max_model_len: int) -> list[int]:
 
 
 class EngineMetrics:
-    """Metrics of one engine in registries of their own; ``record_step`` after every step."""
+    """Metrics of one engine in registries of their own; ``record_step`` after every step.
+
+    ``cpu`` is the CPU whose vLLM CPU build the cache config labels follow (default: this
+    machine's, where the conformance suite runs real vLLM beside the simulator).
+    """
 
     def __init__(
         self,
@@ -64,6 +73,7 @@ class EngineMetrics:
         *,
         histogram_refresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        cpu: HostCpu | None = None,
     ) -> None:
         self.live_registry = CollectorRegistry()
         self.histogram_registry = CollectorRegistry()
@@ -77,7 +87,7 @@ class EngineMetrics:
         self._define_gauges(engine)
         self._define_counters()
         self._define_histograms(engine.config)
-        self._define_cache_config_info(engine.config)
+        self._define_cache_config_info(engine.config, cpu or host_cpu())
 
     def render(self) -> bytes:
         """The text exposition format of all metrics."""
@@ -105,6 +115,11 @@ class EngineMetrics:
             if output.finish_reason is not None:
                 self._record_finished(output)
         self._iteration_tokens.observe(computed_prompt_tokens + len(outputs))
+
+    def record_step_lag(self, lag_s: float) -> None:
+        """Account for how late a step started (``EngineDriver``'s ``on_step_lag``)."""
+        self._histograms_dirty = True
+        self._step_lag.observe(lag_s)
 
     def _record_finished(self, output: RequestOutput) -> None:
         request = output.request
@@ -274,11 +289,18 @@ class EngineMetrics:
             "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
             tokens,
         )
+        self._step_lag = histogram(
+            "llm_epp_sim_step_lag_seconds",
+            "How late each engine step started: its start minus when it was due (the previous "
+            "step's end, or the last submit to an idle engine). Simulator only: shows CPU "
+            "starvation of the engine process.",
+            STEP_LAG_BUCKETS,
+        )
 
-    def _define_cache_config_info(self, config: EngineConfig) -> None:
+    def _define_cache_config_info(self, config: EngineConfig, cpu: HostCpu) -> None:
         # vLLM publishes its whole CacheConfig as labels. These are vLLM 0.32's names, with this
-        # engine's geometry, and elsewhere the values vLLM shows for a Llama model with default
-        # cache settings (so a scraper finds every label it would find on vLLM).
+        # engine's geometry, and elsewhere the values vLLM's CPU build shows on ``cpu`` for a Llama
+        # model with default cache settings (so a scraper finds every label it would find on vLLM).
         blocks_per_request = -(-config.max_model_len // config.block_size)
         labels = {
             "_block_size_resolved": "True",
@@ -304,7 +326,7 @@ class EngineMetrics:
             "mamba_cache_dtype": "auto",
             "mamba_cache_mode": "none",
             "mamba_page_size_padded": "None",
-            "mamba_ssm_cache_dtype": "float32",
+            "mamba_ssm_cache_dtype": cpu.vllm_mamba_ssm_cache_dtype,
             "num_cpu_blocks": "None",
             "num_gpu_blocks": str(config.num_gpu_blocks),
             "num_gpu_blocks_override": "None",

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, NotRequired, Required
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
 from starlette.responses import JSONResponse
+from typing_extensions import TypedDict  # pydantic needs this one, not typing's, before 3.12
 
 VLLM_VERSION = "0.32.0"
 SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-sim"
@@ -27,8 +28,15 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_STOP_STRINGS = 4
+"""vLLM's default ``VLLM_MAX_STOP_STRINGS``."""
+StopParam = str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None
+
+
 class GenerationRequest(BaseModel):
-    """Fields shared by completion and chat requests."""
+    """Fields shared by completion and chat requests, typed as vLLM types them (so a value of the
+    wrong type gets pydantic's error in vLLM's words); range checks are ``sim.sampling_checks``."""
 
     # vLLM accepts (and ignores) fields it does not know; so does the simulator.
     model_config = ConfigDict(extra="allow")
@@ -38,24 +46,122 @@ class GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = 1
     ignore_eos: bool = False
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    stop: StopParam = []
+    prompt_logprobs: int | None = None
     cache_salt: str | None = None
 
 
 TokenId = Annotated[int, Field(ge=0)]
 
 
+def _check_logprob_fields(data: Any, fields: tuple[str, ...]) -> None:
+    """vLLM's checks of the logprob fields, run on the raw body before any field is parsed: an
+    integer (or a float, which then fails as a non-integer), and -1 ("all") or >= 0."""
+    for name in fields:
+        value = data.get(name)
+        if value is not None and not isinstance(value, int | float):
+            raise bad_request(f"`{name}` must be an integer.", parameter=name, value=value)
+    if (prompt_logprobs := data.get("prompt_logprobs")) is not None:
+        if data.get("stream") and (prompt_logprobs > 0 or prompt_logprobs == -1):
+            raise bad_request(
+                "`prompt_logprobs` are not available when `stream=True`.", parameter="prompt_logprobs"
+            )
+        if prompt_logprobs < 0 and prompt_logprobs != -1:
+            raise bad_request(
+                "`prompt_logprobs` must be a positive value or -1.",
+                parameter="prompt_logprobs",
+                value=prompt_logprobs,
+            )
+
+
 class CompletionRequest(GenerationRequest):
     prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
     max_tokens: int | None = 16
+    logprobs: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_logprobs(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            _check_logprob_fields(data, ("prompt_logprobs", "logprobs"))
+            if (logprobs := data.get("logprobs")) is not None and logprobs < 0 and logprobs != -1:
+                raise bad_request(
+                    "`logprobs` must be a positive value or -1.", parameter="logprobs", value=logprobs
+                )
+        return data
+
+    def sample_logprobs(self) -> int | None:
+        """The logprobs asked for per generated token (None: none), as vLLM's SamplingParams has it."""
+        return self.logprobs
+
+
+# A chat message is accepted if vLLM accepts it: vLLM's message types include one for any role
+# (content a string or a list of parts, or absent), and the assistant's and the function's, whose
+# content may be null. vLLM also takes any other iterable as a list of parts, and so refuses a
+# mapping only when it renders the chat (``ChatTemplateError`` here). Other fields pass through
+# to the chat template unchecked.
+_MessageContent = str | list[Any] | dict[str, Any]
+
+
+@with_config(ConfigDict(extra="allow"))
+class ChatMessage(TypedDict):
+    role: Required[str]
+    content: NotRequired[_MessageContent]
+
+
+@with_config(ConfigDict(extra="allow"))
+class AssistantMessage(TypedDict):
+    role: Required[Literal["assistant"]]
+    content: NotRequired[_MessageContent | None]
+
+
+@with_config(ConfigDict(extra="allow"))
+class FunctionMessage(TypedDict):
+    role: Required[Literal["function"]]
+    name: Required[str]
+    content: Required[str | None]
 
 
 class ChatCompletionRequest(GenerationRequest):
-    messages: list[dict[str, Any]]
+    messages: list[ChatMessage | AssistantMessage | FunctionMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     add_generation_prompt: bool = True
+    logprobs: bool | None = False
+    top_logprobs: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_logprobs(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            _check_logprob_fields(data, ("prompt_logprobs", "top_logprobs"))
+            if (top_logprobs := data.get("top_logprobs")) is not None:
+                if top_logprobs < 0 and top_logprobs != -1:
+                    raise bad_request(
+                        "`top_logprobs` must be a positive value or -1.",
+                        parameter="top_logprobs",
+                        value=top_logprobs,
+                    )
+                if (top_logprobs == -1 or top_logprobs > 0) and not data.get("logprobs"):
+                    raise bad_request(
+                        "when using `top_logprobs`, `logprobs` must be set to true.", parameter="top_logprobs"
+                    )
+            if data.get("top_logprobs", 0) is None:
+                data = {**data, "top_logprobs": 0}  # null means omitted, as in OpenAI's spec
+        return data
+
+    def sample_logprobs(self) -> int | None:
+        """The logprobs asked for per generated token (None: none), as vLLM's SamplingParams has it."""
+        return self.top_logprobs if self.logprobs else None
 
 
 class TokenizeRequest(BaseModel):

@@ -1,11 +1,13 @@
 """The OpenAI endpoints of one simulated server: request checks, engine requests, responses.
 
-Requests are checked with vLLM 0.32's wording and in its order where it matters: the model name
+Requests are checked with vLLM 0.32's wording and in its order where it matters: the body's
+fields (types, and the logprob fields' signs, as the request models parse it); the model name
 (404); an output limit above ``max_model_len``; the prompt (missing, an empty batch, a text longer
-than any ``max_model_len`` tokens can spell, more than ``max_model_len`` tokens); the output length
-actually left, ``min(max_model_len - prompt, max_tokens)``, which must be at least 1 (so a long
-prompt silently shortens the output, as in vLLM); and last the token ids (an empty prompt in a
-batch of one, ids outside the vocabulary).
+than any ``max_model_len`` tokens can spell, more than ``max_model_len`` tokens); the sampling
+parameters (``sim.sampling_checks``), among them the output length actually left,
+``min(max_model_len - prompt, max_tokens)``, which must be at least 1 (so a long prompt silently
+shortens the output, as in vLLM); the logprobs asked for; and last the token ids (an empty prompt
+in a batch of one, ids outside the vocabulary).
 
 The simulated model never stops on its own: a request generates ``max_tokens`` tokens. The
 ``x-sim-output-tokens: N`` header makes it stop after N tokens with ``finish_reason: "stop"``,
@@ -19,14 +21,12 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
-from tokenizers import Tokenizer
 
 from epp.tokenization import GIL_FREE_CHARS, ChatTemplateError, ModelTokenizer
 from sim.driver import EngineDeadError, EngineDriver, RequestStream
@@ -49,6 +49,7 @@ from sim.openai_api import (
     stream_usage_chunk,
     usage,
 )
+from sim.sampling_checks import check_logprob_limits, check_sampling
 
 SIM_OUTPUT_TOKENS_HEADER = "x-sim-output-tokens"
 
@@ -63,9 +64,6 @@ class ServedModel:
         self.tokenizer = tokenizer
         self.name = name
         self.root = root
-        # vLLM refuses, before tokenizing, a prompt longer than max_model_len times this.
-        vocab = Tokenizer.from_file(str(Path(root) / "tokenizer.json")).get_vocab()
-        self.max_chars_per_token = max(map(len, vocab))
         # Each generated token's text is its own decode, computed once per vocabulary entry.
         self.token_texts = [tokenizer.decode([token_id]) for token_id in range(tokenizer.vocab_size)]
         special = tokenizer.special_token_ids
@@ -177,7 +175,7 @@ class OpenAIServing:
     def _check_request(self, body: GenerationRequest, max_tokens: int | None, param: str) -> None:
         """Checks that need no tokenization, in vLLM's order."""
         self._check_model(body.model)
-        if body.n != 1:
+        if body.n > 1:
             raise bad_request(
                 "the simulated server generates one choice per request (n=1)", parameter="n", value=body.n
             )
@@ -222,7 +220,7 @@ class OpenAIServing:
     async def _generation_prompt_ids(self, text: str) -> list[int]:
         """Tokenize the text of a prompt to generate from. Like vLLM, refuse first, untokenized, a
         text longer than ``max_model_len`` of the vocabulary's longest tokens."""
-        max_chars = self.max_model_len * self.model.max_chars_per_token
+        max_chars = self.max_model_len * self.model.tokenizer.max_chars_per_token
         if len(text) > max_chars:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your "
@@ -243,7 +241,7 @@ class OpenAIServing:
 
     async def _generate(
         self,
-        body: GenerationRequest,
+        body: CompletionRequest | ChatCompletionRequest,
         prompt_ids: list[int],
         from_text: bool,
         max_tokens: int | None,
@@ -285,7 +283,7 @@ class OpenAIServing:
 
     def _engine_request(
         self,
-        body: GenerationRequest,
+        body: CompletionRequest | ChatCompletionRequest,
         prompt_ids: list[int],
         from_text: bool,
         max_tokens: int | None,
@@ -311,12 +309,8 @@ class OpenAIServing:
                 value=shown,
             )
         output_tokens = limit - num_prompt if max_tokens is None else min(limit - num_prompt, max_tokens)
-        if output_tokens < 1:
-            raise bad_request(
-                f"max_tokens must be at least 1, got {output_tokens}.",
-                parameter="max_tokens",
-                value=output_tokens,
-            )
+        check_sampling(body, output_tokens)
+        check_logprob_limits(body, self.model.tokenizer.vocab_size)
         if not prompt_ids:
             raise ApiError(400, "BadRequestError", "The decoder prompt cannot be empty")
         if not from_text and max(prompt_ids) >= self.model.tokenizer.vocab_size:

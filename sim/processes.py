@@ -1,4 +1,5 @@
-"""Child processes for local stacks and benchmarks: spawn in their own group, wait, stop."""
+"""Child processes for local stacks and benchmarks: spawn in their own group, tied to this
+process's life, wait, stop."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ import httpx
 import yaml
 
 BIN = Path(sys.executable).parent
+# Every child gets this signal when the process that spawned it dies, even by SIGKILL, so a
+# stack killed hard leaves no replica, EPP or Envoy holding its ports. SIGTERM, not SIGKILL:
+# each program then ends its own children (vLLM's engine core) as on a normal stop.
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+DIE_WITH_PARENT = Path(__file__).with_name("die_with_parent.py")
 
 
 class ProcessError(RuntimeError):
@@ -39,6 +45,18 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def port_in_use(port: int) -> bool:
+    """Whether a server could not bind loopback ``port`` now. Servers set SO_REUSEADDR, so only a
+    socket still bound there counts, not connections left in TIME_WAIT."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def free_port() -> int:
@@ -92,11 +110,14 @@ class Component:
 
 
 def spawn(name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None) -> Component:
-    """Start ``argv`` in a new process group, output to ``log_dir/name.log``."""
+    """Start ``argv`` in a new process group, output to ``log_dir/name.log``. It gets
+    :data:`PARENT_DEATH_SIGNAL` when this process dies; call from the main thread (or one that
+    outlives the child), since the kernel ties that signal to the forking thread."""
     log_path = log_dir / f"{name}.log"
+    guard = [sys.executable, "-S", str(DIE_WITH_PARENT), str(os.getpid()), str(int(PARENT_DEATH_SIGNAL))]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            list(argv),
+            [*guard, *argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -187,9 +208,12 @@ def start_epp(
     health_port: int,
     metrics_port: int,
     expected_endpoints: int,
+    tokenizer_dir: Path,
     extra_args: Sequence[str] = (),
+    name: str = "epp",
 ) -> Component:
-    """Run the EPP and wait until it has scraped ``expected_endpoints`` healthy endpoints."""
+    """Run the EPP (logging to ``name``.log), tokenizing with the model in ``tokenizer_dir``, and
+    wait until it has scraped ``expected_endpoints`` healthy endpoints."""
     argv = [
         str(BIN / "llm-epp"),
         "--host",
@@ -204,9 +228,11 @@ def start_epp(
         str(metrics_port),
         "--endpoints-poll-s",
         "0.2",
+        "--tokenizer-dir",
+        str(tokenizer_dir),
         *extra_args,
     ]
-    component = spawn("epp", argv, log_dir)
+    component = spawn(name, argv, log_dir)
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
 
     def ready() -> bool:

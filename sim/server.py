@@ -42,6 +42,7 @@ from starlette.responses import JSONResponse, Response
 from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
 from sim.driver import EngineDriver
 from sim.engine import Engine, EngineConfigError, Profile, ProfileError, RequestOutput, load_profile
+from sim.host_cpu import HostCpu
 from sim.kv_events import KVEventPublisher, KVEventsConfig
 from sim.metrics import EngineMetrics
 from sim.openai_api import (
@@ -67,7 +68,8 @@ class ServerSettings:
 
     ``engine_overrides`` replaces fields of the profile's engine limits (any ``EngineConfig``
     field, e.g. ``{"num_gpu_blocks": 64}``). ``kv_events`` is vLLM's ``--kv-events-config``, as
-    given to the whole server (``KVEventsConfig.for_replica`` derives each replica's).
+    given to the whole server (``KVEventsConfig.for_replica`` derives each replica's). ``cpu`` is
+    the CPU whose vLLM CPU build the reported cache config follows (None: this machine's).
     """
 
     model_dir: Path = TINY_MODEL_DIR
@@ -76,6 +78,7 @@ class ServerSettings:
     engine_overrides: Mapping[str, Any] = field(default_factory=dict)
     histogram_refresh_s: float = 1.0
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    cpu: HostCpu | None = None
 
 
 class Replica:
@@ -96,10 +99,12 @@ class Replica:
         self.model = model or load_served_model(settings)
         self.engine = Engine(config, self.profile.cost, self.model.output_vocab)
         self.metrics = EngineMetrics(
-            self.engine, self.model.name, histogram_refresh_s=settings.histogram_refresh_s
+            self.engine, self.model.name, histogram_refresh_s=settings.histogram_refresh_s, cpu=settings.cpu
         )
         self.kv_events = KVEventPublisher(kv_events) if kv_events.publishes else None
-        self.driver = EngineDriver(self.engine, on_step=self._on_step)
+        self.driver = EngineDriver(
+            self.engine, on_step=self._on_step, on_step_lag=self.metrics.record_step_lag
+        )
         self.serving = OpenAIServing(self.model, self.driver, self.profile.frontend)
         self.app = _create_app(self)
 

@@ -1,14 +1,18 @@
 """``llm-epp-stack``: the whole gateway on loopback — real Envoy, the EPP, and vLLM replicas,
 simulated (default) or real (``--engine vllm``: the CPU build of vLLM serving a tiny model).
+With ``--epp-replicas N`` (N > 1) it runs N EPPs active-active: a nats-server, the EPPs synced
+through it, and Envoy with all of them in its ext_proc cluster (health-checked over gRPC).
 
 Every component is a separate process in its own process group, started in dependency order
-(replicas, EPP, Envoy) and each waited on until it answers; ``stop()`` ends them all. The
-integration tests use the same class, on free ports.
+(replicas, EPP, Envoy) and each waited on until it answers; ``stop()`` ends them all, and they
+end by themselves if the stack is killed (see ``sim.processes.spawn``). The integration tests
+use the same class, on free ports.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import signal
@@ -20,13 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from epp.envoy_config import FailureMode, gateway_bootstrap
+from epp.envoy_config import (
+    INFERENCE_API_PATHS,
+    FailureMode,
+    gateway_bootstrap,
+    with_epp_replicas,
+    write_cluster_endpoints,
+)
+from epp.tokenization import TINY_MODEL_DIR
+from sim.nats_server import start_nats_server
 from sim.processes import (
     BIN,
     Component,
     ProcessError,
     free_port,
     http_ok,
+    port_in_use,
     spawn,
     start_envoy,
     start_epp,
@@ -46,11 +59,19 @@ class StackPorts:
     first_replica: int = 8100
     trainer: int = 8000
     first_predictor: int = 8001
+    nats: int = 4222
+    """The nats-server that syncs EPP replicas (with more than one)."""
 
     @classmethod
     def free(cls) -> StackPorts:
         """Free ports for every process; replicas and predictors get individual free ports."""
-        return cls(*(free_port() for _ in range(5)), first_replica=0, trainer=free_port(), first_predictor=0)
+        return cls(
+            *(free_port() for _ in range(5)),
+            first_replica=0,
+            trainer=free_port(),
+            first_predictor=0,
+            nats=free_port(),
+        )
 
 
 @dataclass
@@ -69,9 +90,21 @@ class StackConfig:
     trainer_args: Sequence[str] = ()
     failure_mode: FailureMode = "FailClose"
     model: str = "tiny"
+    model_dir: Path = TINY_MODEL_DIR
+    """The served model: the replicas serve it and the EPP tokenizes with its tokenizer."""
     workdir: Path | None = None
     kv_events: bool = False
     """Simulated replicas publish KV events (with a replay socket) and the EPP subscribes."""
+    api_paths: Sequence[str] = INFERENCE_API_PATHS
+    """Request paths the gateway routes to the replicas; any other gets a 404."""
+    epp_replicas: int = 1
+    """EPP processes. More than one run active-active, synced through a nats-server the stack
+    starts; the first uses the ``epp_*`` ports, the others free ports."""
+
+
+def port_flag(name: str) -> str:
+    """The ``llm-epp-stack`` flag that sets the :class:`StackPorts` field ``name``."""
+    return f"--{name.replace('_', '-')}-port"
 
 
 class LocalStack:
@@ -91,10 +124,18 @@ class LocalStack:
             if config.ports.first_predictor
             else [free_port() for _ in range(config.predictors)]
         )
+        ports = config.ports
+        self.epp_ports = [(ports.epp_grpc, ports.epp_health, ports.epp_metrics)] + [
+            (free_port(), free_port(), free_port()) for _ in range(config.epp_replicas - 1)
+        ]
+        """(ext_proc, health, metrics) port of each EPP."""
         self.replicas: list[Component] = []
         self.trainer: Component | None = None
         self.predictors: list[Component] = []
+        self.nats: Component | None = None
+        self.epps: list[Component] = []
         self.epp: Component | None = None
+        """The first EPP (the only one unless ``epp_replicas`` > 1)."""
         self.envoy: Component | None = None
 
     @property
@@ -104,6 +145,11 @@ class LocalStack:
     @property
     def epp_metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.config.ports.epp_metrics}/metrics"
+
+    @property
+    def epp_metrics_urls(self) -> list[str]:
+        """Every EPP's /metrics, in start order."""
+        return [f"http://127.0.0.1:{metrics}/metrics" for _, _, metrics in self.epp_ports]
 
     def replica_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.replica_ports[index]}"
@@ -140,7 +186,10 @@ class LocalStack:
 
     def vllm_spec(self, index: int) -> VllmReplicaSpec:
         return VllmReplicaSpec(
-            port=self.replica_ports[index], workdir=self.workdir, served_model_name=self.config.model
+            port=self.replica_ports[index],
+            workdir=self.workdir,
+            served_model_name=self.config.model,
+            model_dir=self.config.model_dir,
         )
 
     def _start_replicas(self) -> list[Component]:
@@ -161,6 +210,8 @@ class LocalStack:
             str(port),
             "--served-model-name",
             self.config.model,
+            "--model-dir",
+            str(self.config.model_dir),
             "--profile",
             self.config.sim_profile,
             *self.config.sim_args,
@@ -173,12 +224,20 @@ class LocalStack:
         wait_until(component, http_ok(f"http://127.0.0.1:{port}/health"))
         return component
 
+    @property
+    def cluster_endpoints_file(self) -> Path:
+        """The gateway's model-server endpoints (Envoy reloads it when it is replaced)."""
+        return self.workdir / "gateway-endpoints" / "endpoints.json"
+
     def write_endpoints(self, indexes: Sequence[int] | None = None) -> Path:
-        """(Re)write the EPP's endpoints file with the given replicas (all by default)."""
+        """(Re)write the EPP's endpoints file, and the gateway's, with the given replicas (all by
+        default); return the EPP's."""
         indexes = range(self.config.replicas) if indexes is None else indexes
+        endpoints = [("127.0.0.1", self.replica_ports[i]) for i in indexes]
+        write_cluster_endpoints(self.cluster_endpoints_file, endpoints)
         return write_endpoints_file(
             self.workdir / "endpoints.yaml",
-            [("127.0.0.1", self.replica_ports[i]) for i in indexes],
+            endpoints,
             [self.kv_event_sockets(i) for i in indexes] if self.config.kv_events else None,
         )
 
@@ -193,32 +252,90 @@ class LocalStack:
             self.stop()
             raise
 
+    def bound_ports(self) -> dict[int, str]:
+        """Every port the stack's processes will bind → the :class:`StackPorts` field that sets it."""
+        ports = dataclasses.asdict(self.config.ports)
+        always = ("gateway", "epp_grpc", "epp_health", "epp_metrics", "envoy_admin")
+        used = {ports[name]: name for name in always}
+        used.update((port, "first_replica") for port in self.replica_ports)
+        if self.config.predictors:
+            used[ports["trainer"]] = "trainer"
+            used.update((port, "first_predictor") for port in self.predictor_ports)
+        if self.config.epp_replicas > 1:
+            used[ports["nats"]] = "nats"
+        return used
+
+    def _check_ports_free(self) -> None:
+        for port, name in self.bound_ports().items():
+            if port_in_use(port):
+                raise ProcessError(
+                    f"port {port} is in use by another process (`ss -ltnp 'sport = :{port}'` names it): "
+                    f"stop it, or choose another port with {port_flag(name)}"
+                )
+
     def _start(self) -> None:
         ports = self.config.ports
+        self._check_ports_free()
         self.replicas = self._start_replicas()
         latency_flags = self._start_latency_sidecars()
         default_config = "predicted-latency" if self.config.predictors else "gie-default"
         epp_config = self.config.epp_config or default_config
-        self.epp = start_epp(
-            self.workdir,
-            self.write_endpoints(),
-            grpc_port=ports.epp_grpc,
-            health_port=ports.epp_health,
-            metrics_port=ports.epp_metrics,
-            expected_endpoints=self.config.replicas,
-            extra_args=["--config", epp_config, *latency_flags, *self.config.epp_args],
-        )
+        epp_args = ["--config", epp_config, *latency_flags, *self.config.epp_args]
+        if self.config.epp_replicas == 1:
+            self.epp = start_epp(
+                self.workdir,
+                self.write_endpoints(),
+                grpc_port=ports.epp_grpc,
+                health_port=ports.epp_health,
+                metrics_port=ports.epp_metrics,
+                expected_endpoints=self.config.replicas,
+                tokenizer_dir=self.config.model_dir,
+                # One EPP: no other replica takes new streams while it drains, so no grace.
+                extra_args=["--shutdown-grace-s", "0", *epp_args],
+            )
+            self.epps = [self.epp]
+        else:
+            self._start_synced_epps(epp_args)
         bootstrap = gateway_bootstrap(
             listen_port=ports.gateway,
             epp_address=("127.0.0.1", ports.epp_grpc),
+            endpoints_file=self.cluster_endpoints_file,
             failure_mode=self.config.failure_mode,
-            fallback_endpoints=[("127.0.0.1", p) for p in self.replica_ports],
+            api_paths=self.config.api_paths,
         )
+        if self.config.epp_replicas > 1:
+            bootstrap = with_epp_replicas(bootstrap, [("127.0.0.1", g, h) for g, h, _ in self.epp_ports])
         self.envoy = start_envoy("envoy", bootstrap, self.workdir, admin_port=ports.envoy_admin)
+
+    def _start_synced_epps(self, epp_args: list[str]) -> None:
+        """A nats-server, then every EPP replica syncing through it (``epp-0``, ``epp-1``, ...)."""
+        self.nats = start_nats_server(self.workdir, self.config.ports.nats)
+        endpoints = self.write_endpoints()
+        for i, (grpc, health, metrics) in enumerate(self.epp_ports):
+            sync_args = [
+                "--sync-nats-url",
+                f"nats://127.0.0.1:{self.config.ports.nats}",
+                "--replica-id",
+                f"epp-{i}",
+            ]
+            self.epps.append(
+                start_epp(
+                    self.workdir,
+                    endpoints,
+                    grpc_port=grpc,
+                    health_port=health,
+                    metrics_port=metrics,
+                    expected_endpoints=self.config.replicas,
+                    tokenizer_dir=self.config.model_dir,
+                    extra_args=[*epp_args, *sync_args],
+                    name=f"epp-{i}",
+                )
+            )
+        self.epp = self.epps[0]
 
     def components(self) -> list[Component]:
         """Every started process, gateway first."""
-        started = [self.envoy, self.epp, *self.predictors, self.trainer, *self.replicas]
+        started = [self.envoy, *self.epps, self.nats, *self.predictors, self.trainer, *self.replicas]
         return [c for c in started if c is not None]
 
     def stop(self) -> None:
@@ -247,6 +364,15 @@ def _try_it(stack: LocalStack) -> str:
     )
     url = f"{stack.gateway_url}/v1/chat/completions"
     lines = [f"  curl -N {url} -H 'content-type: application/json'{slo} -d '{body}'"]
+    if len(stack.epps) > 1:
+        lines += [
+            "",
+            "Each EPP's share of the token load that its peers booked (synced through NATS):",
+            *(
+                f"  curl -s {url} | grep '^llm_epp_endpoint_remote_token_share'"
+                for url in stack.epp_metrics_urls
+            ),
+        ]
     if stack.predictors:
         lines += [
             "",
@@ -264,8 +390,11 @@ def main(argv: list[str] | None = None) -> None:
         "--engine", choices=["sim", "vllm"], default="sim", help="simulated or real vLLM replicas"
     )
     parser.add_argument("--replicas", type=int, default=None, help="default: 4 simulated or 2 real")
-    parser.add_argument("--gateway-port", type=int, default=8081)
-    parser.add_argument("--first-replica-port", type=int, default=8100)
+    for port in dataclasses.fields(StackPorts):
+        parser.add_argument(
+            port_flag(port.name), type=int, default=port.default, dest=port.name, metavar="PORT",
+            help=f"default: {port.default}",
+        )  # fmt: skip
     parser.add_argument("--sim-profile", default="default", help="simulated engine profile")
     parser.add_argument(
         "--config",
@@ -277,9 +406,25 @@ def main(argv: list[str] | None = None) -> None:
         "--predictors", type=int, default=2, help="prediction sidecars (0: no trainer/predictors)"
     )
     parser.add_argument("--failure-mode", choices=["FailOpen", "FailClose"], default="FailClose")
+    parser.add_argument(
+        "--api-path",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help=f"another request path the gateway routes to the replicas (repeatable; always: "
+        f"{', '.join(INFERENCE_API_PATHS)}); any other path gets a 404",
+    )
+    parser.add_argument(
+        "--epp-replicas",
+        type=int,
+        default=1,
+        help="EPP processes; more than one run active-active, synced through a nats-server",
+    )
     args = parser.parse_args(argv)
+    if args.epp_replicas < 1:
+        parser.error("--epp-replicas must be at least 1")
     replicas = args.replicas or (2 if args.engine == "vllm" else 4)
-    ports = StackPorts(gateway=args.gateway_port, first_replica=args.first_replica_port)
+    ports = StackPorts(**{port.name: getattr(args, port.name) for port in dataclasses.fields(StackPorts)})
     stack = LocalStack(
         StackConfig(
             replicas=replicas,
@@ -289,11 +434,14 @@ def main(argv: list[str] | None = None) -> None:
             epp_config=args.config,
             predictors=args.predictors,
             failure_mode=args.failure_mode,
+            api_paths=[*INFERENCE_API_PATHS, *args.api_path],
+            epp_replicas=args.epp_replicas,
         )
     )
     kind = "real vLLM (CPU, up to a few minutes)" if args.engine == "vllm" else "simulated"
     sidecars = f", a trainer, {args.predictors} predictors" if args.predictors else ""
-    print(f"starting {replicas} {kind} replicas{sidecars}, the EPP and Envoy (logs in {stack.workdir}) ...")
+    epps = "the EPP" if args.epp_replicas == 1 else f"nats-server, {args.epp_replicas} synced EPPs"
+    print(f"starting {replicas} {kind} replicas{sidecars}, {epps} and Envoy (logs in {stack.workdir}) ...")
     stopping = False
 
     def request_stop(signum: int, frame: object) -> None:

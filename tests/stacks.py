@@ -11,9 +11,25 @@ import httpx
 from sim.stack import LocalStack, StackConfig, StackPorts
 
 
+class CheckedStack(LocalStack):
+    """A stack whose EPP checks every tokenization it reuses against a full one (the differential
+    check of ``epp.tokenizer_cache``): ``stop()`` fails if any differed."""
+
+    def stop(self) -> None:
+        mismatches = sum(
+            metric_sum(url, "llm_epp_tokenizer_cache_mismatches_total")
+            for epp, url in zip(self.epps, self.epp_metrics_urls, strict=False)
+            if epp.alive()
+        )
+        super().stop()
+        assert mismatches == 0, f"the EPP's tokenizer cache gave {mismatches:.0f} wrong tokenizations"
+
+
 def start_stack(workdir: Path, replicas: int, **overrides) -> LocalStack:
-    """Start a gateway stack on free ports; the caller stops it."""
-    stack = LocalStack(StackConfig(replicas=replicas, ports=StackPorts.free(), workdir=workdir, **overrides))
+    """Start a gateway stack on free ports, its EPP verifying its tokenizer cache; the caller stops it."""
+    overrides["epp_args"] = [*overrides.get("epp_args", ()), "--verify-tokenizer-cache"]
+    config = StackConfig(replicas=replicas, ports=StackPorts.free(), workdir=workdir, **overrides)
+    stack = CheckedStack(config)
     stack.start()
     return stack
 

@@ -69,6 +69,12 @@ class TrainerMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=r,
         )
+        self.withheld_models = Counter(
+            "trainer_models_withheld",
+            "Fitted models not published: no better than a constant on their holdout",
+            ["model"],
+            registry=r,
+        )
         self.retrain_failures = Counter(
             "trainer_retrain_failures_total", "Retraining rounds that failed", registry=r
         )

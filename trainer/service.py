@@ -7,14 +7,21 @@ reaches a window, so a poisoned sample is never trained on.
 
 A sample goes to the TTFT window when its ``actual_ttft_ms`` is > 0 and to the TPOT window when
 its ``actual_tpot_ms`` is > 0 (the EPP sends one row of each kind per request). A model is
-retrained when its window holds ``min_samples`` and changed since its last fit. A version is
-published only when it has a TTFT model (fresh or carried over); the TPOT model is optional,
-since non-streaming traffic never trains one.
+retrained when its window holds ``min_samples`` and changed since its last fit. A fresh model
+that predicts its held-out samples no better than a constant (the training median) is withheld:
+routing on it would be noise, so the previous model, or the EPP's heuristic fallback, stays. A
+version is published only when it has a TTFT model (fresh or carried over); the TPOT model is
+optional, since non-streaming traffic never trains one.
+
+Schedule: the first version is fitted as soon as the TTFT window holds ``min_samples`` (the
+EPP routes on its heuristic fallback until then, so every second of waiting counts); after
+that, every ``retrain_interval_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +66,7 @@ class TrainerService:
         }
         self._fitted_mark: dict[ModelName, int] = dict.fromkeys(MODEL_NAMES, -1)
         self._retrain_lock = asyncio.Lock()
+        self._first_fit = asyncio.Event()
         self._rng = np.random.default_rng(settings.seed)
         if self.store.current is not None:
             self._report(self.store.current)
@@ -85,7 +93,14 @@ class TrainerService:
             self.metrics.samples.labels(name).inc(int(measured.sum()))
             self.metrics.window_samples.labels(name).set(len(window))
         self.metrics.samples.labels("unused").inc(int((~used).sum()))
+        if self.first_fit_due:
+            self._first_fit.set()
         return len(entries)
+
+    @property
+    def first_fit_due(self) -> bool:
+        """No version exists yet and the TTFT window holds enough samples for the first."""
+        return self.store.current is None and len(self.windows["ttft"]) >= self.settings.min_samples
 
     def data_status(self) -> dict[str, Any]:
         return {
@@ -94,9 +109,17 @@ class TrainerService:
         }
 
     async def run_forever(self) -> None:
-        """Retrain every ``retrain_interval_s`` until cancelled; failures are logged and counted."""
+        """Retrain every ``retrain_interval_s``, and at once when the first fit is due, until
+        cancelled; failures are logged and counted. A first fit that failed or was withheld is
+        retried when more samples arrive."""
         while True:
-            await asyncio.sleep(self.settings.retrain_interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.retrain_interval_s):
+                    await self._first_fit.wait()
+            woken = self._first_fit.is_set()
+            self._first_fit.clear()
+            if woken and not self.first_fit_due:
+                continue  # set by samples that came in during a first fit, which has since published
             try:
                 await self.retrain()
             except Exception:
@@ -104,7 +127,8 @@ class TrainerService:
                 self.metrics.retrain_failures.inc()
 
     async def retrain(self) -> Manifest | None:
-        """Fit every model that is due and publish a version; None if nothing was due.
+        """Fit every model that is due and publish a version; None if nothing was due or no
+        version could be published (no TTFT model beat its baseline yet).
 
         The fitting runs in a worker thread (XGBoost releases the GIL), so the event loop keeps
         taking samples meanwhile; the windows are copied first.
@@ -116,6 +140,8 @@ class TrainerService:
             manifest = await asyncio.to_thread(self._fit_and_publish, jobs)
             for name, job in jobs.items():
                 self._fitted_mark[name] = job.window_mark
+            if manifest is None:
+                return None
             self._report(manifest)
             log.info(
                 "published version %d (%s)",
@@ -134,13 +160,23 @@ class TrainerService:
         has_ttft = "ttft" in jobs or (current is not None and "ttft" in current.models)
         return jobs if has_ttft else {}
 
-    def _fit_and_publish(self, jobs: dict[ModelName, _Job]) -> Manifest:
+    def _fit_and_publish(self, jobs: dict[ModelName, _Job]) -> Manifest | None:
         training = self.settings.training()
         quantile = training.quantile_alpha if training.objective == "quantile" else None
         models: dict[ModelName, NewModel] = {}
         for name, job in jobs.items():
             fitted = train_model(job.features, job.latencies_ms, training, self._rng)
             self.metrics.retrain_duration.labels(name).observe(fitted.duration_s)
+            if not fitted.holdout.beats_baseline:
+                self.metrics.withheld_models.labels(name).inc()
+                log.info(
+                    "withheld the %s model fitted on %d samples: holdout loss %.4g, a constant's %.4g",
+                    name,
+                    fitted.training_samples,
+                    fitted.holdout.loss,
+                    fitted.holdout.baseline_loss,
+                )
+                continue
             models[name] = NewModel(
                 data=bytes(fitted.booster.save_raw("ubj")),
                 objective=training.objective,
@@ -149,7 +185,10 @@ class TrainerService:
                 training_samples=fitted.training_samples,
                 holdout=fitted.holdout,
             )
-        return self.store.publish(models)
+        current = self.store.current
+        if "ttft" not in models and (current is None or "ttft" not in current.models):
+            return None
+        return self.store.publish(models) if models else None
 
     def _report(self, manifest: Manifest) -> None:
         m = self.metrics

@@ -29,7 +29,9 @@ class HoldoutMetrics(BaseModel):
 
     ``mape``: mean |predicted − actual| / actual (mean models). ``pinball_loss``: mean quantile
     loss in milliseconds, and ``coverage``: share of actuals at or below the prediction
-    (quantile models; a well-calibrated model's coverage is its quantile).
+    (quantile models; a well-calibrated model's coverage is its quantile). ``baseline_loss``:
+    the same loss (MAPE or pinball) of a constant prediction, the training latencies' median
+    (mean models) or quantile (quantile models).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -38,6 +40,19 @@ class HoldoutMetrics(BaseModel):
     mape: float | None = None
     pinball_loss: float | None = None
     coverage: float | None = None
+    baseline_loss: float | None = None
+
+    @property
+    def loss(self) -> float | None:
+        """The objective's loss: MAPE (mean models) or pinball loss (quantile models)."""
+        return self.mape if self.mape is not None else self.pinball_loss
+
+    @property
+    def beats_baseline(self) -> bool:
+        """Predicts the held-out samples better than the constant does (True when untested)."""
+        if self.loss is None or self.baseline_loss is None:
+            return True
+        return self.loss < self.baseline_loss
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,23 +101,39 @@ def train_model(
         booster = xgb.train(params, train, num_boost_round=settings.n_estimators)
     except xgb.core.XGBoostError as exc:
         raise TrainingError(f"xgboost failed: {exc}") from exc
-    holdout = evaluate(booster, features[held], latencies_ms[held], settings)
+    holdout = evaluate(booster, features[held], latencies_ms[held], settings, latencies_ms[kept])
     return TrainedModel(booster, len(kept), holdout, time.perf_counter() - started)
 
 
 def evaluate(
-    booster: xgb.Booster, features: np.ndarray, latencies_ms: np.ndarray, settings: TrainingSettings
+    booster: xgb.Booster,
+    features: np.ndarray,
+    latencies_ms: np.ndarray,
+    settings: TrainingSettings,
+    training_latencies_ms: np.ndarray | None = None,
 ) -> HoldoutMetrics:
-    """The metrics that apply to ``settings.objective`` on these samples."""
+    """The metrics that apply to ``settings.objective`` on these samples; given the training
+    latencies, also ``baseline_loss``: the loss of predicting their median (or quantile)."""
     n = len(features)
     if n == 0:
         return HoldoutMetrics(samples=0)
     predicted = latency_from_margin(booster.inplace_predict(features), settings.target_transform)
+    baseline = None
+    if training_latencies_ms is not None and len(training_latencies_ms):
+        level = settings.quantile_alpha if settings.objective == "quantile" else 0.5
+        constant = np.full(n, np.quantile(training_latencies_ms, level))
+        baseline = _loss(constant, latencies_ms, settings)
+    loss = _loss(predicted, latencies_ms, settings)
     if settings.objective == "mean":
-        mape = float(np.mean(np.abs(predicted - latencies_ms) / latencies_ms))
-        return HoldoutMetrics(samples=n, mape=mape)
+        return HoldoutMetrics(samples=n, mape=loss, baseline_loss=baseline)
+    coverage = float(np.mean(latencies_ms <= predicted))
+    return HoldoutMetrics(samples=n, pinball_loss=loss, coverage=coverage, baseline_loss=baseline)
+
+
+def _loss(predicted: np.ndarray, latencies_ms: np.ndarray, settings: TrainingSettings) -> float:
+    """MAPE (mean objective) or mean pinball loss in ms (quantile objective)."""
+    if settings.objective == "mean":
+        return float(np.mean(np.abs(predicted - latencies_ms) / latencies_ms))
     alpha = settings.quantile_alpha
     error = latencies_ms - predicted
-    pinball = float(np.mean(np.maximum(alpha * error, (alpha - 1.0) * error)))
-    coverage = float(np.mean(latencies_ms <= predicted))
-    return HoldoutMetrics(samples=n, pinball_loss=pinball, coverage=coverage)
+    return float(np.mean(np.maximum(alpha * error, (alpha - 1.0) * error)))

@@ -63,6 +63,18 @@ class EndpointStore:
         entry.healthy = True
         entry.last_error = None
 
+    def record_max_model_len(self, name: str, max_model_len: int) -> None:
+        entry = self._entries.get(name)
+        if entry is not None:
+            entry.state.max_model_len = max_model_len
+
+    def max_model_len(self) -> int | None:
+        """The longest context any endpoint has reported (None: none has): a prompt longer than
+        this fits nowhere in the pool."""
+        return max(
+            (e.state.max_model_len for e in self._entries.values() if e.state.max_model_len), default=None
+        )
+
     def record_failure(self, name: str, error: str) -> None:
         """A scrape or an upstream request failed: stop routing there until a scrape succeeds."""
         entry = self._entries.get(name)

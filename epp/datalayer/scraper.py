@@ -2,8 +2,14 @@
 
 One task per endpoint, started and stopped as the store adds and removes endpoints, so a
 slow or dead endpoint never delays the others. A failed scrape takes the endpoint out of
-scheduling until the next success. The client is aiohttp with keep-alive: at 20 scrapes a
-second per endpoint, httpx's per-request cost (~1.5 ms of CPU) was a fifth of the EPP's CPU.
+scheduling until the next success; a scrape unanswered for ``timeout`` (0.5 s by default) is a
+failure, so an engine that stalls leaves scheduling within about ``interval + timeout``. The
+client is aiohttp with keep-alive: at 20 scrapes a second per endpoint, httpx's per-request
+cost (~1.5 ms of CPU) was a fifth of the EPP's CPU.
+
+The same task reads the engine's context length from its ``/v1/models`` once it is healthy,
+again every ``models_refresh_s`` (an engine restarted in place may serve another), and every
+``models_retry_s`` while it cannot be read.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import aiohttp
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.engine_metrics import MetricsParseError, parse_engine_metrics
+from epp.datalayer.served_models import MODELS_PATH, ModelsParseError, parse_max_model_len
 from epp.scheduling.types import Endpoint
 
 log = logging.getLogger(__name__)
@@ -27,11 +34,15 @@ class MetricsScraper:
         store: EndpointStore,
         clock: Callable[[], float],
         interval: float = 0.05,
-        timeout: float = 1.0,
+        timeout: float = 0.5,
+        models_refresh_s: float = 60.0,
+        models_retry_s: float = 10.0,
     ) -> None:
         self.store = store
         self.clock = clock
         self.interval = interval
+        self.models_refresh_s = models_refresh_s
+        self.models_retry_s = models_retry_s
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -55,9 +66,13 @@ class MetricsScraper:
 
     async def _poll(self, endpoint: Endpoint) -> None:
         url = f"http://{endpoint.hostport}/metrics"
+        models_due = self.clock()
         while True:
             started = self.clock()
             await self.scrape_once(endpoint, url)
+            if started >= models_due and self.store.is_healthy(endpoint.name):
+                learned = await self.read_max_model_len(endpoint)
+                models_due = started + (self.models_refresh_s if learned else self.models_retry_s)
             await asyncio.sleep(max(0.0, self.interval - (self.clock() - started)))
 
     async def scrape_once(self, endpoint: Endpoint, url: str) -> None:
@@ -74,6 +89,24 @@ class MetricsScraper:
             self.store.record_failure(endpoint.name, why)
             return
         self.store.record_scrape(endpoint.name, metrics)
+
+    async def read_max_model_len(self, endpoint: Endpoint) -> bool:
+        """Record the engine's context length from its ``/v1/models``; False if it could not be read."""
+        assert self._session is not None, "start() first"
+        try:
+            async with self._session.get(f"http://{endpoint.hostport}{MODELS_PATH}") as response:
+                response.raise_for_status()
+                body = await response.read()
+            max_model_len = parse_max_model_len(body)
+        except (aiohttp.ClientError, TimeoutError, ModelsParseError) as exc:
+            state = self.store.by_name(endpoint.name)
+            if state is not None and state.max_model_len is None:
+                log.warning(
+                    "endpoint %s: no context length yet: %s", endpoint.name, str(exc) or type(exc).__name__
+                )
+            return False
+        self.store.record_max_model_len(endpoint.name, max_model_len)
+        return True
 
     async def close(self) -> None:
         for task in self._tasks.values():

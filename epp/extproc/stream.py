@@ -18,7 +18,9 @@ The request body arrives in one of two modes, announced by Envoy's ``protocol_co
   body): the headers are answered at once, and the body reply carries the destination.
 
 Errors while the request is still ours become an immediate response (400/413/429/503 with a
-JSON body); the state machine never raises into the gRPC layer for bad input.
+JSON body). An unexpected exception (a bug) is one log line and, while the request is still ours,
+a JSON 500; later, the request goes on unmetered. Either way the stream carries on: the state
+machine never raises into the gRPC layer.
 """
 
 from __future__ import annotations
@@ -29,11 +31,20 @@ import logging
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
-from epp.errors import PayloadTooLarge, RequestError
+from epp.errors import InternalServerError, PayloadTooLarge, RequestError
 from epp.extproc import messages
 from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestRecord
 
 log = logging.getLogger(__name__)
+
+
+_CONTINUE = {
+    "request_headers": messages.CONTINUE_REQUEST_HEADERS,
+    "request_trailers": messages.CONTINUE_REQUEST_TRAILERS,
+    "response_headers": messages.CONTINUE_RESPONSE_HEADERS,
+    "response_body": messages.CONTINUE_RESPONSE_BODY,
+    "response_trailers": messages.CONTINUE_RESPONSE_TRAILERS,
+}
 
 
 class Phase(enum.Enum):
@@ -59,6 +70,12 @@ class ExtProcStream:
         self._watch_response_body = True
 
     async def on_message(self, message: ProcessingRequest) -> list[ProcessingResponse]:
+        try:
+            return await self._dispatch(message)
+        except Exception as exc:
+            return self._internal_error(message, exc)
+
+    async def _dispatch(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         kind = message.WhichOneof("request")
         if kind == "request_headers":
             return self._request_headers(message)
@@ -169,6 +186,19 @@ class ExtProcStream:
             self.director.reject(self.record, error)
         self.phase = Phase.DONE
         return [messages.immediate(error)]
+
+    def _internal_error(self, message: ProcessingRequest, exc: Exception) -> list[ProcessingResponse]:
+        error = InternalServerError(exc)
+        ours = self.phase in (Phase.HEADERS, Phase.BODY)
+        if self.record is None or not ours:  # else the director's rejection logs it
+            request_id = self.record.request_id if self.record else "-"
+            log.error("request %s (%s phase): %s", request_id, self.phase.value, error.log_message())
+        if ours:
+            return self._reject(error)
+        # The request is on its way upstream already: let it be; close() settles the books.
+        self.phase = Phase.DONE
+        continuation = _CONTINUE.get(message.WhichOneof("request") or "")
+        return [continuation] if continuation else []
 
     def _finish(self) -> None:
         if self.record is not None:

@@ -17,18 +17,27 @@ import xxhash
 
 
 def prefix_block_hashes(
-    token_ids: Sequence[int], block_size: int, seed_text: str = "", max_blocks: int | None = None
+    token_ids: Sequence[int],
+    block_size: int,
+    seed_text: str = "",
+    max_blocks: int | None = None,
+    known: Sequence[int] = (),
 ) -> list[int]:
-    """Chained 64-bit hashes of the full ``block_size`` blocks of ``token_ids`` (at most ``max_blocks``)."""
+    """Chained 64-bit hashes of the full ``block_size`` blocks of ``token_ids`` (at most ``max_blocks``).
+
+    ``known``: the hashes of leading blocks already computed (with the same block size and seed),
+    which are kept; only the blocks after them are hashed.
+    """
     n_blocks = len(token_ids) // block_size
     if max_blocks is not None:
         n_blocks = min(n_blocks, max_blocks)
-    if n_blocks == 0:
-        return []
-    data = np.asarray(token_ids[: n_blocks * block_size], dtype=np.uint32).tobytes()
+    if len(known) >= n_blocks:
+        return list(known[:n_blocks])
+    begin = len(known) * block_size
+    data = np.asarray(token_ids[begin : n_blocks * block_size], dtype=np.uint32).tobytes()
     step = block_size * 4
-    parent = xxhash.xxh64_intdigest(seed_text.encode())
-    hashes = []
+    parent = known[-1] if known else xxhash.xxh64_intdigest(seed_text.encode())
+    hashes = list(known)
     for offset in range(0, len(data), step):
         parent = xxhash.xxh64_intdigest(data[offset : offset + step], seed=parent)
         hashes.append(parent)

@@ -69,17 +69,19 @@ class BlockHasher:
         *,
         parent: bytes | None = None,
         start: int = 0,
+        stop: int | None = None,
         cache_salt: str | None = None,
     ) -> list[bytes]:
-        """Digests of the full blocks of ``tokens[start:]``, chained from ``parent``.
+        """Digests of the full blocks of ``tokens[start:stop]``, chained from ``parent``.
 
         ``start`` must be a multiple of ``block_size``; a trailing partial block is not hashed.
         Pass the last digest already known as ``parent`` to extend a chain incrementally.
         """
         if start % block_size:
             raise ValueError(f"start {start} is not a multiple of block_size {block_size}")
+        end = len(tokens) if stop is None else min(stop, len(tokens))
         digests: list[bytes] = []
-        for begin in range(start, len(tokens) - block_size + 1, block_size):
+        for begin in range(start, end - block_size + 1, block_size):
             extra = first_block_extra_keys(cache_salt) if begin == 0 else None
             parent = self.hash_block(parent, tokens[begin : begin + block_size], extra)
             digests.append(parent)

@@ -1,12 +1,18 @@
 """Client of the predictor and trainer sidecars.
 
-Predictions: concurrent ``predict`` calls that arrive within ``coalesce_window_s`` (1 ms)
-are merged into one ``POST /predict/bulk/strict`` to one predictor instance, chosen round
-robin among those whose circuit breaker is closed, with at most ``max_concurrent_calls`` in
-flight. Every caller waits at most ``timeout_s`` (400 ms) and then gets
+Predictions: concurrent ``predict`` calls are merged into one ``POST /predict/bulk/strict`` to
+one predictor instance, chosen round robin among those whose circuit breaker is closed, with at
+most ``max_concurrent_calls`` in flight. With no call in flight, the calls made in the same
+event-loop turn go out together at the end of that turn; while calls are in flight, those that
+arrive within ``coalesce_window_s`` (1 ms) are merged, so waiting for the window costs only
+when it saves calls. Every caller waits at most ``timeout_s`` (400 ms) and then gets
 :class:`PredictionUnavailable`; so do callers when every instance's breaker is open or the
 predictors have no model yet. Callers fall back to heuristics; the client never blocks
 scheduling for longer than its time box.
+
+An instance that answers 503 (no model yet) is not called again for ``warmup_recheck_s``
+(0.5 s): while no instance has a model, ``predict`` answers ``warming_up`` at once instead of
+paying a round trip per request, and one call per instance per interval finds the first model.
 
 Training: samples are buffered (bounded; the oldest are dropped when full) and flushed in
 bulk with ``POST /add_training_data_bulk`` every ``flush_interval_s`` (1 s).
@@ -51,6 +57,8 @@ class _Instance:
     def __init__(self, url: str, breaker: CircuitBreaker) -> None:
         self.url = url.rstrip("/")
         self.breaker = breaker
+        self.no_model_until = float("-inf")
+        """Until then (client clock) the instance is taken to have no model (it answered 503)."""
 
 
 class PredictorClient:
@@ -68,6 +76,7 @@ class PredictorClient:
         flush_interval_s: float = 1.0,
         max_training_rows_per_flush: int = 10_000,
         max_buffered_training_rows: int = 100_000,
+        warmup_recheck_s: float = 0.5,
     ) -> None:
         if not predictor_urls:
             raise ValueError("at least one predictor URL is needed")
@@ -76,6 +85,7 @@ class PredictorClient:
         self.timeout_s = timeout_s
         self._call_timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.coalesce_window_s = coalesce_window_s
+        self.warmup_recheck_s = warmup_recheck_s
         self.max_rows_per_call = max_rows_per_call
         self.flush_interval_s = flush_interval_s
         self.max_training_rows_per_flush = max_training_rows_per_flush
@@ -83,6 +93,7 @@ class PredictorClient:
         self._instances = [_Instance(u, CircuitBreaker(clock)) for u in predictor_urls]
         self._next_instance = 0
         self._calls = asyncio.Semaphore(max_concurrent_calls)
+        self._in_flight = 0
         self._waiting: list[_Waiter] = []
         self._dispatch_handle: asyncio.TimerHandle | None = None
         self._training: deque[dict[str, Any]] = deque(maxlen=max_buffered_training_rows)
@@ -110,18 +121,29 @@ class PredictorClient:
 
     async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
         """Predictions for ``rows`` (feature dicts), in order, or :class:`PredictionUnavailable`."""
-        if not any(i.breaker.available for i in self._instances):
-            raise PredictionUnavailable("breaker_open")
+        if (reason := self._unavailable()) is not None:
+            raise PredictionUnavailable(reason)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(rows, loop.create_future())
         self._waiting.append(waiter)
         if self._dispatch_handle is None:
-            self._dispatch_handle = loop.call_later(self.coalesce_window_s, self._dispatch)
+            delay = self.coalesce_window_s if self._in_flight else 0.0
+            self._dispatch_handle = loop.call_later(delay, self._dispatch)
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await asyncio.shield(waiter.future)
         except TimeoutError:
             raise PredictionUnavailable("timeout") from None
+
+    def _unavailable(self) -> str | None:
+        """Why no instance would take a call now; None when one would."""
+        live = [i for i in self._instances if i.breaker.available]
+        if not live:
+            return "breaker_open"
+        now = self.clock()
+        if all(now < i.no_model_until for i in live):
+            return "warming_up"
+        return None
 
     def _dispatch(self) -> None:
         self._dispatch_handle = None
@@ -139,9 +161,10 @@ class PredictorClient:
 
     def _pick_instance(self) -> _Instance | None:
         n = len(self._instances)
+        now = self.clock()
         for k in range(n):
             instance = self._instances[(self._next_instance + k) % n]
-            if instance.breaker.allow():
+            if now >= instance.no_model_until and instance.breaker.allow():
                 self._next_instance = (self._next_instance + k + 1) % n
                 return instance
         return None
@@ -152,9 +175,10 @@ class PredictorClient:
         self.metrics.prediction_batch_requests.observe(len(batch))
         instance = self._pick_instance()
         if instance is None:
-            _fail(batch, PredictionUnavailable("breaker_open"))
+            _fail(batch, PredictionUnavailable(self._unavailable() or "breaker_open"))
             return
         started = self.clock()
+        self._in_flight += 1
         try:
             async with self._calls:
                 predictions = await self._post_predict(instance, rows)
@@ -162,6 +186,7 @@ class PredictorClient:
             _fail(batch, exc)
             return
         finally:
+            self._in_flight -= 1
             self.metrics.prediction_duration.observe(self.clock() - started)
         offset = 0
         for waiter in batch:
@@ -178,6 +203,7 @@ class PredictorClient:
             ) as response:
                 if response.status == 503:
                     instance.breaker.record_success()  # alive, just no model yet
+                    instance.no_model_until = self.clock() + self.warmup_recheck_s
                     raise PredictionUnavailable("warming_up")
                 if response.status != 200:
                     raise PredictionUnavailable(f"http_{response.status}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +42,28 @@ class EndpointLoad:
         """Prefill still to do plus the KV of decoding requests: the endpoint's token load."""
         return self.prefill_tokens + self.decode_tokens
 
+    def __add__(self, other: EndpointLoad) -> EndpointLoad:
+        return EndpointLoad(
+            self.requests + other.requests,
+            self.prefill_tokens + other.prefill_tokens,
+            self.decode_tokens + other.decode_tokens,
+            self.expected_remaining_tokens + other.expected_remaining_tokens,
+            self.kv_tokens + other.kv_tokens,
+        )
+
 
 NO_LOAD = EndpointLoad()
 """The load of an endpoint with nothing booked."""
+
+
+class BookingTerms(NamedTuple):
+    """What a request was booked with when it was routed."""
+
+    endpoint: str
+    prompt_tokens: int
+    uncached_tokens: int
+    expected_output: int
+    """The output estimate (raised since, if more tokens came than expected)."""
 
 
 @dataclass(slots=True)
@@ -134,6 +154,13 @@ class TokenLoadTracker:
             totals.prefill_tokens -= booking.uncached_tokens
         if totals.requests == 0:
             del self._totals[booking.endpoint]
+
+    def terms(self, booking_id: Hashable) -> BookingTerms | None:
+        """The terms ``booking_id`` is booked with (None if it is not booked)."""
+        b = self._bookings.get(booking_id)
+        if b is None:
+            return None
+        return BookingTerms(b.endpoint, b.prompt_tokens, b.uncached_tokens, b.expected_output)
 
     def load(self, endpoint: str) -> EndpointLoad:
         totals = self._totals.get(endpoint)

@@ -12,6 +12,11 @@ from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
 
 
+def free_kv_scores(endpoints: Sequence[EndpointState]) -> list[float]:
+    """Each endpoint's free share of its KV cache, in [0, 1]."""
+    return [min(1.0, max(0.0, 1.0 - e.metrics.kv_cache_usage)) for e in endpoints]
+
+
 @register
 class KVCacheUtilizationScorer(Scorer):
     type_name = "kv-cache-utilization-scorer"
@@ -19,4 +24,4 @@ class KVCacheUtilizationScorer(Scorer):
     def score(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
     ) -> list[float]:
-        return [min(1.0, max(0.0, 1.0 - e.metrics.kv_cache_usage)) for e in endpoints]
+        return free_kv_scores(endpoints)

@@ -1,7 +1,9 @@
 """Pickers: turn weighted scores into a ranked list of targets.
 
-All pickers take ``maxNumOfEndpoints`` (default 1): how many endpoints to return, the first
-being the target and the rest fallbacks for the proxy.
+All pickers take ``maxNumOfEndpoints`` (default 3): how many endpoints to return, the first
+being the target and the rest fallbacks for the proxy. The gateway retries a request that got
+no response byte on the next fallback (the local Envoy up to twice), so the default lists the
+target and two retries in the router's own order instead of leaving retries to round-robin.
 
 ``max-score-picker``       highest score first; ties broken at random.
 ``random-picker``          uniform random order, scores ignored.
@@ -31,7 +33,7 @@ from epp.scheduling.types import EndpointState, LLMRequest
 
 
 class PickerParameters(PluginParameters):
-    max_num_of_endpoints: int = Field(default=1, ge=1, alias="maxNumOfEndpoints")
+    max_num_of_endpoints: int = Field(default=3, ge=1, alias="maxNumOfEndpoints")
 
 
 class SoftmaxPickerParameters(PickerParameters):

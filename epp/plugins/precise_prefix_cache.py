@@ -33,7 +33,8 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from epp.kvcache.block_hash import NONE_HASH_SEED, BlockHasher, HashAlgo
+from epp.kvcache.block_chains import block_chains_of
+from epp.kvcache.block_hash import NONE_HASH_SEED, BlockHasher, HashAlgo, external_hash
 from epp.plugins.prefix_cache import (
     ApproximatePrefixCacheProducer,
     ApproximatePrefixParameters,
@@ -63,9 +64,25 @@ class PrecisePrefixCacheProducer(ApproximatePrefixCacheProducer):
         self.precise = context.kv_index
 
     def block_hashes(self, request: LLMRequest) -> list[int]:
-        size = self.params.block_size_tokens
-        tokens = request.prompt_token_ids[: self.params.max_prefix_blocks_to_match * size]
-        return self.hasher.external_chain(tokens, size, cache_salt=request.cache_salt)
+        """The prompt's blocks as the engine names them (those of a cached prefix reused)."""
+        size, tokens = self.params.block_size_tokens, request.prompt_token_ids
+        blocks = min(len(tokens) // size, self.params.max_prefix_blocks_to_match)
+        chains = block_chains_of(tokens)
+        # Remembered as (digest, published hash) pairs: the digest is the next block's parent.
+        key = ("vllm", self.hasher.algo, self.hasher.seed, size, request.cache_salt)
+        known = chains.known(key, size)[:blocks] if chains else []
+        digests = self.hasher.chain(
+            tokens,
+            size,
+            parent=known[-1][0] if known else None,
+            start=len(known) * size,
+            stop=blocks * size,
+            cache_salt=request.cache_salt,
+        )
+        pairs = [*known, *((d, external_hash(d)) for d in digests)]
+        if chains:
+            chains.remember(key, pairs)
+        return [h for _, h in pairs]
 
     def matched_blocks(self, hashes: list[int], endpoints: Sequence[EndpointState]) -> dict[str, int]:
         precise = self.precise.longest_prefix(hashes)

@@ -101,7 +101,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         self.predictor: LatencyPredictor = context.latency_predictor
         # Streaming requests' TPOT SLOs on each endpoint, by request id.
         # Per endpoint, keyed by CycleState.key (client request ids need not be unique).
-        self._running_tpot_slos: dict[str, dict[int, float]] = {}
+        self._running_tpot_slos: dict[str, dict[Any, float]] = {}
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState):
         match = state.get(PREFIX_MATCH)
@@ -140,6 +140,12 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
                     tpot_headroom = min(binding) * buffer - p.tpot_ms
             by_endpoint[name] = EndpointPrediction(p.ttft_ms, p.tpot_ms, ttft_headroom, tpot_headroom)
         state.put(LATENCY_PREDICTIONS, LatencyPredictions(by_endpoint, ttft_slo, tpot_slo, tpot_applies))
+
+    @property
+    def running_tpot_slos(self) -> dict[str, dict[Any, float]]:
+        """Per endpoint, the TPOT SLOs of the streaming requests running there, by booking key
+        (``CycleState.key`` for this replica's, (peer, key) for peers' added by ``epp.sync``)."""
+        return self._running_tpot_slos
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult, state: CycleState) -> None:
         if self.params.streaming_mode and request.stream and request.slo_tpot_ms:

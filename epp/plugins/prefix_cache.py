@@ -27,6 +27,7 @@ from typing import Literal
 from pydantic import Field
 
 from epp.kvcache.approximate_index import ApproximatePrefixIndex, prefix_block_hashes
+from epp.kvcache.block_chains import block_chains_of
 from epp.scheduling.framework import (
     CycleState,
     DataKey,
@@ -90,13 +91,20 @@ class ApproximatePrefixCacheProducer(DataProducer, PreRequest):
         state.put(PREFIX_MATCH, PrefixMatch(len(hashes), matched, hashes, self.params.block_size_tokens))
 
     def block_hashes(self, request: LLMRequest) -> list[int]:
-        """The chain of hashes naming the prompt's full blocks."""
-        return prefix_block_hashes(
+        """The chain of hashes naming the prompt's full blocks (those of a cached prefix reused)."""
+        size, seed_text = self.params.block_size_tokens, f"{request.model}\x00{request.cache_salt or ''}"
+        chains = block_chains_of(request.prompt_token_ids)
+        key = ("approximate", size, seed_text)
+        hashes = prefix_block_hashes(
             request.prompt_token_ids,
-            self.params.block_size_tokens,
-            seed_text=f"{request.model}\x00{request.cache_salt or ''}",
+            size,
+            seed_text=seed_text,
             max_blocks=self.params.max_prefix_blocks_to_match,
+            known=chains.known(key, size) if chains else (),
         )
+        if chains:
+            chains.remember(key, hashes)
+        return hashes
 
     def matched_blocks(self, hashes: list[int], endpoints: Sequence[EndpointState]) -> dict[str, int]:
         """Leading blocks of ``hashes`` each endpoint holds (0s may be omitted)."""
@@ -115,8 +123,11 @@ class ApproximatePrefixCacheProducer(DataProducer, PreRequest):
         match = state.get(PREFIX_MATCH)
         if match is None or not match.block_hashes:
             return
-        target = result.endpoint.name
-        self.index.record(target, match.block_hashes, self._capacity.get(target, DEFAULT_LRU_BLOCKS))
+        self.record(result.endpoint.name, match.block_hashes)
+
+    def record(self, endpoint: str, block_hashes: list[int]) -> None:
+        """Note that ``endpoint`` was sent these blocks (this replica's pick, or a peer's)."""
+        self.index.record(endpoint, block_hashes, self._capacity.get(endpoint, DEFAULT_LRU_BLOCKS))
 
 
 @register

@@ -6,6 +6,9 @@ follows it through first token, streamed tokens and finish (completed, upstream 
 client cancel alike). Bookings are keyed by ``CycleState.key``, unique per request, so two
 in-flight requests that carry the same client request id never touch each other's.
 
+With active-active replicas (``epp.sync``), ``peers`` holds the bookings the other EPP replicas
+announced; the load it writes is its own plus theirs.
+
 ==============  =======  =================================================================
 parameter       default  meaning
 ==============  =======  =================================================================
@@ -55,9 +58,16 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
     def __init__(self, name: str, params: TokenLoadParameters, context: PluginContext) -> None:
         super().__init__(name, params, context)
         self.tracker = TokenLoadTracker()
+        self.peers = TokenLoadTracker()
+        """Bookings of peer EPP replicas (filled by ``epp.sync``; empty without it)."""
+
+    def load(self, endpoint: str) -> EndpointLoad:
+        """The token load on ``endpoint``: this replica's bookings plus its peers'."""
+        own = self.tracker.load(endpoint)
+        return own + self.peers.load(endpoint) if self.peers.in_flight() else own
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState) -> None:
-        state.put(TOKEN_LOAD, {e.name: self.tracker.load(e.name) for e in endpoints})
+        state.put(TOKEN_LOAD, {e.name: self.load(e.name) for e in endpoints})
 
     def expected_output(self, request: LLMRequest) -> int:
         if request.max_tokens is not None:
@@ -88,6 +98,12 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
         self.tracker.finish(state.key)
 
 
+def find_token_load(plugins: Iterable[Plugin]) -> TokenLoadProducer | None:
+    """The ``token-load-producer`` among ``plugins``, if there is one."""
+    return next((p for p in plugins if isinstance(p, TokenLoadProducer)), None)
+
+
 def find_tracker(plugins: Iterable[Plugin]) -> TokenLoadTracker | None:
     """The tracker of the ``token-load-producer`` among ``plugins``, if there is one."""
-    return next((p.tracker for p in plugins if isinstance(p, TokenLoadProducer)), None)
+    producer = find_token_load(plugins)
+    return producer.tracker if producer is not None else None

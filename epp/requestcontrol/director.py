@@ -68,8 +68,11 @@ class Director:
         clock: Callable[[], float],
         rng: random.Random | None = None,
         objective_priorities: Mapping[str, int] | None = None,
+        default_max_model_len: int | None = None,
     ) -> None:
+        """``default_max_model_len`` is the context length while no engine has reported its own."""
         self.pipeline = pipeline
+        self.default_max_model_len = default_max_model_len
         self.objective_priorities = objective_priorities if objective_priorities is not None else {}
         self.store = store
         self.tokenizer = tokenizer
@@ -87,7 +90,17 @@ class Director:
         self, record: RequestRecord, path: str, headers: Mapping[str, str], body: bytes
     ) -> SchedulingResult:
         """Parse and route a request with a body. Raises a :class:`RequestError` to refuse it."""
-        args = (path, headers, body, self.tokenizer, record.request_id, self.objective_priorities)
+        learned = self.store.max_model_len()
+        max_model_len = learned if learned is not None else self.default_max_model_len
+        args = (
+            path,
+            headers,
+            body,
+            self.tokenizer,
+            record.request_id,
+            self.objective_priorities,
+            max_model_len,
+        )
         if len(body) > OFFLOAD_BODY_BYTES:
             request = await asyncio.to_thread(parse_openai_request, *args)
         else:
@@ -125,7 +138,11 @@ class Director:
         return result
 
     def reject(self, record: RequestRecord, error: RequestError) -> None:
-        """The EPP answered the request itself with ``error``."""
+        """The EPP answered the request itself with ``error``: one log line, one error count."""
+        level = (
+            logging.INFO if error.status < 500 else logging.WARNING if error.status > 500 else logging.ERROR
+        )
+        log.log(level, "request %s answered %d: %s", record.request_id, error.status, error.log_message())
         self.metrics.error(record.series, str(error.status))
 
     def debug_headers(self, record: RequestRecord) -> dict[str, str]:

@@ -16,11 +16,14 @@ header                             meaning
 =================================  =========================================================
 
 A malformed value is a 400 whose message names the header; nothing is silently ignored.
+Numbers are plain ASCII decimals (SLOs ``250`` or ``12.5``, priorities ``-1``): Python's
+``float()`` and ``int()`` would also take ``1_000``, ``1e3``, ``nan``, ``inf`` and digits of
+other scripts (``١٢``), which no client means to send.
 """
 
 from __future__ import annotations
 
-import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -34,6 +37,10 @@ PREDICTION_HEADER = "x-prediction-based-scheduling"
 DEBUG_HEADER = "x-llm-epp-debug"
 MAX_SLO_MS = 3_600_000.0
 MAX_ABS_PRIORITY = 1_000_000
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+_INTEGER = re.compile(r"-?[0-9]+")
+# HTTP's optional whitespace; str.strip() would also drop Unicode spaces.
+_OWS = " \t"
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -50,7 +57,7 @@ def _first(headers: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str
     for name in names:
         value = headers.get(name)
         if value is not None:
-            return name, value.strip()
+            return name, value.strip(_OWS)
     return None
 
 
@@ -59,13 +66,13 @@ def _slo(headers: Mapping[str, str], names: tuple[str, ...]) -> float | None:
     if found is None:
         return None
     name, raw = found
-    try:
-        value = float(raw)
-    except ValueError:
+    if not _DECIMAL.fullmatch(raw):
         raise BadRequest(
-            f"header {name!r} must be a number of milliseconds, got {raw[:40]!r}", param=name
-        ) from None
-    if not math.isfinite(value) or value <= 0 or value > MAX_SLO_MS:
+            f"header {name!r} must be a decimal number of milliseconds (like 250 or 12.5), got {raw[:40]!r}",
+            param=name,
+        )
+    value = float(raw)  # a huge digit string is inf, refused below
+    if not 0 < value <= MAX_SLO_MS:
         raise BadRequest(f"header {name!r} must be in (0, {MAX_SLO_MS:.0f}] ms, got {raw[:40]!r}", param=name)
     return value
 
@@ -76,12 +83,12 @@ def _priority(headers: Mapping[str, str], objective_priorities: Mapping[str, int
         objective = headers.get(OBJECTIVE_HEADER)
         return objective_priorities.get(objective.strip(), 0) if objective else 0
     name, raw = found
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"header {name!r} must be an integer, got {raw[:40]!r}", param=name) from None
-    if abs(value) > MAX_ABS_PRIORITY:
-        raise BadRequest(f"header {name!r} must be within ±{MAX_ABS_PRIORITY}, got {value}", param=name)
+    if not _INTEGER.fullmatch(raw):
+        raise BadRequest(f"header {name!r} must be an integer, got {raw[:40]!r}", param=name)
+    # No priority in range has more significant digits (and int() refuses over 4,300 digits).
+    value = int(raw) if len(raw.lstrip("-0")) <= len(str(MAX_ABS_PRIORITY)) else None
+    if value is None or abs(value) > MAX_ABS_PRIORITY:
+        raise BadRequest(f"header {name!r} must be within ±{MAX_ABS_PRIORITY}, got {raw[:40]!r}", param=name)
     return value
 
 
@@ -89,7 +96,7 @@ def _boolean(headers: Mapping[str, str], name: str) -> bool | None:
     raw = headers.get(name)
     if raw is None:
         return None
-    value = _BOOLEANS.get(raw.strip().lower())
+    value = _BOOLEANS.get(raw.strip(_OWS).lower())
     if value is None:
         raise BadRequest(f"header {name!r} must be true or false, got {raw[:40]!r}", param=name)
     return value

@@ -56,6 +56,8 @@ class EndpointState:
     endpoint: Endpoint
     metrics: EngineMetrics
     in_flight: int = 0
+    max_model_len: int | None = None
+    """The engine's context length in tokens, from its ``/v1/models``; None until it answers."""
 
     @property
     def name(self) -> str:

@@ -22,6 +22,13 @@ A profile is a YAML file::
       per_running_request: ...
 
 Shipped profiles live in ``profiles/`` and are loaded by name; any other file by path.
+
+A profile measured on a CPU (the ``tiny-cpu`` fit of real vLLM's CPU build) holds only for CPUs
+of its ISA class (``sim.host_cpu.ISA_CLASSES``): vLLM runs other kernels elsewhere, 3-5 times
+slower on AVX2 than with AVX-512 and AMX. Such profiles are shipped one per fitted class, as
+``NAME-CLASS.yaml``, and ``NAME`` alone loads the one for this machine's class. Where none was
+fitted for it, loading ``NAME`` fails, saying how to fit one here (``python -m bench.fidelity
+fit``), rather than fall back to another class's.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import yaml
 
 from sim.engine.config import EngineConfig, EngineConfigError
 from sim.engine.cost_model import DecodeTerms, FrontendTerms, PrefillTerms, StepCostModel
+from sim.host_cpu import ISA_CLASSES, HostCpu, host_cpu
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 _ENGINE_KEYS = ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -55,12 +63,38 @@ class Profile:
 
 
 def available_profiles() -> list[str]:
-    return sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
+    """Shipped profile names: each file's, and each per-CPU-class name (``tiny-cpu``)."""
+    return sorted({path.stem for path in PROFILES_DIR.glob("*.yaml")} | set(fitted_cpu_classes()))
 
 
-def load_profile(name_or_path: str | Path) -> Profile:
-    """Load a shipped profile by name (``"default"``) or any profile file by path."""
-    path = _resolve(name_or_path)
+def fitted_cpu_classes() -> dict[str, list[str]]:
+    """The ISA classes each per-CPU-class profile name is shipped for, e.g. ``{"tiny-cpu": ["amx"]}``."""
+    fitted: dict[str, list[str]] = {}
+    for path in sorted(PROFILES_DIR.glob("*.yaml")):
+        for isa in ISA_CLASSES:
+            if path.stem.endswith(f"-{isa}"):
+                fitted.setdefault(path.stem.removesuffix(f"-{isa}"), []).append(isa)
+    return fitted
+
+
+def cpu_class_profile(name: str, cpu: HostCpu) -> str:
+    """The shipped profile of per-CPU-class ``name`` for ``cpu``'s class; ProfileError if none."""
+    fitted = fitted_cpu_classes().get(name, [])
+    if cpu.isa not in fitted:
+        raise ProfileError(
+            f"no {name} profile is fitted for this CPU, {cpu.describe()}; shipped: "
+            f"{', '.join(f'{name}-{isa}' for isa in fitted) or 'none'}, which do not hold here (vLLM "
+            f"runs other kernels on other CPU classes). Fit one on this machine with `python -m "
+            f"bench.fidelity fit` (it writes {PROFILES_DIR / f'{name}-{cpu.isa}.yaml'}), or name a "
+            "profile explicitly."
+        )
+    return f"{name}-{cpu.isa}"
+
+
+def load_profile(name_or_path: str | Path, cpu: HostCpu | None = None) -> Profile:
+    """Load a shipped profile by name (``"default"``) or any profile file by path. A per-CPU-class
+    name (``"tiny-cpu"``) loads the profile fitted for ``cpu``'s class (default: this machine's)."""
+    path = _resolve(name_or_path, cpu)
     try:
         document = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -71,13 +105,15 @@ def load_profile(name_or_path: str | Path) -> Profile:
         raise ProfileError(f"profile {path}: {exc}") from None
 
 
-def _resolve(name_or_path: str | Path) -> Path:
+def _resolve(name_or_path: str | Path, cpu: HostCpu | None) -> Path:
     text = str(name_or_path)
     if isinstance(name_or_path, Path) or "/" in text or text.endswith((".yaml", ".yml")):
         path = Path(text)
         if not path.is_file():
             raise ProfileError(f"profile file {path} does not exist")
         return path
+    if text in fitted_cpu_classes():
+        text = cpu_class_profile(text, cpu or host_cpu())
     path = PROFILES_DIR / f"{text}.yaml"
     if not path.is_file():
         raise ProfileError(f"unknown profile {text!r}; shipped profiles: {', '.join(available_profiles())}")

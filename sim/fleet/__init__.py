@@ -2,8 +2,10 @@
 
 ``workload`` says what is replayed (sessions of turns), ``prompts`` turns each turn into token ids
 with real shared prefixes, ``replica`` advances one engine, ``routers`` wraps an
-EndpointPickerConfig pipeline (or the clairvoyant ``oracle``), ``predictor`` runs the trainer and
-predictor in process, and ``simulator`` is the discrete-event loop that ties them together.
+EndpointPickerConfig pipeline (or the clairvoyant ``oracle``), ``router_replicas`` runs K EPP
+replicas of one config synced through ``epp.sync`` with a virtual-time delay, ``predictor`` runs
+the trainer and predictor in process, and ``simulator`` is the discrete-event loop that ties them
+together.
 """
 
 from sim.fleet.catalog import ORACLE, make_router, router_names

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from epp.configs import CONFIG_DIR
 from sim.fleet.oracle import OracleRouter
+from sim.fleet.router_replicas import ReplicatedRouter
 from sim.fleet.routers import PipelineRouter, Router
 
 ORACLE = "oracle"
@@ -19,10 +20,26 @@ def router_names() -> list[str]:
     return [*sorted(path.stem for path in CONFIG_DIR.glob("*.yaml")), ORACLE]
 
 
-def make_router(name: str, clock: Callable[[], float], seed: int) -> Router:
-    """The router called ``name``: ``oracle``, a config's name, or a config file path."""
+def make_router(
+    name: str,
+    clock: Callable[[], float],
+    seed: int,
+    *,
+    router_replicas: int = 1,
+    sync_delay_s: float | None = None,
+) -> Router:
+    """The router called ``name``: ``oracle``, a config's name, or a config file path.
+
+    With ``router_replicas`` > 1 or a ``sync_delay_s``, the config runs as that many EPP
+    replicas (``sim.fleet.router_replicas``), synced with that delay (None: never synced)."""
     if name == ORACLE:
+        if router_replicas != 1 or sync_delay_s is not None:
+            raise ValueError("the oracle is one clairvoyant router; it has no replicas to sync")
         return OracleRouter()
-    if (CONFIG_DIR / f"{name}.yaml").is_file():
-        return PipelineRouter(str(CONFIG_DIR / f"{name}.yaml"), clock, seed, name=name)
-    return PipelineRouter(name, clock, seed)
+    shipped = CONFIG_DIR / f"{name}.yaml"
+    config, label = (str(shipped), name) if shipped.is_file() else (name, None)
+    if router_replicas == 1 and sync_delay_s is None:
+        return PipelineRouter(config, clock, seed, name=label)
+    return ReplicatedRouter(
+        config, clock, seed, replicas=router_replicas, sync_delay_s=sync_delay_s, name=label
+    )

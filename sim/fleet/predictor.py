@@ -5,8 +5,11 @@ simulator. Training samples go through ``TrainerService.add_samples`` (validatio
 stratified windows); ``retrain`` runs the trainer's retraining and publication into a private
 model directory and loads the published version exactly as a predictor sidecar does
 (``predictor.models.build_model_set``: checksums, XGBoost load, feature columns). The simulator
-calls ``retrain`` every so many virtual seconds. Until a TTFT model exists, ``predict`` answers
-``warming_up`` like the sidecars, and the EPP's plugins fall back to their heuristics.
+calls ``retrain`` every so many virtual seconds; the first model is fitted as soon as the
+trainer's first fit is due (``TrainerService.first_fit_due``), as the live trainer does, and
+served at once: the live fit, download and load take about a second that is not modelled here.
+Until a TTFT model exists, ``predict`` answers ``warming_up`` like the sidecars, and the EPP's
+plugins fall back to their heuristics.
 
 One deliberate difference from the live trainer, for speed: a retraining is skipped unless the
 TTFT window received at least ``min_growth`` (25%) of its size in new samples since the last fit.
@@ -53,6 +56,8 @@ class InProcessPredictor:
 
     def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
         self.service.add_samples(samples)
+        if self.service.first_fit_due:
+            self.retrain()
 
     def retrain(self) -> bool:
         """Fit the models that have new samples and serve the new version; False if none was due."""

@@ -18,7 +18,7 @@ from epp.errors import RequestError
 from epp.latency.predictions import LATENCY_PREDICTIONS
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome, ResponseObserver
-from epp.scheduling.pipeline import NoCandidates
+from epp.scheduling.pipeline import NoCandidates, Pipeline
 from epp.scheduling.types import LLMRequest, SchedulingResult
 from sim.fleet.predictor import InProcessPredictor
 from sim.fleet.replica import Replica
@@ -93,21 +93,27 @@ class PipelineRouter(Router):
     """A shipped (or any) EndpointPickerConfig, run by the real scheduling pipeline."""
 
     def __init__(
-        self, config: str, clock: Callable[[], float], seed: int, *, name: str | None = None
+        self,
+        config: str,
+        clock: Callable[[], float],
+        seed: int,
+        *,
+        name: str | None = None,
+        predictor: InProcessPredictor | None = None,
     ) -> None:
+        """``predictor``: a latency predictor shared with other routers (closed by its owner);
+        by default the router has its own."""
         self.name = name or config
-        self.predictor = InProcessPredictor(seed=seed)
-        context = PluginContext(
+        self._owns_predictor = predictor is None
+        self.predictor = predictor or InProcessPredictor(seed=seed)
+        self.context = PluginContext(
             clock=clock,
             rng=random.Random(seed),
             wall_clock=lambda: EPOCH + clock(),
             latency_predictor=self.predictor,
         )
-        self.pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), context)
-        self.wants_progress = any(
-            type(observer).on_progress is not ResponseObserver.on_progress
-            for observer in self.pipeline.observers
-        )
+        self.pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), self.context)
+        self.wants_progress = wants_progress(self.pipeline)
         self._by_name: dict[str, Replica] = {}
 
     def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
@@ -149,4 +155,12 @@ class PipelineRouter(Router):
         return None if chosen is None else (chosen.ttft_ms, chosen.tpot_ms)
 
     def close(self) -> None:
-        self.predictor.close()
+        if self._owns_predictor:
+            self.predictor.close()
+
+
+def wants_progress(pipeline: Pipeline) -> bool:
+    """Whether any of ``pipeline``'s observers does something with decode progress."""
+    return any(
+        type(observer).on_progress is not ResponseObserver.on_progress for observer in pipeline.observers
+    )

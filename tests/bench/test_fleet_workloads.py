@@ -54,9 +54,11 @@ def test_agentic_sessions_grow_and_fit_the_window() -> None:
         for previous, turn in itertools.pairwise(session.turns):
             assert turn.input_tokens + turn.output_tokens <= 32768
             assert turn.think_s <= 30.0
-            if turn.prefix == "previous":  # the history plus new tokens
-                assert turn.input_tokens >= previous.input_tokens + previous.output_tokens
-    assert any(t.prefix == "previous" for s in workload.sessions for t in s.turns)
+            if turn.prefix == "previous":  # the previous prompt, then (part of) its answer and new tokens
+                assert turn.input_tokens >= previous.input_tokens
+    # The traces' prompts extend the previous turn's in 97% of turns (README of the traces).
+    turns = [t for s in workload.sessions for t in s.turns[1:]]
+    assert sum(t.prefix == "previous" for t in turns) >= 0.8 * len(turns)
 
 
 def test_rl_stragglers_steps() -> None:

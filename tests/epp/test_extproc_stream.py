@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+import logging
 import random
 
 import pytest
@@ -15,11 +18,20 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     ProcessingRequest,
     ProtocolConfiguration,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
-from epp.extproc.messages import BODY_CHUNK_BYTES, DESTINATION_HEADER, LB_METADATA_NAMESPACE, header_dict
+from epp.extproc.messages import (
+    BODY_CHUNK_BYTES,
+    CONTINUE_RESPONSE_BODY,
+    CONTINUE_RESPONSE_HEADERS,
+    DESTINATION_HEADER,
+    LB_METADATA_NAMESPACE,
+    header_dict,
+)
 from epp.extproc.stream import ExtProcStream, Phase
 from epp.metrics import EppMetrics
 from epp.plugins.token_load import find_tracker
@@ -29,6 +41,8 @@ from epp.scheduling.framework import PluginContext
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.tokenization import ModelTokenizer
 from tests.epp.factories import FakeClock
+from tests.epp.test_context_window import TEN_MIB, CountingTokenizer
+from tests.hostile_bodies import HOSTILE, PATHS, request_bodies
 
 COMPLETION = {"model": "tiny", "prompt": "Hello world", "max_tokens": 4, "stream": True}
 
@@ -68,7 +82,14 @@ def response_body_msg(data: bytes, eos: bool) -> ProcessingRequest:
 
 
 class Harness:
-    def __init__(self, healthy: int = 2, max_body: int = 1 << 20, config: str = "gie-default") -> None:
+    def __init__(
+        self,
+        healthy: int = 2,
+        max_body: int = 1 << 20,
+        config: str = "gie-default",
+        tokenizer: ModelTokenizer | None = None,
+        default_max_model_len: int | None = None,
+    ) -> None:
         self.clock = FakeClock()
         self.store = EndpointStore()
         self.store.replace([Endpoint(f"e{i}", "10.0.0.1", 8000 + i) for i in range(2)])
@@ -82,7 +103,13 @@ class Harness:
         if self.tracker is not None:
             metrics.export_token_load(self.tracker)
         self.director = Director(
-            pipeline, self.store, ModelTokenizer(), metrics, self.clock, random.Random(1)
+            pipeline,
+            self.store,
+            tokenizer or ModelTokenizer(),
+            metrics,
+            self.clock,
+            random.Random(1),
+            default_max_model_len=default_max_model_len,
         )
         self.max_body = max_body
 
@@ -311,3 +338,168 @@ async def test_non_streamed_requests_skip_the_response_body_and_finish_on_header
     await streamed.on_message(headers_msg())
     (route, _) = await streamed.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
     assert not route.HasField("mode_override")
+
+
+def epp_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name.startswith("epp.")]
+
+
+def assert_error_reply(reply, status: int) -> dict:
+    immediate = reply.immediate_response
+    assert immediate.status.code == status
+    assert header_dict_of(immediate)["content-type"] == "application/json"
+    error = json.loads(immediate.body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
+    return error
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+async def test_hostile_bodies_are_400s_logged_in_one_line(
+    case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness()
+    path, body = HOSTILE[case]
+    s = h.stream()
+    caplog.set_level(logging.INFO)
+    await s.on_message(headers_msg(path, **{"x-request-id": "hostile-1"}))
+    (reply,) = await s.on_message(body_msg(body, eos=True))
+    assert_error_reply(reply, 400)
+    s.close()
+    (record,) = epp_records(caplog)
+    assert record.levelno == logging.INFO and record.exc_info is None
+    assert "hostile-1" in record.getMessage() and "Traceback" not in caplog.text
+    assert h.in_flight() == 0
+
+
+async def test_a_bug_while_the_request_is_ours_is_a_json_500_and_the_stream_goes_on(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness()
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(h.director, "schedule", broken)
+    s = h.stream()
+    await s.on_message(headers_msg(**{"x-request-id": "bug-1"}))
+    (reply,) = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    error = assert_error_reply(reply, 500)
+    assert error["type"] == "InternalServerError" and "scheduler bug" not in error["message"]
+    assert await s.on_message(response_headers_msg()) == [CONTINUE_RESPONSE_HEADERS]
+    s.close()
+    (record,) = epp_records(caplog)
+    assert record.levelno == logging.ERROR and record.exc_info is None
+    assert "bug-1" in record.getMessage() and "RuntimeError: scheduler bug" in record.getMessage()
+    monkeypatch.undo()
+    routed = h.stream()
+    await routed.on_message(headers_msg())
+    assert routed_destination(
+        (await routed.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True)))[0]
+    )
+
+
+async def test_a_bug_after_routing_lets_the_response_through_and_frees_the_endpoint(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness()
+
+    def broken(*args: object) -> None:
+        raise KeyError("meter bug")
+
+    monkeypatch.setattr(h.director, "response_body", broken)
+    s = h.stream()
+    await s.on_message(headers_msg())
+    await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    await s.on_message(response_headers_msg())
+    assert h.in_flight() == 1
+    chunk = b'data: {"choices":[{"text":"a"}]}\n\n'
+    assert await s.on_message(response_body_msg(chunk, eos=False)) == [CONTINUE_RESPONSE_BODY]
+    assert await s.on_message(response_body_msg(chunk, eos=True)) == [CONTINUE_RESPONSE_BODY]
+    s.close()
+    assert h.in_flight() == 0
+    (record,) = epp_records(caplog)
+    assert record.levelno == logging.ERROR and "KeyError" in record.getMessage() and record.exc_info is None
+
+
+@pytest.mark.parametrize("learned", [True, False])
+async def test_a_10_mib_prompt_is_refused_without_tokenizing_it(learned: bool) -> None:
+    tokenizer = CountingTokenizer()
+    h = Harness(max_body=16 << 20, tokenizer=tokenizer, default_max_model_len=None if learned else 2048)
+    if learned:  # as the scraper records it from each engine's /v1/models
+        h.store.record_max_model_len("e0", 1024)
+        h.store.record_max_model_len("e1", 2048)
+    s = h.stream()
+    body = json.dumps({**COMPLETION, "prompt": "hello world " * (TEN_MIB // 12)}).encode()
+    await s.on_message(headers_msg())
+    await s.on_message(body_msg(body[: len(body) // 2], eos=False))
+    (reply,) = await s.on_message(body_msg(body[len(body) // 2 :], eos=True))
+    error = assert_error_reply(reply, 400)
+    assert error["param"] == "input_text" and "maximum context length is 2048 tokens" in error["message"]
+    assert tokenizer.encoded == []
+
+
+def _classify(replies: list) -> list[str]:
+    kinds = []
+    for reply in replies:
+        if reply.HasField("immediate_response"):
+            status = reply.immediate_response.status.code
+            error = json.loads(reply.immediate_response.body)["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
+            kinds.append(f"answered {status}")
+        elif LB_METADATA_NAMESPACE in reply.dynamic_metadata.fields:
+            kinds.append("routed")
+    return kinds
+
+
+# Header values as Envoy hands them over: any UTF-8.
+HINT_HEADERS = st.dictionaries(
+    st.sampled_from(
+        ["x-slo-ttft-ms", "x-llm-d-slo-tpot-ms", "x-priority", "x-llm-epp-debug", "x-request-id"]
+    ),
+    st.text(st.characters(codec="utf-8"), max_size=8)
+    | st.sampled_from(["250", "-1", "nan", "1_000", "true", "١"]),
+    max_size=3,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    path=PATHS,
+    extra=HINT_HEADERS,
+    body=request_bodies(),
+    cuts=st.lists(st.integers(0, 200), max_size=3),
+    buffered=st.booleans(),
+    end_with_trailers=st.booleans(),
+    status=st.sampled_from([200, 400, 500, 503]),
+    data=st.data(),
+)
+def test_any_exchange_is_routed_or_answered_4xx(
+    path: str,
+    extra: dict[str, str],
+    body: bytes,
+    cuts: list[int],
+    buffered: bool,
+    end_with_trailers: bool,
+    status: int,
+    data: st.DataObject,
+) -> None:
+    h = Harness(default_max_model_len=data.draw(st.none() | st.integers(1, 64)))
+    bounds = sorted({min(c, len(body)) for c in cuts} | {0, len(body)})
+    chunks = [body[a:b] for a, b in itertools.pairwise(bounds)] or [b""]
+
+    async def exchange() -> list[str]:
+        s = h.stream()
+        kinds = _classify(await s.on_message(headers_msg(path, buffered=buffered, **extra)))
+        for i, chunk in enumerate(chunks):
+            last = i == len(chunks) - 1 and not end_with_trailers
+            kinds += _classify(await s.on_message(body_msg(chunk, eos=last)))
+        if end_with_trailers:
+            kinds += _classify(await s.on_message(ProcessingRequest(request_trailers=HttpTrailers())))
+        kinds += _classify(await s.on_message(response_headers_msg(status)))
+        kinds += _classify(await s.on_message(response_body_msg(b"data: [DONE]\n\n", eos=True)))
+        s.close()
+        return kinds
+
+    (decision,) = asyncio.run(exchange())
+    assert decision == "routed" or decision in {"answered 400", "answered 413"}
+    assert h.in_flight() == 0

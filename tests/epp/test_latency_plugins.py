@@ -276,11 +276,79 @@ def test_scorer_falls_back_to_the_composite_heuristic() -> None:
     endpoints = [endpoint_state(0, waiting=4, kv=0.5), endpoint_state(1, waiting=0, kv=0.1)]
     state = state_with(None, {"e0": 10})
     scores = scorer().score(make_request([]), endpoints, state)
+    # queue 2, free KV 2, prefix 3: the cached endpoint wins despite its queue
     assert (
         scores
         == composite_heuristic(endpoints, state)
-        == pytest.approx([(0.5 + 0 + 1) / 3, (0.9 + 1 + 0) / 3])
+        == pytest.approx([(2 * 0 + 2 * 0.5 + 3 * 1) / 7, (2 * 1 + 2 * 0.9 + 3 * 0) / 7])
     )
+
+
+def test_the_fallback_ranks_endpoints_as_the_gie_default_profile_does() -> None:
+    gie = build_pipeline(EndpointPickerConfig.from_file(config_path("gie-default")), context()).profile
+    rng = random.Random(7)
+    for _ in range(50):
+        endpoints = [
+            endpoint_state(i, waiting=rng.randrange(6), kv=rng.random(), running=rng.randrange(6))
+            for i in range(4)
+        ]
+        state = state_with(None, {f"e{i}": rng.randrange(11) for i in range(4)})
+        totals = gie.run(make_request([]), endpoints, state).scores
+        assert composite_heuristic(endpoints, state) == pytest.approx([totals[e.name] / 7 for e in endpoints])
+
+
+def warming_up(config: str):
+    """The shipped ``config``'s pipeline with predictors that have no model yet."""
+    ctx = PluginContext(
+        clock=FakeClock(), rng=random.Random(5), latency_predictor=FakePredictor("warming_up")
+    )
+    return build_pipeline(EndpointPickerConfig.from_file(config_path(config)), ctx)
+
+
+def pick(pipeline, tokens: list[int], endpoints, request_id: str = "r") -> tuple[str, CycleState]:
+    state = CycleState()
+    request = streaming_request(slo_ttft_ms=3000.0, slo_tpot_ms=50.0, request_id=request_id)
+    request.prompt_token_ids = tokens
+    return run(pipeline.schedule(request, endpoints, state)).endpoint.name, state
+
+
+def test_warming_up_a_new_prompt_goes_to_the_least_loaded_endpoint() -> None:
+    fleet = [
+        endpoint_state(0, waiting=3, running=6, kv=0.7),
+        endpoint_state(1, waiting=1, running=3, kv=0.4),
+        endpoint_state(2, waiting=0, running=1, kv=0.1),
+        endpoint_state(3, waiting=2, running=2, kv=0.2),
+    ]
+    for i in range(20):
+        name, state = pick(
+            warming_up("predicted-latency-token-load"), list(range(i * 1000, i * 1000 + 900)), fleet
+        )
+        assert state.get(PREDICTION_FALLBACK) == "warming_up"
+        assert name == "e2"
+
+
+def test_warming_up_equal_engines_are_told_apart_by_the_tokens_routed_to_them() -> None:
+    pipeline = warming_up("predicted-latency-token-load")
+    idle = [endpoint_state(i) for i in range(3)]
+    first, _ = pick(pipeline, list(range(4000)), idle, "a")  # 4,000 tokens now in flight there
+    second, _ = pick(pipeline, list(range(10_000, 10_500)), idle, "b")
+    third, _ = pick(pipeline, list(range(20_000, 20_500)), idle, "c")
+    assert (
+        len({first, second, third}) == 3
+    )  # the engines' metrics have not caught up; the EPP's own count has
+
+
+def test_warming_up_a_follow_up_turn_stays_with_its_cache_on_a_busier_endpoint() -> None:
+    pipeline = warming_up("predicted-latency-token-load")
+    idle = [endpoint_state(i) for i in range(4)]
+    home, _ = pick(pipeline, list(range(2000)), idle, "turn-1")
+    busier = [
+        endpoint_state(i, waiting=2, running=3, kv=0.5) if f"e{i}" == home else endpoint_state(i)
+        for i in range(4)
+    ]
+    # The extension hits ~94% of its blocks at home: the affinity filter keeps it there.
+    follow_up, _ = pick(pipeline, [*range(2000), *range(50_000, 50_120)], busier, "turn-2")
+    assert follow_up == home
 
 
 def test_admitter_sheds_only_sheddable_requests_nobody_can_serve_in_slo() -> None:

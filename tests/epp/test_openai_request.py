@@ -3,11 +3,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from epp.errors import BadRequest
 from epp.requestcontrol.openai_request import api_kind, parse_openai_request
 from epp.scheduling.types import ApiKind
 from epp.tokenization import ModelTokenizer
+from tests.hostile_bodies import DEEP_BUT_VALID, HOSTILE, PATHS, request_bodies
 
 TOKENIZER = ModelTokenizer()
 
@@ -87,3 +90,32 @@ def test_invalid_bodies_are_bad_requests(path: str, body: object, param: str | N
     assert info.value.param == param
     error = json.loads(info.value.body())["error"]
     assert error["code"] == 400 and error["message"]
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_bodies_are_bad_requests(case: str) -> None:
+    path, body = HOSTILE[case]
+    with pytest.raises(BadRequest) as info:
+        parse(path, None, raw=body)
+    error = json.loads(info.value.body())["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == 400
+
+
+def test_nesting_within_the_decoders_limit_is_parsed() -> None:
+    path, body = DEEP_BUT_VALID
+    assert parse(path, None, raw=body).prompt_token_ids == TOKENIZER.encode_chat(
+        [{"role": "user", "content": "hi"}]
+    )
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(path=PATHS, body=request_bodies(), max_model_len=st.none() | st.integers(1, 64))
+def test_any_body_is_a_request_or_a_bad_request(path: str, body: bytes, max_model_len: int | None) -> None:
+    try:
+        request = parse_openai_request(path, {}, body, TOKENIZER, "rid", max_model_len=max_model_len)
+    except BadRequest as error:
+        assert set(json.loads(error.body())["error"]) == {"message", "type", "param", "code"}
+        return
+    assert all(type(t) is int for t in request.prompt_token_ids)
+    if max_model_len is not None:
+        assert request.input_tokens <= max_model_len

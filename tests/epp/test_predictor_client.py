@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.latency.client import PredictorClient
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from epp.metrics import EppMetrics
+from tests.epp.factories import FakeClock
 
 
 @dataclass
@@ -61,9 +62,11 @@ async def servers() -> AsyncIterator[list[FakeServer]]:
         await runner.cleanup()
 
 
-async def client_for(urls: list[str], trainer: str | None = None, **kw: Any) -> PredictorClient:
-    metrics = EppMetrics(CollectorRegistry(), "pool", EndpointStore(), time.monotonic)
-    client = PredictorClient(urls, trainer, time.monotonic, metrics, **kw)
+async def client_for(
+    urls: list[str], trainer: str | None = None, clock: Callable[[], float] = time.monotonic, **kw: Any
+) -> PredictorClient:
+    metrics = EppMetrics(CollectorRegistry(), "pool", EndpointStore(), clock)
+    client = PredictorClient(urls, trainer, clock, metrics, **kw)
     await client.start()
     return client
 
@@ -78,6 +81,32 @@ async def test_concurrent_callers_are_coalesced_into_one_call(servers: list[Fake
         results = await asyncio.gather(*(client.predict(rows(i, i + 1)) for i in range(10)))
         assert results[3] == [Prediction(3.0, 1.0), Prediction(4.0, 1.0)]
         assert len(servers[0].calls) == 1 and len(servers[0].calls[0]) == 20
+    finally:
+        await client.close()
+
+
+async def test_a_lone_caller_does_not_wait_for_the_coalescing_window(servers: list[FakeServer]) -> None:
+    # With no call in flight the window is skipped; were it not, this call would time out.
+    client = await client_for([servers[0].url], coalesce_window_s=30.0, timeout_s=5.0)
+    try:
+        assert await client.predict(rows(7)) == [Prediction(7.0, 1.0)]
+    finally:
+        await client.close()
+
+
+async def test_callers_arriving_during_a_call_share_the_next_one(servers: list[FakeServer]) -> None:
+    servers[0].delay_s = 0.2
+    client = await client_for([servers[0].url], coalesce_window_s=0.1)
+    try:
+        first = asyncio.create_task(client.predict(rows(1)))
+        while not servers[0].calls:  # the first call is at the server
+            await asyncio.sleep(0.005)
+        later = [asyncio.create_task(client.predict(rows(n))) for n in (2, 3)]
+        await asyncio.sleep(0.02)  # the window is still open: the second call waits for more
+        later.append(asyncio.create_task(client.predict(rows(4))))
+        results = await asyncio.gather(first, *later)
+        assert [r[0].ttft_ms for r in results] == [1.0, 2.0, 3.0, 4.0]
+        assert [len(call) for call in servers[0].calls] == [1, 3]
     finally:
         await client.close()
 
@@ -123,11 +152,14 @@ async def test_failing_instance_trips_its_breaker_and_others_serve(servers: list
 
 async def test_all_breakers_open_fails_fast_and_warming_up_does_not_trip(servers: list[FakeServer]) -> None:
     servers[0].status = 503
-    client = await client_for([servers[0].url])
+    clock = FakeClock()
+    client = await client_for([servers[0].url], clock=clock, warmup_recheck_s=0.5)
     try:
         for _ in range(5):
             with pytest.raises(PredictionUnavailable, match="warming_up"):
                 await client.predict(rows(1))
+            clock.advance(0.5)
+        assert len(servers[0].calls) == 5
         servers[0].status = 500
         for _ in range(3):
             with pytest.raises(PredictionUnavailable, match="http_500"):
@@ -136,6 +168,30 @@ async def test_all_breakers_open_fails_fast_and_warming_up_does_not_trip(servers
         with pytest.raises(PredictionUnavailable, match="breaker_open"):
             await client.predict(rows(1))
         assert len(servers[0].calls) == calls
+    finally:
+        await client.close()
+
+
+async def test_without_any_model_requests_are_answered_without_a_call(servers: list[FakeServer]) -> None:
+    for server in servers:
+        server.status = 503
+    clock = FakeClock()
+    client = await client_for([s.url for s in servers], clock=clock, warmup_recheck_s=0.5)
+    try:
+        for _ in range(6):
+            with pytest.raises(PredictionUnavailable, match="warming_up"):
+                await client.predict(rows(1))
+        assert [len(s.calls) for s in servers] == [1, 1]  # each instance asked once
+        servers[1].status = 200  # instance 1 loads a model
+        clock.advance(0.4)
+        with pytest.raises(PredictionUnavailable, match="warming_up"):
+            await client.predict(rows(1))
+        clock.advance(0.1)  # the recheck interval is over: both are asked again, in turn
+        with pytest.raises(PredictionUnavailable, match="warming_up"):
+            await client.predict(rows(1))  # instance 0 still has no model
+        assert await client.predict(rows(3)) == [Prediction(3.0, 1.0)]  # instance 1 has one
+        assert await client.predict(rows(4)) == [Prediction(4.0, 1.0)]  # instance 1 alone now
+        assert [len(s.calls) for s in servers] == [2, 3]
     finally:
         await client.close()
 

@@ -1,9 +1,33 @@
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from epp.errors import BadRequest
-from epp.requestcontrol.request_headers import RequestHints, parse_request_hints
+from epp.requestcontrol.request_headers import (
+    MAX_ABS_PRIORITY,
+    MAX_SLO_MS,
+    PRIORITY_HEADERS,
+    SLO_TPOT_HEADERS,
+    SLO_TTFT_HEADERS,
+    RequestHints,
+    parse_request_hints,
+)
+
+# The plain references: ASCII digits with at most one inner decimal point; an optional minus.
+SLO_REFERENCE = re.compile(r"\A(?:\d+|\d+\.\d+)\Z", re.ASCII)
+PRIORITY_REFERENCE = re.compile(r"\A-?\d+\Z", re.ASCII)
+# Text that looks numeric to float()/int() or to a reader: digits of other scripts, signs,
+# exponents, underscores, points, spaces and the words for non-finite numbers.
+NUMERIC_LOOKING = st.lists(
+    st.sampled_from([*"0123456789.-+eE_ \t\u00a0١٣０߁", "nan", "inf", "Infinity"]), max_size=12
+).map("".join)
+HEADER_VALUES = st.one_of(
+    NUMERIC_LOOKING, st.text(max_size=12), st.from_regex(r"\A-?[0-9]{1,9}(\.[0-9]{1,4})?\Z")
+)
 
 
 def test_no_headers_means_no_hints() -> None:
@@ -30,6 +54,18 @@ def test_llm_d_forms_win_over_aliases_and_values_are_parsed() -> None:
         ("x-llm-d-priority", "high"),
         ("x-priority", "1.5"),
         ("x-priority", "99999999999"),
+        ("x-priority", "1" * 5000),
+        ("x-slo-ttft-ms", "1_000"),
+        ("x-slo-tpot-ms", "١٢٣"),
+        ("x-slo-ttft-ms", "1e3"),
+        ("x-slo-ttft-ms", "-0"),
+        ("x-slo-ttft-ms", "0.000"),
+        ("x-slo-ttft-ms", "Infinity"),
+        ("x-llm-d-slo-ttft-ms", "+5"),
+        ("x-llm-d-slo-ttft-ms", "\u00a05"),
+        ("x-llm-d-priority", "1_0"),
+        ("x-llm-d-priority", "٣"),
+        ("x-llm-d-priority", "+1"),
         ("x-prediction-based-scheduling", "maybe"),
     ],
 )
@@ -45,3 +81,39 @@ def test_inference_objective_header_sets_priority_unless_a_priority_header_is_gi
     assert parse_request_hints({"x-gateway-inference-objective": "unknown"}, objectives).priority == 0
     headers = {"x-gateway-inference-objective": "batch", "x-llm-d-priority": "3"}
     assert parse_request_hints(headers, objectives).priority == 3
+
+
+def _accepted(headers: dict[str, str]) -> RequestHints | None:
+    try:
+        return parse_request_hints(headers)
+    except BadRequest as error:
+        (name,) = headers
+        assert error.param == name and name in error.message
+        return None
+
+
+@pytest.mark.parametrize("name", SLO_TTFT_HEADERS + SLO_TPOT_HEADERS)
+@given(value=HEADER_VALUES)
+@example(value="250")
+@example(value="12.5")
+@example(value="0")
+@example(value="3600000.0001")
+def test_slo_headers_take_exactly_the_plain_decimals_in_range(name: str, value: str) -> None:
+    hints = _accepted({name: value})
+    plain = value.strip(" \t")
+    expected = float(plain) if SLO_REFERENCE.match(plain) and 0 < float(plain) <= MAX_SLO_MS else None
+    got = None if hints is None else (hints.slo_ttft_ms if "ttft" in name else hints.slo_tpot_ms)
+    assert got == expected
+
+
+@pytest.mark.parametrize("name", PRIORITY_HEADERS)
+@given(value=HEADER_VALUES)
+@example(value="-1")
+@example(value="0000000000007")
+@example(value="1000001")
+@example(value="-1000000")
+def test_priority_headers_take_exactly_the_plain_integers_in_range(name: str, value: str) -> None:
+    hints = _accepted({name: value})
+    plain = value.strip(" \t")
+    in_range = PRIORITY_REFERENCE.match(plain) and abs(int(plain)) <= MAX_ABS_PRIORITY
+    assert (None if hints is None else hints.priority) == (int(plain) if in_range else None)

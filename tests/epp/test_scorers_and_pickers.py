@@ -88,3 +88,9 @@ def test_random_picker_ignores_scores(context: PluginContext) -> None:
     picker = RandomPicker("r", PickerParameters(), context)
     picks = Counter(picker.pick(make_request([]), scored([0.0, 10.0]))[0].name for _ in range(1000))
     assert 400 < picks["e0"] < 600
+
+
+def test_pickers_list_the_target_and_two_fallbacks_by_default(context: PluginContext) -> None:
+    picker = MaxScorePicker("m", PickerParameters(), context)
+    ranked = picker.pick(make_request([]), scored([0.1, 0.4, 0.3, 0.2, 0.0]))
+    assert [s.name for s in ranked] == ["e1", "e2", "e3"]

@@ -41,6 +41,9 @@ async def test_shipped_config_schedules_requests_on_fake_endpoints(name: str) ->
         state = CycleState()
         result = await pipeline.schedule(request, endpoints, state)
         assert result.endpoint.name in {e.name for e in endpoints}
+        # Fallbacks for the gateway's retries: distinct endpoints after the pick (at most 3 in all).
+        names = [t.name for t in result.targets]
+        assert 1 <= len(names) <= 3 and len(set(names)) == len(names)
         outcomes.append((request, result, state))
     for request, result, state in outcomes:
         for observer in pipeline.observers:

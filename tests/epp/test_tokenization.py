@@ -1,8 +1,19 @@
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
-from epp.tokenization import GIL_FREE_CHARS, ChatTemplateError, ModelTokenizer, flatten_content
+from epp.tokenization import (
+    CHAT_TEMPLATE_FILE,
+    GIL_FREE_CHARS,
+    TINY_MODEL_DIR,
+    ChatTemplateError,
+    ModelTokenizer,
+    flatten_content,
+)
 
 TOKENIZER = ModelTokenizer()
 
@@ -33,3 +44,71 @@ def test_content_parts_are_joined_with_newlines() -> None:
 def test_decode_skips_special_tokens() -> None:
     ids = TOKENIZER.encode("hello world")
     assert TOKENIZER.decode([5, *ids, 7]) == "hello world"
+
+
+def tokenizer_with_template(tmp_path: Path, template: str) -> ModelTokenizer:
+    config = json.loads((TINY_MODEL_DIR / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    shutil.copy(TINY_MODEL_DIR / "tokenizer.json", tmp_path)
+    return ModelTokenizer(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        (  # the templates' own refusal, as transformers provides it
+            "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with user') }}"
+            "{% endif %}{{ messages[0]['content'] }}",
+            "Conversation must start with user",
+        ),
+        ("{{ messages[0]['tool_calls'][0]['name'] }}", "has no attribute"),
+        ("{{ messages[0]['content'] ~ (messages[0]['name'] + 1) }}", "TypeError"),
+        ("{{ messages[0] }}", "RecursionError"),
+    ],
+)
+def test_messages_the_template_cannot_render_are_template_errors(
+    tmp_path: Path, template: str, message: str
+) -> None:
+    tokenizer = tokenizer_with_template(tmp_path, template)
+    deep: list = []
+    for _ in range(995):
+        deep = [deep]
+    with pytest.raises(ChatTemplateError, match=message):
+        tokenizer.render_chat([{"role": "system", "content": "x", "name": "n", "nested": deep}])
+
+
+def test_the_longest_vocabulary_entry_bounds_the_characters_of_a_token() -> None:
+    assert TOKENIZER.max_chars_per_token == 37  # vLLM's max_chars_per_token for the tiny model
+
+
+def _model_dir(tmp_path: Path, config_changes: dict[str, object], template_file: str | None) -> Path:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY_MODEL_DIR / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.update(config_changes)
+    config = {k: v for k, v in config.items() if v is not None}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    if template_file is not None:
+        (tmp_path / CHAT_TEMPLATE_FILE).write_text(template_file)
+    return tmp_path
+
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def test_a_chat_template_file_beside_the_tokenizer_is_used(tmp_path: Path) -> None:
+    tokenizer = ModelTokenizer(_model_dir(tmp_path, {"chat_template": None}, "<{{ messages[0].content }}>"))
+    assert tokenizer.render_chat(MESSAGES) == "<hi>"
+
+
+def test_named_chat_templates_render_the_default_one(tmp_path: Path) -> None:
+    named = [
+        {"name": "tool_use", "template": "tools"},
+        {"name": "default", "template": "D{{ messages|length }}"},
+    ]
+    assert ModelTokenizer(_model_dir(tmp_path, {"chat_template": named}, None)).render_chat(MESSAGES) == "D1"
+
+
+def test_a_model_without_a_chat_template_is_refused_with_a_message(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no chat template"):
+        ModelTokenizer(_model_dir(tmp_path, {"chat_template": None}, None))

@@ -44,6 +44,10 @@ class Rendered:
         [doc] = self.of_kind(kind)
         return doc
 
+    def named(self, kind: str, name: str) -> dict[str, Any]:
+        [doc] = [d for d in self.of_kind(kind) if d["metadata"]["name"] == name]
+        return doc
+
 
 class HelmFailed(Exception):
     pass
@@ -83,6 +87,24 @@ def _render(values_json: str) -> Rendered:
         raise HelmFailed(result["error"])
     docs = [d for d in yaml.safe_load_all(result["manifest"]) if d]
     return Rendered(docs=docs, lint=result["lint"], posted=posted)
+
+
+def ci_values() -> dict[str, dict[str, Any]]:
+    """The chart's value sets for lint and template tests, chart-testing's ``ci/NAME-values.yaml``,
+    by NAME."""
+    return {
+        path.name.removesuffix("-values.yaml"): yaml.safe_load(path.read_text())
+        for path in sorted((CHART / "ci").glob("*-values.yaml"))
+    }
+
+
+def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override`` merged in, as Helm merges a values file over another."""
+    out = dict(base)
+    for key, value in override.items():
+        nested = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if nested else value
+    return out
 
 
 def render(values: dict[str, Any]) -> Rendered:

@@ -18,12 +18,23 @@ import pytest
 import yaml
 
 from epp.app import HEALTH_SERVICES
+from epp.envoy_config import INFERENCE_API_PATHS
 from epp.k8s.pool import parse_pool
 from epp.main import parse_args as epp_args
 from epp.scheduling.config import EndpointPickerConfig
 from predictor.server import create_app as predictor_app
 from predictor.settings import PredictorSettings
-from tests.helm.render import CHART, HELM_PYTHON, NAMESPACE, RELEASE, HelmFailed, Rendered, render
+from tests.helm.render import (
+    CHART,
+    HELM_PYTHON,
+    NAMESPACE,
+    RELEASE,
+    HelmFailed,
+    Rendered,
+    ci_values,
+    merged,
+    render,
+)
 from trainer.server import create_app as trainer_app
 from trainer.settings import TrainerSettings
 from trainer.webapp import parse_settings
@@ -33,44 +44,26 @@ if not HELM_PYTHON.exists():
     raise RuntimeError(f"{HELM_PYTHON} is missing: run `make helm-env` (make test builds it)")
 
 KUBERNETES_VERSION = "1.33"
-POOL = {"modelServers": {"matchLabels": {"app": "vllm-llama3-8b-instruct"}}}
-PREDICTOR_OFF = {"inferencePool": POOL, "provider": {"name": "none"}}
-# The guide's command: --set inferencePool.modelServers.matchLabels.app=... --set provider.name=gke
+CI_VALUES = ci_values()
+PREDICTOR_OFF = CI_VALUES["predictor-off"]
+# The README's command: --set inferencePool.modelServers.matchLabels.app=... --set provider.name=gke
 # --set inferenceExtension.monitoring.gke.enabled=true --set inferenceExtension.latencyPredictor.enabled=true
-GUIDE = {
-    "inferencePool": POOL,
-    "provider": {"name": "gke"},
-    "inferenceExtension": {"monitoring": {"gke": {"enabled": True}}, "latencyPredictor": {"enabled": True}},
-}
-THREE_SERVERS = {
-    "inferencePool": POOL,
-    "provider": {"name": "none"},
-    "inferenceExtension": {"latencyPredictor": {"enabled": True, "predictionServerCount": 3}},
-}
-ANCHOR_COUNT_ISTIO = {
-    "inferencePool": {**POOL, "targetPorts": [{"number": 8000}, {"number": 8001}]},
-    "provider": {"name": "istio"},
-    "httpRoute": {"enabled": True},
-    "inferenceObjectives": [{"name": "batch", "priority": -1}, {"name": "chat", "priority": 10}],
-    "inferenceExtension": {
-        "replicas": 2,
-        "leaderElection": {"enabled": True},
-        "monitoring": {"prometheus": {"enabled": True}},
-        "flags": {"prediction-timeout-ms": 300},
-        "latencyPredictor": {
-            "enabled": True,
-            "modelExchange": "sharedVolume",
-            "predictionServers": {"count": 3, "startPort": 9101},
-            "trainingServer": {"port": 9100, "config": {"retrain-interval-s": 5}},
-        },
-    },
-}
-CASES = {
-    "predictor-off": (PREDICTOR_OFF, 0),
-    "guide-gke-1-server": (GUIDE, 1),
-    "3-servers-none": (THREE_SERVERS, 3),
-    "anchor-count-3-istio": (ANCHOR_COUNT_ISTIO, 3),
-}
+# and the tokenizer from the Hub
+GUIDE = CI_VALUES["guide-gke"]
+ANCHOR_COUNT_ISTIO = CI_VALUES["anchor-count-istio"]
+
+
+def _prediction_servers(values: dict[str, Any]) -> int:
+    """The documented count: none without the predictor, else predictionServerCount when set,
+    else predictionServers.count (default 1)."""
+    predictor = values.get("inferenceExtension", {}).get("latencyPredictor", {})
+    if not predictor.get("enabled"):
+        return 0
+    count = predictor.get("predictionServerCount")
+    return count if count is not None else predictor.get("predictionServers", {}).get("count", 1)
+
+
+CASES = {name: (values, _prediction_servers(values)) for name, values in CI_VALUES.items()}
 
 
 @pytest.fixture(params=list(CASES), ids=list(CASES))
@@ -79,8 +72,11 @@ def case(request: pytest.FixtureRequest) -> tuple[Rendered, int]:
     return render(values), servers
 
 
+EPP = f"{RELEASE}-epp"
+
+
 def _containers(rendered: Rendered) -> dict[str, dict[str, Any]]:
-    pod = rendered.one("Deployment")["spec"]["template"]["spec"]
+    pod = rendered.named("Deployment", EPP)["spec"]["template"]["spec"]
     return {c["name"]: c for c in pod["containers"]}
 
 
@@ -187,7 +183,7 @@ def test_probes_hit_real_endpoints_of_our_processes(case: tuple[Rendered, int], 
 def test_config_map_holds_a_valid_endpoint_picker_config(case: tuple[Rendered, int]) -> None:
     rendered, servers = case
     settings, _ = epp_args(_containers(rendered)["epp"]["args"])
-    config_map = rendered.one("ConfigMap")
+    config_map = rendered.named("ConfigMap", f"{EPP}-config")
     name = Path(settings.config).name
     config = EndpointPickerConfig.model_validate(yaml.safe_load(config_map["data"][name]))
     plugin_types = {p.type for p in config.plugins}
@@ -202,11 +198,11 @@ def test_inference_pool_points_at_the_epp_service(case: tuple[Rendered, int]) ->
     assert pool.match_labels == {"app": "vllm-llama3-8b-instruct"}
     ref = pool.endpointPickerRef
     assert ref is not None and ref.failureMode == "FailOpen"
-    service = rendered.one("Service")
-    assert ref.name == service["metadata"]["name"] == f"{RELEASE}-epp"
+    service = rendered.named("Service", EPP)
+    assert ref.name == EPP
     assert ref.port is not None
     assert ref.port.number in [p["port"] for p in service["spec"]["ports"]]
-    pod_labels = rendered.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    pod_labels = rendered.named("Deployment", EPP)["spec"]["template"]["metadata"]["labels"]
     assert pod_labels["app"] == f"{RELEASE}-epp"  # kubectl get pods -l app=NAME-epp
     assert all(pod_labels.get(k) == v for k, v in service["spec"]["selector"].items())
 
@@ -228,6 +224,7 @@ def test_provider_and_monitoring_objects() -> None:
     assert istio.one("ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
     route = istio.one("HTTPRoute")
     assert route["spec"]["rules"][0]["backendRefs"][0]["kind"] == "InferencePool"
+    assert _route_paths(route) == list(INFERENCE_API_PATHS)
     assert {o["metadata"]["name"]: o["spec"]["priority"] for o in istio.of_kind("InferenceObjective")} == {
         "batch": -1,
         "chat": 10,
@@ -240,20 +237,85 @@ def test_provider_and_monitoring_objects() -> None:
     }
 
 
-@pytest.mark.parametrize(
-    ("values", "message"),
-    [
-        ({"provider": {"name": "none"}}, "inferencePool.modelServers.matchLabels is required"),
-        ({**PREDICTOR_OFF, "provider": {"name": "aws"}}, "provider.name"),
-        (
-            {**PREDICTOR_OFF, "inferenceExtension": {"latencyPredictor": {"predictionServerCount": 0}}},
-            "predictionServerCount",
+def _route_paths(route: dict[str, Any]) -> list[str]:
+    [rule] = route["spec"]["rules"]
+    assert {m["path"]["type"] for m in rule["matches"]} == {"Exact"}
+    return [m["path"]["value"] for m in rule["matches"]]
+
+
+def test_http_route_matches_only_the_inference_api_paths_the_local_gateway_routes() -> None:
+    extra = merged(ANCHOR_COUNT_ISTIO, {"httpRoute": {"extraPaths": ["/v1/embeddings", "/tokenize"]}})
+    route = render(extra).one("HTTPRoute")
+    assert _route_paths(route) == [*INFERENCE_API_PATHS, "/v1/embeddings", "/tokenize"]
+    assert route["spec"]["rules"][0]["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": RELEASE}
+    ]
+
+
+def _tokenizer(**tokenizer: Any) -> dict[str, Any]:
+    """PREDICTOR_OFF with its tokenizer values replaced by ``tokenizer``."""
+    return {**PREDICTOR_OFF, "inferenceExtension": {"tokenizer": tokenizer}}
+
+
+BAD_VALUES = {
+    "no-selector": (
+        {**PREDICTOR_OFF, "inferencePool": {}},
+        "inferencePool.modelServers.matchLabels is required",
+    ),
+    "bad-provider": (merged(PREDICTOR_OFF, {"provider": {"name": "aws"}}), "provider.name"),
+    "zero-servers": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"latencyPredictor": {"predictionServerCount": 0}}}),
+        "predictionServerCount",
+    ),
+    "bad-failure-mode": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"failureMode": "FailSometimes"}}),
+        "failureMode",
+    ),
+    "bad-port": (merged(PREDICTOR_OFF, {"inferenceExtension": {"extProcPort": 70000}}), "extProcPort"),
+    "no-tokenizer": (
+        {**PREDICTOR_OFF, "inferenceExtension": {}},
+        r"inferenceExtension.tokenizer.source is required: the EPP needs the served model's tokenizer",
+    ),
+    "bad-tokenizer-source": (_tokenizer(source="s3"), "source"),
+    "config-map-without-name": (_tokenizer(source="configMap"), "tokenizer.configMap.name is required"),
+    "secret-without-name": (_tokenizer(source="secret"), "tokenizer.secret.name is required"),
+    "volume-without-spec": (_tokenizer(source="volume"), "tokenizer.volume.spec is required"),
+    "image-without-path": (
+        _tokenizer(source="image", image={"repository": "models/llama"}),
+        "tokenizer.image.path is required",
+    ),
+    "hub-without-repo": (_tokenizer(source="hub"), "tokenizer.hub.repo is required"),
+    "replicas-without-sync-or-leader-election": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"replicas": 2}}),
+        "/inferenceExtension/sync/enabled': value must be true",
+    ),
+    "leader-election-with-sync": (
+        merged(
+            PREDICTOR_OFF,
+            {"inferenceExtension": {"leaderElection": {"enabled": True}, "sync": {"enabled": True}}},
         ),
-        ({**PREDICTOR_OFF, "inferenceExtension": {"failureMode": "FailSometimes"}}, "failureMode"),
-        ({**PREDICTOR_OFF, "inferenceExtension": {"extProcPort": 70000}}, "extProcPort"),
-    ],
-    ids=["no-selector", "bad-provider", "zero-servers", "bad-failure-mode", "bad-port"],
-)
+        "/inferenceExtension/sync/enabled': value must be false",
+    ),
+    "sync-token-without-secret": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"sync": {"enabled": True, "auth": {"type": "token"}}}}),
+        "sync/auth/secretName",
+    ),
+    "sync-http-url": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"sync": {"enabled": True, "natsUrl": "http://nats"}}}),
+        "sync/natsUrl",
+    ),
+    "sync-flag-outside-sync": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"sync": {"flags": {"grpc-port": 1}}}}),
+        r"'grpc-port' does not match pattern '\^sync-",
+    ),
+    "relative-route-path": (
+        merged(PREDICTOR_OFF, {"httpRoute": {"enabled": True, "extraPaths": ["v1/embeddings"]}}),
+        "extraPaths",
+    ),
+}
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_VALUES.values(), ids=list(BAD_VALUES))
 def test_bad_values_fail_at_install(values: dict[str, Any], message: str) -> None:
     with pytest.raises(HelmFailed, match=message):
         render(values)

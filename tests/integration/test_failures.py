@@ -52,13 +52,16 @@ def test_epp_down_follows_the_failure_mode(tmp_path: Path, mode: str, served: bo
         body = {"model": "tiny", "prompt": "Hello", "max_tokens": 2}
         assert httpx.post(f"{stack.gateway_url}/v1/completions", json=body, timeout=10).status_code == 200
         stack.epp.stop(signal.SIGKILL)
-        statuses = [
-            httpx.post(f"{stack.gateway_url}/v1/completions", json=body, timeout=10).status_code
-            for _ in range(5)
+        responses = [
+            httpx.post(f"{stack.gateway_url}/v1/completions", json=body, timeout=10) for _ in range(5)
         ]
         if served:
-            assert statuses == [200] * 5
+            assert [r.status_code for r in responses] == [200] * 5
         else:
-            assert all(s >= 500 for s in statuses), statuses
+            # Envoy's own error, in the OpenAI shape.
+            assert {r.status_code for r in responses} == {500}
+            assert {r.headers["content-type"] for r in responses} == {"application/json"}
+            error = {"message": "the endpoint picker failed", "type": "InternalServerError", "param": None}
+            assert all(r.json() == {"error": {**error, "code": 500}} for r in responses)
     finally:
         stack.stop()

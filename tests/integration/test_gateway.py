@@ -92,6 +92,45 @@ def test_bad_requests_get_json_errors(stack: LocalStack, body: bytes, status: in
     assert ok.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/metrics"),
+        ("GET", "/health"),
+        ("POST", "/tokenize"),
+        ("POST", "/v1/embeddings"),
+        ("GET", "/"),
+    ],
+)
+def test_only_inference_api_paths_reach_a_replica(stack: LocalStack, method: str, path: str) -> None:
+    response = httpx.request(
+        method, stack.gateway_url + path, json={"model": "tiny", "prompt": "x"}, timeout=10
+    )
+    assert response.status_code == 404
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("NotFoundError", None, 404)
+    assert error["message"].startswith("not an inference API path")
+
+
+def test_headers_over_the_limit_get_a_json_431(stack: LocalStack) -> None:
+    response = httpx.post(
+        f"{stack.gateway_url}/v1/completions",
+        json={"model": "tiny", "prompt": "hi", "max_tokens": 1},
+        headers={"x-padding": "a" * (61 << 10)},
+        timeout=10,
+    )
+    assert response.status_code == 431
+    assert response.json() == {
+        "error": {
+            "message": "Request Header Fields Too Large",
+            "type": "RequestHeaderFieldsTooLargeError",
+            "param": None,
+            "code": 431,
+        }
+    }
+
+
 def test_hostile_headers_cannot_pick_the_upstream(stack: LocalStack) -> None:
     response = httpx.post(
         f"{stack.gateway_url}/v1/completions",

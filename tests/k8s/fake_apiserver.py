@@ -54,6 +54,7 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("", "v1", "namespaces", "Namespace", namespaced=False),
     Resource("apps", "v1", "deployments", "Deployment"),
     Resource("coordination.k8s.io", "v1", "leases", "Lease"),
+    Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
     Resource("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.app import EXT_PROC_SERVICE, EppApp
 from epp.settings import EppSettings
+from epp.tokenization import TINY_MODEL_DIR
 from tests.k8s.conftest import eventually
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.k8s.shapes import NAMESPACE, POOL, inference_objective, inference_pool, pod
@@ -48,6 +49,7 @@ async def test_epp_serves_a_pool_from_kubernetes_with_leader_election(
         pool_name=POOL,
         pool_namespace=NAMESPACE,
         ha_enable_leader_election=True,
+        tokenizer_dir=TINY_MODEL_DIR,
     )
     app = EppApp(settings)
     await app.start()

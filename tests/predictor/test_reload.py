@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,34 @@ async def test_a_new_version_is_swapped_in_whole(tmp_path: Path) -> None:
     assert (second.ttft.info.version, second.tpot.info.version) == (2, 2)
     features = decode_feature_rows(feature_rows(5))
     assert not (first.predict(features)[0] == second.predict(features)[0]).all()
+
+
+class CountingSource(DirectorySource):
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.polls = 0
+
+    async def manifest(self) -> Manifest | None:
+        self.polls += 1
+        return await super().manifest()
+
+
+async def test_the_first_model_is_found_within_seconds_whatever_the_poll_interval(tmp_path: Path) -> None:
+    source = CountingSource(tmp_path)
+    reloader = ModelReloader(source, PredictorMetrics(), poll_interval_s=3600)  # hourly once serving
+    task = asyncio.create_task(reloader.run_forever())
+    try:
+        async with asyncio.timeout(30):
+            while source.polls == 0:  # its first poll finds nothing
+                await asyncio.sleep(0.01)
+            await publish_version(tmp_path, n=300, seed=1, **FAST)
+            while reloader.current is None:
+                await asyncio.sleep(0.01)
+        assert reloader.current.version == 1 and source.polls >= 2
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def truncate_ttft(model_dir: Path, manifest: Manifest) -> None:

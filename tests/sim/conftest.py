@@ -16,6 +16,7 @@ import uvicorn
 from epp.tokenization import ModelTokenizer
 from sim.engine import DecodeTerms, Engine, EngineConfig, EngineRequest, PrefillTerms, StepCostModel
 from sim.engine.engine import RequestOutput, ScheduledStep
+from sim.host_cpu import HostCpu
 from sim.kv_events import KVEventsConfig
 from sim.openai_serving import ServedModel
 from sim.server import Replica, ReplicaServer, ServerSettings
@@ -93,6 +94,7 @@ async def running_replica(
     *,
     kv_events: KVEventsConfig | None = None,
     index: int = 0,
+    cpu: HostCpu | None = None,
     **engine_overrides: Any,
 ) -> AsyncIterator[tuple[Replica, str]]:
     """Replica ``index`` of a server, served by uvicorn on a free loopback port, in this event loop.
@@ -104,6 +106,7 @@ async def running_replica(
         engine_overrides={**VLLM_LIKE, **engine_overrides},
         histogram_refresh_s=0.0,
         kv_events=kv_events or KVEventsConfig(),
+        cpu=cpu,
     )
     replica = Replica(settings, served_model, index)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -17,8 +17,13 @@ from sim.engine import (
     load_profile,
 )
 from sim.engine.cost_model import chunk_context_tokens
-from sim.engine.profile import PROFILES_DIR
+from sim.engine.profile import PROFILES_DIR, fitted_cpu_classes
+from sim.host_cpu import HostCpu
 from sim.real_vllm import BLOCK_SIZE, MAX_MODEL_LEN
+
+AVX512 = frozenset({"avx2", "avx512f", "avx512vl", "avx512bw", "avx512dq"})
+AMX_CPU = HostCpu("Intel(R) Xeon(R) Processor", AVX512 | {"avx512_bf16", "amx_tile"})
+AVX2_CPU = HostCpu("AMD EPYC Processor", frozenset({"avx", "avx2", "fma"}))
 
 
 def test_default_profile_reproduces_dynamo_polynomial() -> None:
@@ -80,14 +85,20 @@ def test_frontend_delay() -> None:
 
 
 def test_shipped_profiles() -> None:
-    assert available_profiles() == ["deepseek-v3-h200", "default", "instant", "llama-3.1-8b-h100", "tiny-cpu"]
+    assert available_profiles() == [
+        "deepseek-v3-h200", "default", "instant", "llama-3.1-8b-h100", "tiny-cpu", "tiny-cpu-amx",
+    ]  # fmt: skip
+    assert fitted_cpu_classes() == {"tiny-cpu": ["amx"]}
     instant = load_profile("instant")
     assert instant.cost.step_time(8192, 0, 1024, 10**6, 1.0) < 0.001
     assert "overhead" in instant.description
 
 
-def test_tiny_cpu_profile_matches_the_real_vllm_replicas() -> None:
-    profile = load_profile("tiny-cpu")
+@pytest.mark.parametrize("isa", fitted_cpu_classes()["tiny-cpu"])
+def test_each_tiny_cpu_profile_matches_the_real_vllm_replicas(isa: str) -> None:
+    profile = load_profile(f"tiny-cpu-{isa}")
+    assert profile.name == f"tiny-cpu-{isa}"
+    assert f"ISA class {isa}" in profile.description
     engine = profile.engine
     assert (engine.block_size, engine.num_gpu_blocks, engine.max_model_len) == (
         BLOCK_SIZE,
@@ -100,6 +111,19 @@ def test_tiny_cpu_profile_matches_the_real_vllm_replicas() -> None:
     assert 0.001 < profile.cost.step_time(0, 0, 1, 100, 0.0) < 0.05
     assert profile.cost.step_time(2000, 2001000, 0, 0, 0.0) > profile.cost.step_time(100, 5050, 0, 0, 0.0)
     assert 0.0 < profile.frontend.delay(1000, 0) < profile.frontend.delay(1000, 16) < 0.1
+
+
+def test_tiny_cpu_is_the_profile_fitted_for_the_cpus_class() -> None:
+    assert load_profile("tiny-cpu", AMX_CPU).name == "tiny-cpu-amx"
+    # No fallback to another class's fit: vLLM is 3-5 times slower on AVX2.
+    with pytest.raises(
+        ProfileError,
+        match=r"no tiny-cpu profile is fitted for this CPU, AMD EPYC Processor \(ISA class avx2\); "
+        r"shipped: tiny-cpu-amx, .*`python -m bench.fidelity fit` \(it writes .*tiny-cpu-avx2\.yaml\)",
+    ):
+        load_profile("tiny-cpu", AVX2_CPU)
+    # A class's profile by its own name loads anywhere, as any other shipped profile.
+    assert load_profile("tiny-cpu-amx", AVX2_CPU).name == "tiny-cpu-amx"
 
 
 def write_profile(tmp_path: Path, document: object) -> Path:
@@ -134,7 +158,7 @@ def test_loads_a_profile_by_path(tmp_path: Path) -> None:
 
 def test_unknown_profile_names_the_shipped_ones() -> None:
     with pytest.raises(
-        ProfileError, match=r"deepseek-v3-h200, default, instant, llama-3\.1-8b-h100, tiny-cpu"
+        ProfileError, match=r"deepseek-v3-h200, default, instant, llama-3\.1-8b-h100, tiny-cpu, tiny-cpu-amx"
     ):
         load_profile("no-such-profile")
     with pytest.raises(ProfileError, match="does not exist"):

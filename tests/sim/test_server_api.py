@@ -115,7 +115,16 @@ ERROR_CASES = [
     ("prompt too long", "/v1/completions", {"model": "tiny", "prompt": "x = 1\n" * 1500, "max_tokens": 5}),
     ("prompt+max_tokens too long", "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 5000}),
     ("tokenize bad", "/tokenize", {"model": "tiny"}),
-]
+    ("temperature NaN", "/v1/completions", b'{"model":"tiny","prompt":"hi","temperature":NaN}'),
+    ("negative temperature", "/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": -0.5}),
+    ("top_p above 1", "/v1/completions", {"model": "tiny", "prompt": "hi", "top_p": 1.5}),
+    ("stop an int", "/v1/completions", {"model": "tiny", "prompt": "hi", "stop": 5}),
+    ("stop the empty string", "/v1/completions", {"model": "tiny", "prompt": "hi", "stop": ""}),
+    ("huge logprobs", "/v1/completions", {"model": "tiny", "prompt": "hi", "logprobs": 1000000}),
+    ("chat top_logprobs without logprobs", "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 5}),
+    ("presence_penalty above 2", "/v1/completions", {"model": "tiny", "prompt": "hi", "presence_penalty": 3}),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("title", "path", "payload"), ERROR_CASES, ids=[case[0] for case in ERROR_CASES])

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sim.engine import Engine, EngineRequest, load_profile
 from sim.engine.profile import PROFILES_DIR
+from sim.host_cpu import HostCpu
 from sim.metrics import EngineMetrics
 from sim.openai_serving import ServedModel
 
@@ -39,6 +40,11 @@ REQUIRED = {
     "vllm:request_generation_tokens": "histogram",
     "vllm:iteration_tokens_total": "histogram",
 }
+
+
+AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_bf16"})
+RECORDED_ON = HostCpu("the x86 CPU with AVX-512 BF16 and AMX of metrics_full.txt", AVX512_BF16 | {"amx_tile"})
+AVX2_ONLY = HostCpu("an x86 CPU with AVX2 and no AVX-512", frozenset({"avx", "avx2", "fma"}))
 
 
 def families(text: str) -> dict[str, Metric]:
@@ -69,7 +75,10 @@ async def scrape(http: httpx.AsyncClient) -> dict[str, Metric]:
 
 async def test_names_types_labels_and_buckets_match_vllm(served_model: ServedModel) -> None:
     recorded = families((FIXTURES / "metrics_full.txt").read_text())
-    async with running_replica(served_model) as (_, url), httpx.AsyncClient(base_url=url) as http:
+    async with (
+        running_replica(served_model, cpu=RECORDED_ON) as (_, url),
+        httpx.AsyncClient(base_url=url) as http,
+    ):
         await http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         ours = await scrape(http)
     assert {name: ours[name].type for name in REQUIRED} == REQUIRED
@@ -84,6 +93,23 @@ async def test_names_types_labels_and_buckets_match_vllm(served_model: ServedMod
     recorded_info = recorded["vllm:cache_config_info"].samples[0].labels
     assert {key for key in info if info[key] != recorded_info[key]} == {"kv_cache_memory_bytes"}
     assert ours["vllm:num_requests_running"].samples[0].labels == {"model_name": "tiny", "engine": "0"}
+
+
+def cache_config(engine: Engine, cpu: HostCpu) -> dict[str, str]:
+    rendered = families(EngineMetrics(engine, "tiny", cpu=cpu).render().decode())
+    return rendered["vllm:cache_config_info"].samples[0].labels
+
+
+def test_the_cache_config_follows_vllms_cpu_rule(served_model: ServedModel) -> None:
+    profile = load_profile("instant")
+    engine = Engine(profile.engine, profile.cost, served_model.output_vocab)
+    with_bf16, avx2 = cache_config(engine, RECORDED_ON), cache_config(engine, AVX2_ONLY)
+    # vLLM's CPU platform resets the SSM cache dtype to float32 only where AVX-512 BF16 runs its
+    # accelerated GDN kernels; elsewhere it stays auto. Nothing else in the cache config moves.
+    assert (with_bf16["mamba_ssm_cache_dtype"], avx2["mamba_ssm_cache_dtype"]) == ("float32", "auto")
+    assert {key for key in with_bf16 if with_bf16[key] != avx2[key]} == {"mamba_ssm_cache_dtype"}
+    no_amx = HostCpu("an x86 CPU with AVX-512 BF16 and no AMX", AVX512_BF16)
+    assert cache_config(engine, no_amx)["mamba_ssm_cache_dtype"] == "float32"
 
 
 async def test_counters_and_histograms_follow_requests(served_model: ServedModel) -> None:

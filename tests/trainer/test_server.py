@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import AsyncIterator
@@ -9,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.trainer.synthetic import training_samples
+from trainer.artifacts import Manifest
 from trainer.server import create_app
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
@@ -33,6 +36,14 @@ async def trainer(tmp_path: Path) -> AsyncIterator[Trainer]:
         TrainerSettings(model_dir=tmp_path, retrain_interval_s=3600, min_samples=100)
     ):
         yield running
+
+
+async def published(service: TrainerService, version: int = 1) -> Manifest:
+    """The manifest once the trainer's own loop has published ``version`` (fails after 60 s)."""
+    async with asyncio.timeout(60):
+        while (current := service.store.current) is None or current.version < version:
+            await asyncio.sleep(0.01)
+    return current
 
 
 def metric(text: str, name: str) -> float | None:
@@ -158,8 +169,8 @@ async def test_model_endpoints_before_any_training(trainer: Trainer) -> None:
 async def test_retraining_publishes_downloadable_models(trainer: Trainer) -> None:
     client, service = trainer
     await client.post("/add_training_data_bulk", json={"entries": training_samples(1500)})
-    manifest = await service.retrain()
-    assert manifest is not None and manifest.version == 1
+    manifest = await published(service)  # the first fit does not wait for the retrain interval
+    assert manifest.version == 1
     assert set(manifest.models) == {"ttft", "tpot"}
 
     info = (await client.get("/model/download/info")).json()
@@ -197,12 +208,48 @@ async def test_retraining_publishes_downloadable_models(trainer: Trainer) -> Non
 async def test_retraining_waits_for_min_samples_and_new_data(trainer: Trainer) -> None:
     client, service = trainer
     await client.post("/add_training_data_bulk", json={"entries": training_samples(99)})
+    assert not service.first_fit_due
     assert await service.retrain() is None  # below min_samples
     await client.post("/add_training_data_bulk", json={"entries": training_samples(1, seed=5)})
-    assert (await service.retrain()).version == 1
+    assert (await published(service)).version == 1  # fitted at once, not after the 1-hour interval
+    assert not service.first_fit_due
     assert await service.retrain() is None  # nothing new since
     await client.post("/add_training_data_bulk", json={"entries": training_samples(10, seed=6)})
+    assert not service.first_fit_due  # later versions wait for the interval (or a call)
     assert (await service.retrain()).version == 2
+
+
+async def test_only_ttft_samples_count_towards_the_first_fit(trainer: Trainer) -> None:
+    client, service = trainer
+    tpot_only = training_samples(150)
+    for sample in tpot_only[:60]:
+        sample["actual_ttft_ms"] = 0.0
+    await client.post("/add_training_data_bulk", json={"entries": tpot_only})
+    assert len(service.windows["tpot"]) == 150 and len(service.windows["ttft"]) == 90
+    assert not service.first_fit_due
+    await client.post("/add_training_data_bulk", json={"entries": training_samples(10, seed=7)})
+    assert service.first_fit_due
+    manifest = await published(service)
+    assert manifest.models["ttft"].training_samples + manifest.models["ttft"].holdout.samples == 100
+
+
+async def test_a_first_model_no_better_than_a_constant_is_withheld(trainer: Trainer) -> None:
+    client, service = trainer
+    samples = training_samples(300, seed=1)
+    rng = np.random.default_rng(1)
+    for sample in samples:  # 100 ms, with one in ten a stall that no feature explains
+        sample["actual_ttft_ms"] = float(rng.uniform(1000, 10_000)) if rng.random() < 0.1 else 100.0
+    await client.post("/add_training_data_bulk", json={"entries": samples})
+    async with asyncio.timeout(60):
+        while not metric((await client.get("/metrics")).text, 'trainer_models_withheld_total{model="ttft"}'):
+            await asyncio.sleep(0.01)
+    assert service.store.current is None  # the TPOT model alone is no version
+    assert (await client.get("/model/download/info")).status_code == 404
+    assert service.first_fit_due  # still: the next samples try again
+    await client.post("/add_training_data_bulk", json={"entries": training_samples(2000, seed=2)})
+    manifest = await published(service)
+    ttft = manifest.models["ttft"].holdout
+    assert ttft.baseline_loss is not None and ttft.mape is not None and ttft.mape < ttft.baseline_loss
 
 
 async def test_no_version_without_a_ttft_model(trainer: Trainer) -> None:
@@ -220,8 +267,8 @@ async def test_tpot_is_optional(trainer: Trainer) -> None:
     for sample in samples:
         sample["actual_tpot_ms"] = 0.0
     await client.post("/add_training_data_bulk", json={"entries": samples})
-    manifest = await service.retrain()
-    assert manifest is not None and set(manifest.models) == {"ttft"}
+    manifest = await published(service)
+    assert set(manifest.models) == {"ttft"}
     assert (await client.get("/model/tpot/info")).status_code == 404
 
 
@@ -229,7 +276,7 @@ async def test_quantile_models_report_pinball_loss_and_coverage(tmp_path: Path) 
     settings = TrainerSettings(model_dir=tmp_path, objective="quantile", quantile_alpha=0.8, min_samples=100)
     async for client, service in started(settings):
         await client.post("/add_training_data_bulk", json={"entries": training_samples(1000)})
-        manifest = await service.retrain()
+        manifest = await published(service)
         info = manifest.models["ttft"]
         assert (info.objective, info.quantile) == ("quantile", 0.8)
         assert info.holdout.pinball_loss is not None and info.holdout.coverage is not None
@@ -242,8 +289,9 @@ async def test_a_restarted_trainer_keeps_serving_and_counting_versions(tmp_path:
     settings = TrainerSettings(model_dir=tmp_path, min_samples=100)
     async for client, service in started(settings):
         await client.post("/add_training_data_bulk", json={"entries": training_samples(300)})
-        await service.retrain()
+        await published(service)
     async for client, service in started(settings):
         assert (await client.get("/model/download/info")).json()["version"] == 1
         await client.post("/add_training_data_bulk", json={"entries": training_samples(300)})
+        assert not service.first_fit_due  # it has a model: no first fit to hurry
         assert (await service.retrain()).version == 2

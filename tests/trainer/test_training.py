@@ -62,11 +62,36 @@ def test_a_model_has_the_trees_and_depth_of_its_settings() -> None:
     assert max(map(_depth, trees)) == 3
 
 
+def stalls(n: int, seed: int) -> np.ndarray:
+    """Latencies unrelated to the features: 100 ms, but one in ten a random 1-10 s stall."""
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random(n) < 0.1, rng.uniform(1000, 10_000, n), 100.0)
+
+
+def test_a_model_that_learned_the_latency_beats_the_constant_baseline() -> None:
+    features, ttft, _ = dataset(300)
+    holdout = train_model(features, ttft, TrainingSettings(), np.random.default_rng(0)).holdout
+    # the training median is 3 to 10 times further off than the model
+    assert holdout.baseline_loss is not None and holdout.mape is not None
+    assert holdout.mape * 3 < holdout.baseline_loss
+    assert holdout.beats_baseline
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_model_chasing_unexplained_stalls_loses_to_the_constant(seed: int) -> None:
+    features, _, _ = dataset(300, seed=seed)
+    model = train_model(features, stalls(300, seed), TrainingSettings(), np.random.default_rng(seed))
+    holdout = model.holdout
+    assert holdout.loss == holdout.mape
+    assert not holdout.beats_baseline  # predicting 100 ms always is nearer the truth
+
+
 def test_nothing_held_out_means_no_metrics() -> None:
     features, ttft, _ = dataset(200)
     model = train_model(features, ttft, TrainingSettings(holdout_fraction=0.0), np.random.default_rng(0))
     assert model.holdout.samples == 0
-    assert model.holdout.mape is None
+    assert model.holdout.mape is None and model.holdout.baseline_loss is None
+    assert model.holdout.beats_baseline  # untested models are not withheld
 
 
 def test_latency_from_margin_clips_and_inverts() -> None:

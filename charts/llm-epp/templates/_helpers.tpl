@@ -73,3 +73,31 @@ readOnlyRootFilesystem: true
 capabilities: {drop: [ALL]}
 seccompProfile: {type: RuntimeDefault}
 {{- end -}}
+
+{{/* The NATS the chart deploys for active-active sync (sync.enabled, no sync.natsUrl). */}}
+{{- define "llm-epp.natsName" -}}
+{{- printf "%s-nats" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "llm-epp.deploysNats" -}}
+{{- $sync := .Values.inferenceExtension.sync -}}
+{{- if and $sync.enabled (not $sync.natsUrl) }}true{{ end -}}
+{{- end -}}
+
+{{/* The EPP's --sync-nats-url: sync.natsUrl, else the chart's NATS Service. */}}
+{{- define "llm-epp.natsUrl" -}}
+{{- $sync := .Values.inferenceExtension.sync -}}
+{{- $sync.natsUrl | default (printf "nats://%s.%s.svc:%d" (include "llm-epp.natsName" .) .Release.Namespace (int $sync.nats.port)) -}}
+{{- end -}}
+
+{{/* The NATS secret from sync.auth as env vars named .token / .password (the EPP's and the NATS
+config's names differ). */}}
+{{- define "llm-epp.natsSecretEnv" -}}
+{{- if eq .auth.type "token" -}}
+- name: {{ .token }}
+  valueFrom: {secretKeyRef: {name: {{ .auth.secretName }}, key: {{ .auth.tokenKey }}}}
+{{- else if eq .auth.type "userPassword" -}}
+- name: {{ .password }}
+  valueFrom: {secretKeyRef: {name: {{ .auth.secretName }}, key: {{ .auth.passwordKey }}}}
+{{- end -}}
+{{- end -}}

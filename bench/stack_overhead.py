@@ -1,0 +1,335 @@
+"""The live stack's cost per request: what ``make run`` starts, measured process by process.
+
+``overhead`` isolates the EPP behind stub engines. This benchmark runs the stack users get
+(``LocalStack``: simulated replicas with the ``instant`` profile, the trainer and predictors,
+the EPP with a shipped config, Envoy) plus a second Envoy straight to the same replicas, and
+reports for each config:
+
+* **short requests** (a ~200-token completion) at concurrency 1 and 16: requests/s, p50/p99
+  with and without the EPP, and CPU per request of every process (EPP, predictors, trainer,
+  Envoy, replicas);
+* **growing sessions**: a few chat sessions, interleaved one request at a time, whose prompts
+  grow by a few hundred tokens a turn to 30k+ tokens, as coding agents' do. EPP CPU per
+  request against turn number, to show whether the cost grows with the conversation; and a
+  ~26k-token prompt seen for the first time, then extended once;
+* a py-spy flame graph of the EPP in each phase (SVG), when py-spy is installed.
+
+Per-request CPU of one request at a time is read from ``/proc/PID/task/*/schedstat``
+(nanoseconds), since ``/proc/PID/stat`` counts in 10 ms ticks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from rich.progress import Progress
+
+from bench.loadgen import closed_loop
+from bench.report import machine, markdown_table, write_results
+from epp.envoy_config import gateway_bootstrap
+from sim.processes import BIN, Component, free_port, start_envoy
+from sim.stack import LocalStack, StackConfig, StackPorts
+
+# ~200 tokens with the tiny model's tokenizer.
+SHORT_PROMPT = "The quick brown fox jumps over the lazy dog. " * 10
+_VOCABULARY = (
+    "def return self import numpy the of to in and for while if else class value index token request "
+    "replica cache prefix block latency route score = ( ) [ ] { } : , . + - * / 0 1 2 42"
+)
+_WORDS = _VOCABULARY.split()
+
+
+@dataclass
+class StackOverheadSettings:
+    configs: tuple[str, ...] = ("predicted-latency", "gie-default")
+    predictors: int = 2
+    replicas: int = 4
+    concurrencies: tuple[int, ...] = (1, 16)
+    short_s: float = 8.0
+    sessions: int = 3
+    turns: int = 48
+    words_per_turn: int = 450
+    first_seen_words: int = 18_500
+    flame_graphs: bool = True
+
+
+def task_cpu_seconds(pid: int) -> float:
+    """CPU time of every live thread of ``pid``, at nanosecond resolution."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended between the listing and the read
+    return total / 1e9
+
+
+@dataclass
+class StackUnderTest:
+    stack: LocalStack
+    direct: Component
+    direct_url: str
+
+    def processes(self) -> dict[str, list[Component]]:
+        s = self.stack
+        groups = {"epp": [s.epp], "envoy": [s.envoy], "predictors": s.predictors, "trainer": [s.trainer]}
+        groups["replicas"] = s.replicas
+        return {name: [c for c in comps if c is not None] for name, comps in groups.items()}
+
+    def cpu(self) -> dict[str, float]:
+        return {name: sum(c.cpu_seconds() for c in comps) for name, comps in self.processes().items()}
+
+
+@contextmanager
+def _stack(config: str, settings: StackOverheadSettings) -> Iterator[StackUnderTest]:
+    stack = LocalStack(
+        StackConfig(
+            replicas=settings.replicas,
+            ports=StackPorts.free(),
+            sim_profile="instant",
+            epp_config=config,
+            predictors=settings.predictors,
+            epp_args=["--log-level", "WARNING"],
+        )
+    )
+    direct: Component | None = None
+    try:
+        stack.start()
+        port = free_port()
+        bootstrap = gateway_bootstrap(
+            listen_port=port, epp_address=None, endpoints_file=stack.cluster_endpoints_file
+        )
+        direct = start_envoy("gateway-without-epp", bootstrap, stack.workdir)
+        yield StackUnderTest(stack, direct, f"http://127.0.0.1:{port}")
+    finally:
+        if direct is not None:
+            direct.stop()
+        stack.stop()
+
+
+@contextmanager
+def _flame_graph(pid: int, path: Path, enabled: bool) -> Iterator[None]:
+    spy = shutil.which("py-spy", path=str(BIN)) if enabled else None
+    process = (
+        subprocess.Popen(
+            [spy, "record", "--pid", str(pid), "--rate", "250", "--format", "flamegraph", "-o", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        if spy
+        else None
+    )
+    try:
+        yield
+    finally:
+        if process is not None:
+            process.send_signal(2)  # SIGINT: py-spy writes the graph and exits
+            process.wait(30)
+
+
+def _per_request(cpu_delta: dict[str, float], requests: int) -> dict[str, float]:
+    return {name: round(seconds / max(1, requests) * 1e3, 3) for name, seconds in cpu_delta.items()}
+
+
+def measure_short(sut: StackUnderTest, settings: StackOverheadSettings) -> list[dict[str, Any]]:
+    body = json.dumps({"model": "tiny", "prompt": SHORT_PROMPT, "max_tokens": 1}).encode()
+    cases = []
+    for concurrency in settings.concurrencies:
+        direct = asyncio.run(
+            closed_loop(sut.direct_url + "/v1/completions", body, concurrency=concurrency, duration_s=2.0)
+        )
+        before = sut.cpu()
+        with_epp = asyncio.run(
+            closed_loop(
+                sut.stack.gateway_url + "/v1/completions",
+                body,
+                concurrency=concurrency,
+                duration_s=settings.short_s,
+            )
+        )
+        after = sut.cpu()
+        delta = {name: after[name] - before[name] for name in after}
+        cases.append(
+            {
+                "concurrency": concurrency,
+                "with_epp": with_epp.summary(),
+                "without_epp": direct.summary(),
+                "added_p50_ms": round(with_epp.percentile_ms(50) - direct.percentile_ms(50), 3),
+                "added_p99_ms": round(with_epp.percentile_ms(99) - direct.percentile_ms(99), 3),
+                "cpu_ms_per_request": _per_request(delta, with_epp.requests),
+            }
+        )
+    return cases
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+@dataclass
+class _Session:
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+
+def _turn(client: httpx.Client, url: str, epp_pid: int, messages: list[dict[str, str]]) -> dict[str, Any]:
+    before = task_cpu_seconds(epp_pid)
+    start = time.perf_counter()
+    response = client.post(url, json={"model": "tiny", "messages": messages, "max_tokens": 8})
+    latency = time.perf_counter() - start
+    cpu = task_cpu_seconds(epp_pid) - before
+    response.raise_for_status()
+    data = response.json()
+    messages.append({"role": "assistant", "content": data["choices"][0]["message"]["content"] or "ok"})
+    return {
+        "prompt_tokens": data["usage"]["prompt_tokens"],
+        "epp_cpu_ms": round(cpu * 1e3, 3),
+        "latency_ms": round(latency * 1e3, 2),
+    }
+
+
+def measure_sessions(sut: StackUnderTest, settings: StackOverheadSettings) -> dict[str, Any]:
+    """Interleaved growing sessions, then a long prompt seen first and extended once."""
+    assert sut.stack.epp is not None
+    pid = sut.stack.epp.process.pid
+    url = sut.stack.gateway_url + "/v1/chat/completions"
+    rng = random.Random(7)
+    sessions = [
+        _Session([{"role": "system", "content": f"You are coding agent {i}."}])
+        for i in range(settings.sessions)
+    ]
+    turns: list[dict[str, Any]] = []
+    with httpx.Client(timeout=120) as client:
+        for turn in range(settings.turns):
+            for index, session in enumerate(sessions):
+                session.messages.append({"role": "user", "content": _text(rng, settings.words_per_turn)})
+                turns.append({"turn": turn, "session": index, **_turn(client, url, pid, session.messages)})
+        fresh = [{"role": "user", "content": _text(rng, settings.first_seen_words)}]
+        first_seen = _turn(client, url, pid, fresh)
+        fresh.append({"role": "user", "content": _text(rng, settings.words_per_turn)})
+        extension = _turn(client, url, pid, fresh)
+    return {"turns": turns, "first_seen": first_seen, "extension": extension}
+
+
+def _measure(
+    config: str, settings: StackOverheadSettings, out_dir: Path, progress: Progress
+) -> dict[str, Any]:
+    task = progress.add_task(f"stack overhead: {config}", total=2)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _stack(config, settings) as sut:
+        assert sut.stack.epp is not None
+        pid = sut.stack.epp.process.pid
+        if settings.predictors:
+            time.sleep(3.0)  # let the first model train, as a user's stack would have
+        with _flame_graph(pid, out_dir / f"stack-{config}-short.svg", settings.flame_graphs):
+            short = measure_short(sut, settings)
+        progress.advance(task)
+        with _flame_graph(pid, out_dir / f"stack-{config}-sessions.svg", settings.flame_graphs):
+            sessions = measure_sessions(sut, settings)
+        progress.advance(task)
+    return {"config": config, "short": short, "sessions": sessions}
+
+
+def _plot(results: list[dict[str, Any]], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for result in results:
+        turns = result["sessions"]["turns"]
+        ax.scatter(
+            [t["prompt_tokens"] for t in turns], [t["epp_cpu_ms"] for t in turns], s=8, label=result["config"]
+        )
+    ax.set_xlabel("prompt tokens (each turn extends the session's previous prompt)")
+    ax.set_ylabel("EPP CPU per request (ms)")
+    ax.set_title("EPP CPU per request in growing chat sessions (live stack)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _session_rows(result: dict[str, Any]) -> list[list[Any]]:
+    turns = result["sessions"]["turns"]
+    rows = []
+    bands = [(0, 8_000), (8_000, 16_000), (16_000, 24_000), (24_000, 40_000)]
+    for low, high in bands:
+        band = [t for t in turns if low <= t["prompt_tokens"] < high and t["turn"] > 0]
+        if band:
+            cpu = sorted(t["epp_cpu_ms"] for t in band)
+            rows.append(
+                [result["config"], f"{low // 1000}k–{high // 1000}k", len(band), cpu[len(cpu) // 2], cpu[-1]]
+            )
+    s = result["sessions"]
+    for label in ("first_seen", "extension"):
+        rows.append(
+            [result["config"], f"{label} ({s[label]['prompt_tokens']})", 1, s[label]["epp_cpu_ms"], ""]
+        )
+    return rows
+
+
+def _markdown(data: dict[str, Any]) -> str:
+    short_rows = []
+    for result in data["results"]:
+        for case in result["short"]:
+            cpu = case["cpu_ms_per_request"]
+            short_rows.append(
+                [
+                    result["config"],
+                    case["concurrency"],
+                    case["without_epp"]["rps"],
+                    case["with_epp"]["rps"],
+                    case["added_p50_ms"],
+                    case["added_p99_ms"],
+                    cpu["epp"],
+                    cpu["predictors"],
+                    cpu["trainer"],
+                    cpu["envoy"],
+                    cpu["replicas"],
+                ]
+            )
+    short = markdown_table(
+        ["config", "conc.", "rps w/o EPP", "rps with EPP", "added p50 ms", "added p99 ms", "EPP CPU ms/req",
+         "predictors", "trainer", "Envoy", "replicas"],
+        short_rows,
+    )  # fmt: skip
+    sessions = markdown_table(
+        ["config", "prompt tokens", "requests", "EPP CPU ms p50", "max"],
+        [row for result in data["results"] for row in _session_rows(result)],
+    )
+    m = data["machine"]
+    return "\n\n".join(
+        [
+            "# Live stack overhead",
+            f"Machine: {m['cpus']} CPUs, Python {m['python']}, Envoy {m['envoy']}, {m['date']}. The load "
+            "generator, both Envoys, the EPP, predictors, trainer and simulated replicas share these CPUs.",
+            "## Short requests (~200-token completions, `instant` simulated replicas)",
+            "CPU columns are ms of CPU per request through the EPP gateway, per process group.",
+            short,
+            "## Growing chat sessions (one request at a time)",
+            sessions,
+            "![EPP CPU per turn](stack-overhead.png)",
+            "Flame graphs of the EPP: `stack-<config>-short.svg`, `stack-<config>-sessions.svg`.",
+        ]
+    )
+
+
+def run(out_dir: Path, settings: StackOverheadSettings | None = None) -> dict[str, Any]:
+    settings = settings or StackOverheadSettings()
+    with Progress() as progress:
+        results = [_measure(config, settings, out_dir, progress) for config in settings.configs]
+    data = {"machine": machine(), "settings": settings.__dict__, "results": results}
+    write_results(out_dir, "stack-overhead", data, _markdown(data))
+    _plot(results, out_dir / "stack-overhead.png")
+    return data

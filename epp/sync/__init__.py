@@ -1,0 +1,8 @@
+"""Active-active EPP replicas: each publishes the deltas of its own bookings, peers apply them.
+
+``epp.sync.messages``  the wire schema (msgpack, versioned) and its codec
+``epp.sync.state``     the pure apply layer (no I/O, injected clocks): :class:`ReplicaSyncState`
+``epp.sync.hook``      the pipeline hook that feeds a request's lifecycle into the state
+``epp.sync.nats``      the NATS transport adapter the live EPP runs
+``epp.sync.metrics``   its Prometheus metrics
+"""

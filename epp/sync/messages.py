@@ -1,0 +1,136 @@
+"""The sync wire schema: msgpack arrays, version first, so any reader can refuse what it does not know.
+
+Every message is ``[version, kind, replica, incarnation, seq, sent_at, body]``:
+
+* ``replica`` names the sender; ``incarnation`` tells its process lives apart (a restarted
+  replica keeps its name and starts a new incarnation, so peers drop what the old one booked);
+* ``seq`` numbers the sender's DELTAS messages 1, 2, 3, ... within an incarnation; HEARTBEAT and
+  SNAPSHOT carry the sender's latest ``seq``, so a receiver can tell it missed some;
+* ``sent_at`` is the sender's wall clock (seconds since the epoch), for the publish→apply lag.
+
+Bodies:
+
+* DELTAS: a list of deltas, each a list starting with its :class:`DeltaKind`::
+
+      [ROUTED, key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None]
+      [FIRST_TOKEN, key]
+      [PROGRESS, key, generated]
+      [RELEASED, key]
+      [PREFIX, endpoint, block_size, hashes]   # hashes: little-endian uint64 bytes
+
+  ``key`` names one routed request among the sender's (an int, unique per incarnation).
+* SNAPSHOT: the sender's own live bookings, each
+  ``[key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None, decoding, generated]``.
+* HEARTBEAT, SNAPSHOT_REQUEST: empty.
+
+Version 1 is the only one; a message of any other version is refused whole (:class:`SchemaError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+class MessageKind(IntEnum):
+    DELTAS = 1
+    HEARTBEAT = 2
+    SNAPSHOT = 3
+    SNAPSHOT_REQUEST = 4
+
+
+class DeltaKind(IntEnum):
+    ROUTED = 1
+    FIRST_TOKEN = 2
+    PROGRESS = 3
+    RELEASED = 4
+    PREFIX = 5
+
+
+_DELTA_NAMES = {k.value: k.name.lower() for k in DeltaKind}
+
+
+def delta_name(kind: object) -> str:
+    """The metric label of a delta's kind (``unknown`` for kinds this version does not know)."""
+    return _DELTA_NAMES.get(kind, "unknown") if isinstance(kind, int) else "unknown"
+
+
+class SchemaError(ValueError):
+    """A message this replica cannot read. ``reason`` is ``version`` (another schema version,
+    in ``version``) or ``malformed`` (not a message of any version)."""
+
+    def __init__(self, reason: str, detail: str, version: object = None) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.version = version
+
+
+@dataclass(frozen=True, slots=True)
+class SyncMessage:
+    kind: MessageKind
+    replica: str
+    incarnation: int
+    seq: int
+    sent_at: float
+    body: Sequence[Any] = field(default=())
+
+
+def encode(message: SyncMessage) -> bytes:
+    return msgpack.packb(
+        [
+            SCHEMA_VERSION,
+            int(message.kind),
+            message.replica,
+            message.incarnation,
+            message.seq,
+            message.sent_at,
+            list(message.body),
+        ],
+        use_bin_type=True,
+    )
+
+
+def decode(data: bytes) -> SyncMessage:
+    """The message in ``data``; :class:`SchemaError` if its version is not ours or it is no message.
+
+    Only the envelope is checked here; each delta is checked as it is applied."""
+    try:
+        fields = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise SchemaError("malformed", f"a message that is not msgpack ({exc})") from None
+    if not isinstance(fields, list) or not fields:
+        raise SchemaError("malformed", "a message that is no msgpack array")
+    version = fields[0]
+    if version != SCHEMA_VERSION:
+        raise SchemaError(
+            "version", f"schema version {version!r} (this replica reads {SCHEMA_VERSION})", version
+        )
+    if len(fields) != 7:
+        raise SchemaError("malformed", f"a version {SCHEMA_VERSION} message with {len(fields)} fields, not 7")
+    _, kind, replica, incarnation, seq, sent_at, body = fields
+    if (
+        kind not in MessageKind._value2member_map_
+        or not isinstance(replica, str)
+        or not isinstance(incarnation, int)
+        or not isinstance(seq, int)
+        or not isinstance(sent_at, int | float)
+        or not isinstance(body, list)
+    ):
+        raise SchemaError("malformed", "a message with bad envelope field types")
+    return SyncMessage(MessageKind(kind), replica, incarnation, seq, float(sent_at), body)
+
+
+def pack_hashes(hashes: Sequence[int]) -> bytes:
+    return np.asarray(hashes, dtype="<u8").tobytes()
+
+
+def unpack_hashes(data: bytes) -> list[int]:
+    """The block hashes packed by :func:`pack_hashes`; ValueError if ``data`` is not whole uint64s."""
+    return np.frombuffer(data, dtype="<u8").tolist()

@@ -1,0 +1,616 @@
+"""The pure apply layer of replica sync: no I/O, no threads, time from injected clocks.
+
+One :class:`ReplicaSyncState` per EPP replica. It does two jobs:
+
+* **Outbound.** The replica's pipeline hook (``epp.sync.hook``) reports the lifecycle of every
+  request this replica routes (routed, prefix blocks inserted, first token, decode progress,
+  released). The state queues one delta per step (decode progress coalesced: the latest count
+  of each request, once per :meth:`flush_progress`) and hands them out as encoded messages,
+  numbered per incarnation, from :meth:`take_messages`.
+* **Inbound.** Messages from peers (:meth:`receive`) are applied to the same structures the
+  local plugins read (``SyncTargets``: the token-load producer's peer tracker, the approximate
+  prefix index, the predicted-latency producer's running TPOT SLOs), each booking keyed by
+  (the peer, the peer's key), so peers never collide with each other or with local bookings.
+  Local decisions read whatever has arrived; nothing here waits.
+
+API (the live transport ``epp.sync.nats_transport`` and the fleet simulator both drive it)::
+
+    state = ReplicaSyncState("epp-0", sync_targets(pipeline), clock=clock, tuning=SyncTuning())
+    attach_replica_sync(pipeline, state, context)   # epp.sync.hook: feeds the lifecycle in
+    state.on_pending = wake                         # optional: called when the outbox fills
+
+    # every tuning.progress_interval_s:
+    state.flush_progress()                          # queue the coalesced decode progress
+    # whenever on_pending fired (the live transport: on the next loop turn):
+    for data in state.take_messages(): deliver data to every peer, in order
+    # every tuning.heartbeat_interval_s, after take_messages():
+    deliver state.heartbeat() to every peer
+    state.expire()                                  # drop peers silent for peer_timeout_s
+    for peer in state.wanted_snapshots():           # joins, gaps, restarts, reconnects
+        reply = <peer's state>.answer(state.snapshot_request())   # request/reply
+        if reply is None or state.receive(reply) is None: state.snapshot_failed(peer)
+    # when ``data`` arrives from a peer (after whatever delay):
+    state.receive(data)                             # -> Received(kind, replica, lag_s) | None
+    # the live transport only: state.connection_lost() / state.connection_restored()
+    # a message it could not send: state.unsent(data)
+
+Introspection: ``state.peers`` (names), ``peer_bookings(name)``, ``own_bookings()``, ``stats``
+(:class:`SyncStats`). The peers' load itself is read where scoring reads it: the token-load
+producer's ``peers`` tracker (``targets.token_load``).
+
+Everything delivered is bytes in the ``epp.sync.messages`` schema, so a simulator that delays
+``data`` by d exercises the same decode and apply code as the live EPP. Each call is O(1) per
+delta (O(blocks) for a prefix insert), except :meth:`expire` (O(peers)), dropping a peer and
+installing a snapshot (O(that peer's bookings)).
+
+Consistency rules:
+
+* A peer's messages apply in ``seq`` order. A duplicate (``seq`` already applied) is dropped. A
+  gap (a ``seq`` skipped, or a heartbeat announcing a ``seq`` never seen) means messages were
+  lost: the state asks that peer for a snapshot (:meth:`wanted_snapshots`) and, until it comes,
+  keeps applying what arrives (best effort) while also keeping it; the snapshot then replaces
+  everything it knew of that peer, and the kept messages numbered after the snapshot replay.
+* Deltas are idempotent against a newer state (routing a key already booked is ignored; first
+  token, progress and release only move forward), so a snapshot that already includes a few
+  deltas that are still queued behind it does not count them twice.
+* A peer heard from for the first time mid-stream (its first message is not its first ever) is
+  asked for a snapshot too: that is how a replica that starts or restarts converges.
+* A peer silent for ``peer_timeout_s`` is dropped with everything it booked. A peer that starts
+  a new incarnation (a restart under the same name) has its old incarnation dropped at once.
+* While the transport is disconnected (:meth:`connection_lost`) nobody expires: routing goes on
+  with the last known remote state. On :meth:`connection_restored` every peer is re-snapshotted
+  and gets a fresh ``peer_timeout_s``.
+
+Replicas of one pool are assumed to run the same EndpointPickerConfig: a prefix insert is applied
+only when its block size equals the local index's, and a structure missing locally is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from epp.load.token_load import TokenLoadTracker
+from epp.sync.messages import (
+    DeltaKind,
+    MessageKind,
+    SchemaError,
+    SyncMessage,
+    decode,
+    delta_name,
+    encode,
+    pack_hashes,
+    unpack_hashes,
+)
+
+log = logging.getLogger(__name__)
+_DELTA_OVERHEAD_BYTES = 48
+"""A generous estimate of one delta's encoded size, apart from a prefix insert's hashes."""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncTuning:
+    progress_interval_s: float = 0.05
+    """How often the decode progress of each streaming request is published (coalesced)."""
+    heartbeat_interval_s: float = 0.5
+    peer_timeout_s: float = 3.0
+    """A peer silent this long is dropped with all it booked."""
+    max_message_bytes: int = 256 << 10
+    """DELTAS messages are split past about this size (NATS refuses payloads over its
+    max_payload, 1 MiB by default)."""
+    max_kept_messages: int = 10_000
+    """Messages kept per peer while its snapshot is awaited; past it they are dropped."""
+
+
+@dataclass(slots=True)
+class SyncTargets:
+    """The local structures that peers' deltas are applied to (None: this replica has none)."""
+
+    token_load: TokenLoadTracker | None = None
+    """Peers' bookings only (the token-load producer adds them to its own at read time)."""
+    tpot_slos: dict[str, dict[Hashable, float]] | None = None
+    """The predicted-latency producer's running TPOT SLOs, per endpoint, per booking."""
+    record_prefix: Callable[[str, list[int]], None] | None = None
+    """Record that an endpoint was sent these prompt blocks (the approximate prefix index)."""
+    prefix_block_size: int = 0
+
+
+@dataclass(slots=True)
+class SyncStats:
+    """Counts for metrics. Deltas are counted one by one; a message refused whole counts once."""
+
+    sent: Counter[str] = field(default_factory=Counter)
+    """Deltas handed out by :meth:`ReplicaSyncState.take_messages`, by kind."""
+    applied: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
+    """By reason: duplicate, superseded (covered by a snapshot), version, malformed, stale_incarnation,
+    replica_id_conflict, block_size, unused (no local structure for it), kept_overflow (applied, but
+    too many to keep for replay after a snapshot), and unsent (ours, that the transport could not send)."""
+    gaps: int = 0
+    snapshots: Counter[str] = field(default_factory=Counter)
+    """requested, installed, stale, failed (asked of peers); served (answered to peers)."""
+    expired_peers: int = 0
+
+
+class Received(NamedTuple):
+    """What :meth:`ReplicaSyncState.receive` took in."""
+
+    kind: MessageKind
+    replica: str
+    lag_s: float
+    """Receiver's wall clock minus the sender's at sending (clock skew included)."""
+
+
+@dataclass(slots=True)
+class _Own:
+    endpoint: str
+    kv_tokens: int
+    uncached_tokens: int
+    expected_output: int
+    tpot_slo_ms: float | None
+    decoding: bool = False
+    generated: int = 0
+
+
+@dataclass(slots=True)
+class _Peer:
+    replica: str
+    incarnation: int
+    index: int
+    """Names this incarnation in the shared structures' booking keys."""
+    last_heard: float
+    last_seq: int = 0
+    bookings: dict[int, str] = field(default_factory=dict)
+    """The peer's live keys → endpoint."""
+    kept: list[SyncMessage] | None = None
+    """DELTAS messages kept for replay while a snapshot is awaited (None: in sync)."""
+    asked: bool = False
+    """The awaited snapshot was handed to the transport to request."""
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+class ReplicaSyncState:
+    def __init__(
+        self,
+        replica_id: str,
+        targets: SyncTargets,
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float] | None = None,
+        tuning: SyncTuning | None = None,
+        incarnation: int | None = None,
+    ) -> None:
+        """``clock`` times heartbeats (monotonic seconds); ``wall_clock`` stamps messages for the
+        lag (seconds since the epoch; default ``clock``). ``incarnation`` tells this process's life
+        from an earlier one under the same ``replica_id``; a later life must have a larger one
+        (default: ``wall_clock()`` in microseconds)."""
+        self.replica_id = replica_id
+        self.targets = targets
+        self.clock = clock
+        self.wall_clock = wall_clock or clock
+        self.tuning = tuning or SyncTuning()
+        self.incarnation = incarnation if incarnation is not None else int(self.wall_clock() * 1e6)
+        self.stats = SyncStats()
+        self.on_pending: Callable[[], None] | None = None
+        """Called when the outbox goes from empty to not empty (the transport's wake-up)."""
+        self.connected = True
+        self._seq = 0
+        self._own: dict[int, _Own] = {}
+        self._dirty: dict[int, None] = {}
+        self._outbox: list[list[Any]] = []
+        self._peers: dict[str, _Peer] = {}
+        self._next_peer_index = 0
+        self._snapshots_wanted = False
+        self._logged: set[str] = set()
+
+    # ---- outbound: this replica's own bookings -------------------------------------------
+
+    def routed(
+        self,
+        key: int,
+        endpoint: str,
+        *,
+        kv_tokens: int,
+        uncached_tokens: int,
+        expected_output: int,
+        tpot_slo_ms: float | None = None,
+    ) -> None:
+        """A request of ours was routed: ``kv_tokens`` prompt tokens, of which ``uncached_tokens``
+        still to prefill, ``expected_output`` output tokens expected; its TPOT SLO if one runs."""
+        self._own[key] = _Own(endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms)
+        self._queue(
+            [DeltaKind.ROUTED, key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms]
+        )
+
+    def prefix_inserted(self, endpoint: str, block_size: int, block_hashes: Sequence[int]) -> None:
+        """We recorded these prompt blocks for ``endpoint`` in our approximate prefix index."""
+        if block_hashes:
+            self._queue([DeltaKind.PREFIX, endpoint, block_size, pack_hashes(block_hashes)])
+
+    def first_token(self, key: int) -> None:
+        own = self._own.get(key)
+        if own is None or own.decoding:
+            return
+        own.decoding = True
+        own.generated = max(1, own.generated)
+        self._queue([DeltaKind.FIRST_TOKEN, key])
+
+    def progress(self, key: int, generated: int) -> None:
+        """``generated`` output tokens so far; published at the next :meth:`flush_progress`."""
+        own = self._own.get(key)
+        if own is None or generated <= own.generated:
+            return
+        own.generated = generated
+        self._dirty[key] = None
+
+    def released(self, key: int) -> None:
+        """The request is over, however it ended."""
+        if self._own.pop(key, None) is None:
+            return
+        self._dirty.pop(key, None)
+        self._queue([DeltaKind.RELEASED, key])
+
+    def flush_progress(self) -> None:
+        """Queue the latest decode progress of every request that streamed since the last call."""
+        for key in self._dirty:
+            self._queue([DeltaKind.PROGRESS, key, self._own[key].generated])
+        self._dirty.clear()
+
+    def _queue(self, delta: list[Any]) -> None:
+        self._outbox.append(delta)
+        if len(self._outbox) == 1 and self.on_pending is not None:
+            self.on_pending()
+
+    def take_messages(self) -> list[bytes]:
+        """The queued deltas as DELTAS messages (in order, split by size), numbered from here on.
+
+        Whatever is taken is gone: a message the transport cannot send leaves a gap that peers
+        notice and repair with a snapshot."""
+        if not self._outbox:
+            return []
+        messages: list[bytes] = []
+        chunk: list[list[Any]] = []
+        size = 0
+        for delta in self._outbox:
+            delta_size = _DELTA_OVERHEAD_BYTES + (len(delta[3]) if delta[0] == DeltaKind.PREFIX else 0)
+            if chunk and size + delta_size > self.tuning.max_message_bytes:
+                messages.append(self._message(chunk))
+                chunk, size = [], 0
+            chunk.append(delta)
+            size += delta_size
+        messages.append(self._message(chunk))
+        self._outbox = []
+        return messages
+
+    def unsent(self, data: bytes) -> None:
+        """The transport could not send ``data`` (one of ours): count its deltas as dropped."""
+        self.stats.dropped["unsent"] += len(decode(data).body)
+
+    def _message(self, deltas: list[list[Any]]) -> bytes:
+        self._seq += 1
+        for delta in deltas:
+            self.stats.sent[delta_name(delta[0])] += 1
+        return encode(
+            SyncMessage(
+                MessageKind.DELTAS, self.replica_id, self.incarnation, self._seq, self.wall_clock(), deltas
+            )
+        )
+
+    def heartbeat(self) -> bytes:
+        """A HEARTBEAT carrying our latest ``seq`` (send it after :meth:`take_messages`'s messages)."""
+        return self._envelope(MessageKind.HEARTBEAT, [])
+
+    def snapshot(self) -> bytes:
+        """A SNAPSHOT of our own live bookings as of our latest ``seq``."""
+        bookings = [
+            [
+                key,
+                o.endpoint,
+                o.kv_tokens,
+                o.uncached_tokens,
+                o.expected_output,
+                o.tpot_slo_ms,
+                o.decoding,
+                o.generated,
+            ]
+            for key, o in self._own.items()
+        ]
+        return self._envelope(MessageKind.SNAPSHOT, bookings)
+
+    def snapshot_request(self) -> bytes:
+        """The payload with which to ask a peer for its snapshot."""
+        return self._envelope(MessageKind.SNAPSHOT_REQUEST, [])
+
+    def answer(self, request: bytes) -> bytes | None:
+        """Our snapshot, in answer to a peer's :meth:`snapshot_request`; None if it is unreadable."""
+        message = self._decode(request)
+        if message is None:
+            return None
+        if message.kind != MessageKind.SNAPSHOT_REQUEST:
+            self._refuse("malformed", f"a {message.kind.name} message sent as a snapshot request")
+            return None
+        self.stats.snapshots["served"] += 1
+        return self.snapshot()
+
+    def _envelope(self, kind: MessageKind, body: list[Any]) -> bytes:
+        return encode(
+            SyncMessage(kind, self.replica_id, self.incarnation, self._seq, self.wall_clock(), body)
+        )
+
+    # ---- inbound: peers' bookings ---------------------------------------------------------
+
+    def receive(self, data: bytes) -> Received | None:
+        """Apply a peer's DELTAS, HEARTBEAT or SNAPSHOT. None if refused or our own."""
+        message = self._decode(data)
+        if message is None:
+            return None
+        if message.replica == self.replica_id:
+            if message.incarnation != self.incarnation:
+                self._refuse(
+                    "replica_id_conflict",
+                    f"another replica also calls itself {self.replica_id!r}: give each a unique --replica-id",
+                )
+            return None
+        if message.kind == MessageKind.SNAPSHOT_REQUEST:
+            self._refuse("malformed", "a snapshot request sent on the events subject")
+            return None
+        peer = self._peer_for(message)
+        if peer is None:
+            return None
+        peer.last_heard = self.clock()
+        if message.kind == MessageKind.DELTAS:
+            self._on_deltas(peer, message)
+        elif message.kind == MessageKind.HEARTBEAT:
+            if peer.kept is None and message.seq > peer.last_seq:
+                self._gap(peer)
+        else:
+            self._install(peer, message)
+        return Received(message.kind, message.replica, self.wall_clock() - message.sent_at)
+
+    def _decode(self, data: bytes) -> SyncMessage | None:
+        try:
+            return decode(data)
+        except SchemaError as exc:
+            self._refuse(exc.reason, str(exc), key=f"{exc.reason}:{exc.version!r}")
+            return None
+
+    def _refuse(self, reason: str, why: str, *, key: str | None = None, count: int = 1) -> None:
+        self.stats.dropped[reason] += count
+        key = key or reason
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning("sync: dropped %s; further ones are only counted", why)
+
+    def _peer_for(self, message: SyncMessage) -> _Peer | None:
+        peer = self._peers.get(message.replica)
+        if peer is not None and message.incarnation != peer.incarnation:
+            if message.incarnation < peer.incarnation:
+                self.stats.dropped["stale_incarnation"] += 1
+                return None
+            log.info("sync: peer %s restarted; dropping what its last incarnation booked", peer.replica)
+            self._drop(peer)
+            peer = None
+        if peer is None:
+            peer = _Peer(message.replica, message.incarnation, self._next_peer_index, self.clock())
+            self._next_peer_index += 1
+            self._peers[message.replica] = peer
+            # We have seen this incarnation from its very first delta only if this is it.
+            from_start = (message.kind == MessageKind.DELTAS and message.seq == 1) or (
+                message.kind == MessageKind.HEARTBEAT and message.seq == 0
+            )
+            if not from_start and message.kind != MessageKind.SNAPSHOT:
+                self._await_snapshot(peer)
+        return peer
+
+    def _on_deltas(self, peer: _Peer, message: SyncMessage) -> None:
+        if message.seq <= peer.last_seq:
+            self.stats.dropped["duplicate"] += len(message.body)
+            return
+        if peer.kept is None and message.seq > peer.last_seq + 1:
+            self._gap(peer)
+        if peer.kept is not None:
+            if len(peer.kept) >= self.tuning.max_kept_messages:
+                self.stats.dropped["kept_overflow"] += sum(len(m.body) for m in peer.kept)
+                peer.kept.clear()
+            peer.kept.append(message)
+        self._apply(peer, message.body)
+        peer.last_seq = message.seq
+
+    def _gap(self, peer: _Peer) -> None:
+        self.stats.gaps += 1
+        log.info("sync: missed messages from %s; asking it for a snapshot", peer.replica)
+        self._await_snapshot(peer)
+
+    def _await_snapshot(self, peer: _Peer) -> None:
+        if peer.kept is None:
+            peer.kept = []
+        peer.asked = False
+        self._snapshots_wanted = True
+
+    def _install(self, peer: _Peer, message: SyncMessage) -> None:
+        if message.seq < peer.last_seq and peer.kept is None:
+            self.stats.snapshots["stale"] += 1
+            return
+        kept = peer.kept or []
+        self._clear(peer)
+        for booking in message.body:
+            if not self._book_from_snapshot(peer, booking):
+                self._refuse("malformed", f"a bad booking in a snapshot from {peer.replica}")
+        peer.kept, peer.asked, peer.last_seq = None, False, message.seq
+        self.stats.snapshots["installed"] += 1
+        for kept_message in kept:
+            if kept_message.seq <= peer.last_seq:
+                self.stats.dropped["superseded"] += len(kept_message.body)
+            else:
+                self._on_deltas(peer, kept_message)
+
+    def _book_from_snapshot(self, peer: _Peer, booking: object) -> bool:
+        if not isinstance(booking, list) or len(booking) != 8:
+            return False
+        key, endpoint, kv, uncached, expected, slo, decoding, generated = booking
+        if not _is_count(generated) or type(decoding) is not bool:
+            return False
+        if not self._book(peer, key, endpoint, kv, uncached, expected, slo):
+            return False
+        tracker = self.targets.token_load
+        if tracker is not None:
+            tracker.progress((peer.index, key), generated)
+            if decoding:
+                tracker.first_token((peer.index, key))
+        return True
+
+    def _apply(self, peer: _Peer, deltas: Sequence[Any]) -> None:
+        for delta in deltas:
+            name = delta_name(delta[0]) if isinstance(delta, list) and delta else "unknown"
+            outcome = self._apply_one(peer, delta) if name != "unknown" else "malformed"
+            if outcome is None:
+                self.stats.applied[name] += 1
+            else:
+                self._refuse(
+                    outcome, f"a {name} delta from {peer.replica} ({outcome})", key=f"{outcome}:{name}"
+                )
+
+    def _apply_one(self, peer: _Peer, delta: list[Any]) -> str | None:
+        """Apply one delta; the reason it was dropped, or None."""
+        kind, tracker = delta[0], self.targets.token_load
+        if kind == DeltaKind.ROUTED:
+            if len(delta) != 7:
+                return "malformed"
+            _, key, endpoint, kv, uncached, expected, slo = delta
+            return None if self._book(peer, key, endpoint, kv, uncached, expected, slo) else "malformed"
+        if kind == DeltaKind.PREFIX:
+            return self._apply_prefix(delta)
+        if len(delta) < 2 or type(delta[1]) is not int:
+            return "malformed"
+        key = delta[1]
+        if kind == DeltaKind.FIRST_TOKEN:
+            if tracker is not None:
+                tracker.first_token((peer.index, key))
+        elif kind == DeltaKind.PROGRESS:
+            if len(delta) != 3 or not _is_count(delta[2]):
+                return "malformed"
+            if tracker is not None:
+                tracker.progress((peer.index, key), delta[2])
+        else:
+            self._release(peer, key)
+        return None
+
+    def _book(
+        self,
+        peer: _Peer,
+        key: object,
+        endpoint: object,
+        kv: object,
+        uncached: object,
+        expected: object,
+        slo: object,
+    ) -> bool:
+        if not (type(key) is int and isinstance(endpoint, str) and _is_count(kv) and _is_count(uncached)):
+            return False
+        if not _is_count(expected) or not (slo is None or (isinstance(slo, int | float) and slo > 0)):
+            return False
+        if key in peer.bookings:  # already booked (a snapshot that included it): idempotent
+            return True
+        peer.bookings[key] = endpoint
+        if self.targets.token_load is not None:
+            self.targets.token_load.admit((peer.index, key), endpoint, kv, kv - min(uncached, kv), expected)
+        if slo is not None and self.targets.tpot_slos is not None:
+            self.targets.tpot_slos.setdefault(endpoint, {})[(peer.index, key)] = float(slo)
+        return True
+
+    def _release(self, peer: _Peer, key: int) -> None:
+        endpoint = peer.bookings.pop(key, None)
+        if endpoint is None:
+            return
+        if self.targets.token_load is not None:
+            self.targets.token_load.finish((peer.index, key))
+        if self.targets.tpot_slos is not None and (running := self.targets.tpot_slos.get(endpoint)):
+            running.pop((peer.index, key), None)
+
+    def _apply_prefix(self, delta: list[Any]) -> str | None:
+        if len(delta) != 4:
+            return "malformed"
+        _, endpoint, block_size, packed = delta
+        if not isinstance(endpoint, str) or not isinstance(packed, bytes) or len(packed) % 8:
+            return "malformed"
+        if self.targets.record_prefix is None:
+            return "unused"
+        if block_size != self.targets.prefix_block_size:
+            return "block_size"
+        self.targets.record_prefix(endpoint, unpack_hashes(packed))
+        return None
+
+    def _clear(self, peer: _Peer) -> None:
+        for key in list(peer.bookings):
+            self._release(peer, key)
+
+    def _drop(self, peer: _Peer) -> None:
+        self._clear(peer)
+        del self._peers[peer.replica]
+
+    # ---- peers' lives ---------------------------------------------------------------------
+
+    def wanted_snapshots(self) -> list[str]:
+        """Peers to ask for a snapshot now; each is returned once until answered or failed."""
+        if not self._snapshots_wanted:
+            return []
+        self._snapshots_wanted = False
+        wanted = [p.replica for p in self._peers.values() if p.kept is not None and not p.asked]
+        for replica in wanted:
+            self._peers[replica].asked = True
+        self.stats.snapshots["requested"] += len(wanted)
+        return wanted
+
+    def snapshot_failed(self, replica: str) -> None:
+        """The snapshot request to ``replica`` got no answer; it is wanted again."""
+        self.stats.snapshots["failed"] += 1
+        peer = self._peers.get(replica)
+        if peer is not None and peer.kept is not None:
+            peer.asked = False
+            self._snapshots_wanted = True
+
+    def expire(self) -> list[str]:
+        """Drop peers silent for ``peer_timeout_s`` with all they booked (not while disconnected)."""
+        if not self.connected:
+            return []
+        deadline = self.clock() - self.tuning.peer_timeout_s
+        expired = [p for p in self._peers.values() if p.last_heard < deadline]
+        for peer in expired:
+            log.info(
+                "sync: peer %s silent for %.1f s; dropping its bookings",
+                peer.replica,
+                self.tuning.peer_timeout_s,
+            )
+            self._drop(peer)
+        self.stats.expired_peers += len(expired)
+        return [p.replica for p in expired]
+
+    def connection_lost(self) -> None:
+        """The transport lost its connection: keep the last known remote state, expire no one."""
+        self.connected = False
+
+    def connection_restored(self) -> None:
+        """Connected again: every peer gets a fresh timeout and is re-snapshotted."""
+        self.connected = True
+        now = self.clock()
+        for peer in self._peers.values():
+            peer.last_heard = now
+            self._await_snapshot(peer)
+
+    @property
+    def peers(self) -> list[str]:
+        """The peers heard from within their timeout."""
+        return list(self._peers)
+
+    def peer_bookings(self, replica: str) -> int:
+        peer = self._peers.get(replica)
+        return len(peer.bookings) if peer is not None else 0
+
+    def own_bookings(self) -> int:
+        return len(self._own)

@@ -1,0 +1,113 @@
+"""The context length of each engine: read from /v1/models by the scraper, kept by the store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+
+from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.served_models import ModelsParseError, parse_max_model_len
+from epp.scheduling.types import Endpoint
+from sim.openai_api import models_response
+
+METRICS = b"vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0.1\n"
+
+
+def test_an_engines_context_is_the_longest_listed() -> None:
+    listing = models_response("tiny", "/models/tiny", 2048, created=1)
+    adapter = {**listing["data"][0], "id": "tiny-lora", "parent": "tiny", "max_model_len": 4096}
+    body = json.dumps({**listing, "data": [*listing["data"], adapter, {"id": "odd"}]}).encode()
+    assert parse_max_model_len(body) == 4096
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html>",
+        b"[]",
+        b'{"data": 5}',
+        b'{"data": [{"max_model_len": "2048"}]}',
+        b'{"data": [{"max_model_len": 0}]}',
+    ],
+)
+def test_listings_without_a_context_length_are_errors(body: bytes) -> None:
+    with pytest.raises(ModelsParseError):
+        parse_max_model_len(body)
+
+
+def test_the_pools_context_is_the_longest_any_endpoint_reported() -> None:
+    store = EndpointStore()
+    store.replace([Endpoint("a", "10.0.0.1", 8000), Endpoint("b", "10.0.0.2", 8000)])
+    assert store.max_model_len() is None
+    store.record_max_model_len("a", 2048)
+    store.record_max_model_len("b", 8192)
+    store.record_max_model_len("gone", 100_000)
+    assert store.max_model_len() == 8192
+    store.replace([Endpoint("a", "10.0.0.1", 8000)])
+    assert store.max_model_len() == 2048
+
+
+@dataclass
+class Engine:
+    """Serves /metrics, and /v1/models with ``max_model_len`` (404 while it is None)."""
+
+    max_model_len: int | None = None
+    models_calls: list[float] = field(default_factory=list)
+    port: int = 0
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=METRICS, content_type="text/plain")
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.models_calls.append(time.monotonic())
+        if self.max_model_len is None:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        return web.json_response(models_response("tiny", "/m", self.max_model_len, created=1))
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    fake = Engine()
+    app = web.Application()
+    app.router.add_get("/metrics", fake.metrics)
+    app.router.add_get("/v1/models", fake.models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    fake.port = site._server.sockets[0].getsockname()[1]
+    yield fake
+    await runner.cleanup()
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_scraper_learns_each_engines_context_and_follows_changes(engine: Engine) -> None:
+    store = EndpointStore()
+    scraper = MetricsScraper(store, time.monotonic, interval=0.01, models_refresh_s=0.2, models_retry_s=0.05)
+    scraper.start()
+    store.replace([Endpoint("e0", "127.0.0.1", engine.port)])
+    try:
+        await eventually(lambda: store.is_healthy("e0") and len(engine.models_calls) >= 2)
+        assert store.max_model_len() is None  # 404s: nothing learned, retried
+        engine.max_model_len = 2048
+        await eventually(lambda: store.max_model_len() == 2048)
+        engine.max_model_len = 4096  # restarted in place with a longer context
+        await eventually(lambda: store.max_model_len() == 4096)
+        calls = len(engine.models_calls)
+        await asyncio.sleep(0.1)
+        assert len(engine.models_calls) <= calls + 1  # refreshed, not read on every scrape
+    finally:
+        await scraper.close()

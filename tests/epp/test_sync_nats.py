@@ -1,0 +1,287 @@
+"""Replica sync through a real nats-server (started here on free loopback ports): convergence,
+refused messages, heartbeat expiry, snapshot on join, NATS restarts, and auth."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import msgpack
+import nats
+import nkeys
+import pytest
+from prometheus_client import CollectorRegistry
+
+from epp.datalayer.endpoints import EndpointStore
+from epp.load.token_load import EndpointLoad, TokenLoadTracker
+from epp.settings import EppSettings
+from epp.sync.metrics import SyncMetrics
+from epp.sync.nats_transport import NatsSyncTransport, connect_options
+from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
+from sim.nats_server import start_nats_server
+from sim.processes import Component, free_port
+from tests.epp.test_sync_state import ENDPOINTS, Replica
+
+pytestmark = pytest.mark.integration
+TUNING = SyncTuning(progress_interval_s=0.02, heartbeat_interval_s=0.1, peer_timeout_s=0.8)
+ROOT = "llm-epp-test.pool"
+
+
+class Nats:
+    """A nats-server on a free port that a test can stop and start again on the same port."""
+
+    def __init__(self, workdir: Path, args: tuple[str, ...] = ()) -> None:
+        self.workdir, self.args, self.port = workdir, args, free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.component: Component | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        self.component = start_nats_server(
+            self.workdir, self.port, name=f"nats-{self.starts}", args=self.args
+        )
+
+    def stop(self) -> None:
+        if self.component is not None:
+            self.component.stop()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[Nats]:
+    server = Nats(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+class SyncedReplica(Replica):
+    transport: NatsSyncTransport
+    registry: CollectorRegistry
+
+
+def replica(name: str, url: str, **options) -> SyncedReplica:
+    sync = ReplicaSyncState(
+        name,
+        SyncTargets(token_load=TokenLoadTracker()),
+        clock=time.monotonic,
+        wall_clock=time.time,
+        tuning=TUNING,
+    )
+    r = SyncedReplica(sync)
+    r.registry = CollectorRegistry()
+    metrics = SyncMetrics(r.registry, "pool", EndpointStore(), sync, None)
+    r.transport = NatsSyncTransport(sync, [url], ROOT, connect_options=options, metrics=metrics)
+    return r
+
+
+@pytest.fixture
+async def started() -> AsyncIterator[Callable[..., SyncedReplica]]:
+    """Start replicas (closed at the end of the test)."""
+    replicas: list[SyncedReplica] = []
+
+    async def start(name: str, url: str, **options) -> SyncedReplica:
+        r = replica(name, url, **options)
+        await r.transport.start()
+        replicas.append(r)
+        return r
+
+    yield start
+    for r in replicas:
+        await r.transport.close()
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def converged(dst: Replica, *srcs: Replica) -> Callable[[], bool]:
+    def check() -> bool:
+        for e in ENDPOINTS:
+            expected = EndpointLoad()
+            for src in srcs:
+                expected = expected + src.own.load(e)
+            if dst.peers_load.load(e) != expected:
+                return False
+        return True
+
+    return check
+
+
+def connected(*replicas: SyncedReplica) -> Callable[[], bool]:
+    return lambda: all(r.transport.connected for r in replicas)
+
+
+def peers_of(r: Replica, *names: str) -> Callable[[], bool]:
+    return lambda: sorted(r.sync.peers) == sorted(names)
+
+
+async def test_two_replicas_converge_on_token_load_and_refuse_what_they_cannot_read(
+    nats_server: Nats, started
+) -> None:
+    wiretap = await nats.connect(nats_server.url)
+    tapped: list[bytes] = []
+
+    async def tap(msg) -> None:
+        tapped.append(msg.data)
+
+    await wiretap.subscribe(f"{ROOT}.events", cb=tap)
+    a = await started("a", nats_server.url)
+    b = await started("b", nats_server.url)
+    await eventually(connected(a, b))
+    await eventually(peers_of(a, "b"))
+    await eventually(peers_of(b, "a"))
+    keys = [a.route(e, 100 * (i + 1), 30, 20) for i, e in enumerate(ENDPOINTS)]
+    b_key = b.route("a", 77, 0, 5)
+    a.first_token(keys[0])
+    a.progress(keys[0], 12)
+    await eventually(converged(b, a))
+    await eventually(converged(a, b))
+    assert b.peers_load.load("a").decode_tokens == 112
+    a.release(keys[1])
+    b.release(b_key)
+    await eventually(converged(b, a))
+    await eventually(converged(a, b))
+    assert a.peers_load.in_flight() == 0
+    assert b.registry.get_sample_value("llm_epp_sync_lag_seconds_count") > 0
+    assert b.registry.get_sample_value("llm_epp_sync_connected") == 1
+    assert b.registry.get_sample_value("llm_epp_sync_peers_alive") == 1
+    applied = b.registry.get_sample_value("llm_epp_sync_deltas_applied_total", {"kind": "routed"})
+    assert applied == 3
+
+    # Replays of a's messages, and a message of another schema version, sent by a bare client.
+    a_deltas = [m for m in tapped if msgpack.unpackb(m)[1:3] == [1, "a"]]
+    assert a_deltas
+    for data in a_deltas:
+        await wiretap.publish(f"{ROOT}.events", data)
+    future = msgpack.packb([2, 1, "a", a.sync.incarnation, 99, time.time(), [[1, 9, "a", 5, 5, 5, None]]])
+    await wiretap.publish(f"{ROOT}.events", future)
+    await wiretap.flush()
+    await eventually(lambda: b.sync.stats.dropped["version"] == 1)
+    await wiretap.close()
+    assert b.sync.stats.dropped["duplicate"] == sum(len(msgpack.unpackb(m)[6]) for m in a_deltas)
+    assert b.registry.get_sample_value("llm_epp_sync_deltas_dropped_total", {"reason": "version"}) == 1
+    assert converged(b, a)()
+    assert b.registry.get_sample_value("llm_epp_sync_deltas_applied_total", {"kind": "routed"}) == applied
+
+
+async def test_a_dead_peers_bookings_leave_after_the_heartbeat_timeout(nats_server: Nats, started) -> None:
+    a = await started("a", nats_server.url)
+    b = await started("b", nats_server.url)
+    await eventually(connected(a, b))
+    a.route("a", 500, 0, 10)
+    await eventually(converged(b, a))
+    await a.transport.close()  # a dies with its booking open
+    assert b.peers_load.load("a").requests == 1
+    await eventually(lambda: b.peers_load.in_flight() == 0)
+    assert b.sync.stats.expired_peers == 1 and b.sync.peers == []
+
+
+async def test_a_replica_that_joins_late_converges_with_a_snapshot(nats_server: Nats, started) -> None:
+    a = await started("a", nats_server.url)
+    await eventually(connected(a))
+    keys = [a.route(e, 64, 0, 8) for e in ENDPOINTS]
+    a.first_token(keys[2])
+    a.release(keys[0])
+    await asyncio.sleep(0.2)  # published before b exists
+    b = await started("b", nats_server.url)
+    await eventually(converged(b, a))
+    assert b.sync.stats.snapshots["installed"] >= 1 and a.sync.stats.snapshots["served"] >= 1
+
+
+async def test_routing_goes_on_through_a_nats_outage_and_resyncs_after(nats_server: Nats, started) -> None:
+    a = await started("a", nats_server.url)
+    b = await started("b", nats_server.url)
+    await eventually(connected(a, b))
+    kept = a.route("a", 100, 0, 10)
+    gone = a.route("b", 200, 0, 10)
+    await eventually(converged(b, a))
+    nats_server.stop()
+    await eventually(lambda: not a.transport.connected and not b.transport.connected)
+    a.release(gone)  # lost: nobody is connected
+    a.first_token(kept)
+    new = a.route("c", 300, 0, 10)
+    await asyncio.sleep(2 * TUNING.peer_timeout_s)
+    # b still routes on the last it knew of a: nothing expired during the outage.
+    assert b.peers_load.load("b").requests == 1 and b.sync.peers == ["a"]
+    assert b.registry.get_sample_value("llm_epp_sync_connected") == 0
+    nats_server.start()
+    await eventually(connected(a, b))
+    await eventually(converged(b, a))
+    assert b.peers_load.load("c").requests == 1 and b.peers_load.load("b") == EndpointLoad()
+    assert b.sync.stats.snapshots["installed"] >= 1  # the release of "gone" was lost: a snapshot repaired it
+    assert a.sync.stats.dropped["unsent"] >= 3
+    a.release(kept)
+    a.release(new)
+    await eventually(lambda: b.peers_load.in_flight() == 0)
+
+
+@pytest.fixture
+def token_server(tmp_path: Path) -> Iterator[Nats]:
+    server = Nats(tmp_path, ("--auth", "s3cret-token"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def settings_with(**fields) -> EppSettings:
+    return EppSettings(endpoints_file=Path("endpoints.yaml"), tokenizer_dir=Path("."), **fields)
+
+
+async def test_token_auth_connects_and_a_wrong_token_is_refused(
+    token_server: Nats, tmp_path: Path, started
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    good = connect_options(settings_with(sync_nats_url=[token_server.url], sync_nats_token_file=token_file))
+    assert good == {"token": "s3cret-token"}
+    from_env = connect_options(
+        settings_with(sync_nats_url=[token_server.url]), {"LLM_EPP_SYNC_NATS_TOKEN": "x"}
+    )
+    assert from_env == {"token": "x"}
+    a = await started("a", token_server.url, **good)
+    b = await started("b", token_server.url, **good)
+    intruder = await started("intruder", token_server.url, token="wrong")
+    await eventually(connected(a, b))
+    await eventually(lambda: intruder.transport.last_error is not None)
+    assert "authorization violation" in intruder.transport.last_error.lower()
+    assert not intruder.transport.connected
+    a.route("a", 40, 0, 4)
+    intruder.route("b", 999, 0, 4)
+    await eventually(converged(b, a))
+    await asyncio.sleep(0.3)
+    assert b.peers_load.load("b") == EndpointLoad() and sorted(b.sync.peers) == ["a"]
+
+
+async def test_user_password_and_nkey_auth(tmp_path: Path, started) -> None:
+    seed = nkeys.encode_seed(bytes(range(32)), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(seed).public_key.decode()
+    seed_file = tmp_path / "user.nk"
+    seed_file.write_bytes(seed)
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f'authorization {{ users = [ {{user: "epp", password: "pw"}}, {{nkey: "{public}"}} ] }}\n'
+    )
+    server = Nats(tmp_path, ("--config", str(config)))
+    server.start()
+    try:
+        password_file = tmp_path / "password"
+        password_file.write_text("pw")
+        user = connect_options(
+            settings_with(
+                sync_nats_url=[server.url], sync_nats_user="epp", sync_nats_password_file=password_file
+            )
+        )
+        nkey = connect_options(settings_with(sync_nats_url=[server.url], sync_nats_nkey_seed_file=seed_file))
+        a = await started("a", server.url, **user)
+        b = await started("b", server.url, **nkey)
+        await eventually(connected(a, b))
+        a.route("c", 10, 0, 1)
+        await eventually(converged(b, a))
+    finally:
+        server.stop()

@@ -1,0 +1,432 @@
+"""The pure apply layer of replica sync (``epp.sync.state``), driven by hand and by hypothesis.
+
+Replicas here exchange the real encoded messages through lists standing in for the network,
+so every test runs the decode and apply code the live EPP runs."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.kvcache.approximate_index import ApproximatePrefixIndex
+from epp.load.token_load import EndpointLoad, TokenLoadTracker
+from epp.sync.messages import DeltaKind, MessageKind, SyncMessage, encode
+from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
+from tests.epp.factories import FakeClock
+
+ENDPOINTS = ("a", "b", "c")
+
+
+@dataclass
+class Replica:
+    """One EPP replica as far as sync goes: its own bookings and its sync state."""
+
+    sync: ReplicaSyncState
+    own: TokenLoadTracker = field(default_factory=TokenLoadTracker)
+    next_key: int = 0
+
+    @property
+    def peers_load(self) -> TokenLoadTracker:
+        assert self.sync.targets.token_load is not None
+        return self.sync.targets.token_load
+
+    def route(self, endpoint: str, prompt: int, cached: int, expected: int, slo: float | None = None) -> int:
+        key = self.next_key
+        self.next_key += 1
+        self.own.admit(key, endpoint, prompt, cached, expected)
+        terms = self.own.terms(key)
+        assert terms is not None
+        self.sync.routed(
+            key,
+            endpoint,
+            kv_tokens=terms.prompt_tokens,
+            uncached_tokens=terms.uncached_tokens,
+            expected_output=terms.expected_output,
+            tpot_slo_ms=slo,
+        )
+        return key
+
+    def first_token(self, key: int) -> None:
+        self.own.first_token(key)
+        self.sync.first_token(key)
+
+    def progress(self, key: int, generated: int) -> None:
+        self.own.progress(key, generated)
+        self.sync.progress(key, generated)
+
+    def release(self, key: int) -> None:
+        self.own.finish(key)
+        self.sync.released(key)
+
+
+def make_replica(name: str, clock: FakeClock, incarnation: int = 1, **targets) -> Replica:
+    targets.setdefault("token_load", TokenLoadTracker())
+    sync = ReplicaSyncState(
+        name,
+        SyncTargets(**targets),
+        clock=clock,
+        tuning=SyncTuning(peer_timeout_s=3.0),
+        incarnation=incarnation,
+    )
+    return Replica(sync)
+
+
+def send(src: Replica) -> list[bytes]:
+    src.sync.flush_progress()
+    return src.sync.take_messages()
+
+
+def deliver(messages: list[bytes], *dsts: Replica) -> None:
+    for data in messages:
+        for dst in dsts:
+            dst.sync.receive(data)
+
+
+def serve_snapshots(dst: Replica, replicas: dict[str, Replica]) -> None:
+    for name in dst.sync.wanted_snapshots():
+        reply = replicas[name].sync.answer(dst.sync.snapshot_request())
+        assert reply is not None
+        dst.sync.receive(reply)
+
+
+def loads(tracker: TokenLoadTracker) -> dict[str, EndpointLoad]:
+    return {e: tracker.load(e) for e in ENDPOINTS}
+
+
+def test_a_peer_sees_every_step_of_a_booking_and_the_release() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    key = a.route("a", prompt=1000, cached=600, expected=50)
+    deliver(send(a), b)
+    assert b.peers_load.load("a") == EndpointLoad(1, 400, 0, 50, 1000) == a.own.load("a")
+    a.first_token(key)
+    a.progress(key, 7)
+    a.progress(key, 9)  # coalesced with the one before: one PROGRESS delta with 9
+    messages = send(a)
+    assert len(messages) == 1
+    deliver(messages, b)
+    assert b.peers_load.load("a") == a.own.load("a") == EndpointLoad(1, 0, 1009, 41, 1009)
+    assert b.sync.stats.applied == {"routed": 1, "first_token": 1, "progress": 1}
+    a.release(key)
+    deliver(send(a), b)
+    assert b.peers_load.load("a") == EndpointLoad() and b.peers_load.in_flight() == 0
+    assert a.sync.stats.sent == {"routed": 1, "first_token": 1, "progress": 1, "released": 1}
+
+
+def test_duplicates_are_dropped_and_counted() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    a.route("b", 100, 0, 10)
+    a.route("b", 50, 0, 10)
+    messages = send(a)
+    deliver(messages + messages, b)
+    assert b.peers_load.load("b") == a.own.load("b")
+    assert b.sync.stats.dropped["duplicate"] == 2
+
+
+def test_own_messages_are_ignored() -> None:
+    clock = FakeClock()
+    a = make_replica("a", clock)
+    a.route("a", 100, 0, 10)
+    deliver(send(a), a)
+    assert a.peers_load.in_flight() == 0 and a.sync.peers == []
+
+
+def test_a_message_of_another_schema_version_is_refused_and_logged_once(caplog) -> None:
+    clock = FakeClock()
+    b = make_replica("b", clock)
+    future = msgpack.packb([2, 1, "a", 1, 1, 0.0, [[1, 0, "a", 100, 100, 10, None]], {"new": "field"}])
+    with caplog.at_level(logging.WARNING, logger="epp.sync.state"):
+        assert b.sync.receive(future) is None
+        assert b.sync.receive(future) is None
+    assert b.sync.stats.dropped["version"] == 2
+    assert b.peers_load.in_flight() == 0 and b.sync.peers == []
+    assert len([r for r in caplog.records if "schema version 2" in r.getMessage()]) == 1
+    assert b.sync.receive(b"\xc1 not msgpack") is None
+    assert b.sync.stats.dropped["malformed"] == 1
+
+
+def test_a_malformed_delta_is_dropped_and_the_rest_of_its_message_applied() -> None:
+    clock = FakeClock()
+    b = make_replica("b", clock)
+    deltas = [
+        [DeltaKind.ROUTED, 1, "a", "many", 10, 10, None],  # a string where a count belongs
+        [DeltaKind.ROUTED, 2, "a", 100, 40, 10, None],
+        [99, 2],  # a kind this version does not know
+        [DeltaKind.PROGRESS, 2],  # too short
+    ]
+    b.sync.receive(encode(SyncMessage(MessageKind.DELTAS, "a", 1, 1, 0.0, deltas)))
+    assert b.peers_load.load("a") == EndpointLoad(1, 40, 0, 10, 100)
+    assert b.sync.stats.dropped["malformed"] == 3 and b.sync.stats.applied["routed"] == 1
+
+
+def test_a_gap_is_repaired_with_a_snapshot_and_the_messages_after_it() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    replicas = {"a": a, "b": b}
+    first = a.route("a", 100, 0, 10)
+    deliver(send(a), b)
+    a.first_token(first)
+    lost = send(a)  # never arrives
+    second = a.route("b", 200, 50, 20)
+    deliver(send(a), b)  # seq 3 after seq 1: a gap
+    assert b.sync.stats.gaps == 1
+    # Until the snapshot comes, what arrives is applied (best effort): the second booking shows.
+    assert b.peers_load.load("b") == a.own.load("b")
+    a.release(second)
+    after_snapshot = send(a)
+    serve_snapshots(b, replicas)
+    deliver(after_snapshot, b)
+    assert loads(b.peers_load) == loads(a.own)
+    assert b.sync.stats.snapshots["installed"] == 1 and len(lost) == 1
+
+
+def test_messages_kept_during_a_resync_that_the_snapshot_covers_are_not_applied_again() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    a.route("a", 1, 0, 1)
+    send(a)  # lost: b waits for a snapshot from here on
+    key = a.route("b", 100, 0, 10)
+    deliver(send(a), b)  # kept, and applied meanwhile
+    a.release(key)
+    send(a)  # lost too
+    assert b.peers_load.load("b").requests == 1
+    serve_snapshots(b, {"a": a})
+    assert loads(b.peers_load) == loads(a.own)
+    assert b.sync.stats.dropped["superseded"] == 1
+
+
+def test_a_heartbeat_shows_lost_trailing_messages() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    deliver([a.sync.heartbeat()], b)
+    key = a.route("a", 100, 0, 10)
+    deliver(send(a), b)
+    a.release(key)
+    send(a)  # lost: b still sees the booking
+    assert b.peers_load.in_flight() == 1
+    deliver([a.sync.heartbeat()], b)
+    assert b.sync.wanted_snapshots() == ["a"]
+    b.sync.receive(a.sync.answer(b.sync.snapshot_request()))
+    assert b.peers_load.in_flight() == 0
+
+
+def test_a_replica_that_joins_mid_stream_converges_with_a_snapshot() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    keys = [a.route(e, 100 * (i + 1), 10, 5) for i, e in enumerate(ENDPOINTS)]
+    a.first_token(keys[0])
+    a.progress(keys[0], 4)
+    send(a)  # published before b existed
+    late = make_replica("late", clock)
+    a.release(keys[1])
+    deliver(send(a), b, late)
+    assert late.sync.wanted_snapshots() == ["a"]
+    assert late.sync.wanted_snapshots() == []  # asked once until answered or failed
+    late.sync.snapshot_failed("a")
+    serve_snapshots(late, {"a": a})
+    assert loads(late.peers_load) == loads(a.own)
+
+
+def test_a_silent_peer_is_dropped_with_all_it_booked_but_not_while_disconnected() -> None:
+    clock = FakeClock()
+    a, b, c = make_replica("a", clock), make_replica("b", clock), make_replica("c", clock)
+    a.route("a", 100, 0, 10)
+    c.route("a", 300, 0, 10)
+    deliver(send(a), b)
+    deliver(send(c), b)
+    assert b.peers_load.load("a").kv_tokens == 400
+    b.sync.connection_lost()
+    clock.advance(10)
+    assert b.sync.expire() == []
+    assert b.peers_load.load("a").kv_tokens == 400  # routing goes on with the last known state
+    b.sync.connection_restored()
+    assert sorted(b.sync.wanted_snapshots()) == ["a", "c"]
+    clock.advance(2)
+    deliver([c.sync.heartbeat()], b)
+    clock.advance(2)
+    assert b.sync.expire() == ["a"]
+    assert b.peers_load.load("a").kv_tokens == 300 and b.sync.peers == ["c"]
+
+
+def test_a_restarted_peer_replaces_its_old_incarnation() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    a.route("a", 100, 0, 10)
+    deliver(send(a), b)
+    restarted = make_replica("a", clock, incarnation=2)
+    restarted.route("b", 7, 0, 1)
+    deliver(send(restarted), b)
+    assert b.peers_load.load("a") == EndpointLoad() and b.peers_load.load("b").kv_tokens == 7
+    deliver([a.sync.heartbeat()], b)  # a late message of the dead incarnation
+    assert b.sync.stats.dropped["stale_incarnation"] == 1
+
+
+def test_two_replicas_with_one_name_are_told_apart_and_refused(caplog) -> None:
+    clock = FakeClock()
+    a, twin = make_replica("a", clock, incarnation=1), make_replica("a", clock, incarnation=2)
+    twin.route("a", 100, 0, 10)
+    with caplog.at_level(logging.WARNING, logger="epp.sync.state"):
+        deliver(send(twin), a)
+    assert a.peers_load.in_flight() == 0 and a.sync.stats.dropped["replica_id_conflict"] == 1
+    assert any("--replica-id" in r.getMessage() for r in caplog.records)
+
+
+def test_prefix_inserts_and_tpot_slos_reach_the_peer_structures() -> None:
+    clock = FakeClock()
+    index = ApproximatePrefixIndex()
+    slos: dict = {}
+    a = make_replica("a", clock)
+    b = make_replica(
+        "b",
+        clock,
+        tpot_slos=slos,
+        record_prefix=lambda endpoint, hashes: index.record(endpoint, hashes, 100),
+        prefix_block_size=64,
+    )
+    hashes = [2**64 - 1, 5, 7]
+    key = a.route("c", 100, 0, 10, slo=40.0)
+    a.sync.prefix_inserted("c", 64, hashes)
+    a.sync.prefix_inserted("a", 16, hashes)  # another block size: not comparable, dropped
+    deliver(send(a), b)
+    assert index.longest_prefix(hashes) == {"c": 3}
+    assert list(slos["c"].values()) == [40.0]
+    assert b.sync.stats.dropped["block_size"] == 1
+    a.release(key)
+    deliver(send(a), b)
+    assert slos["c"] == {}
+
+
+def test_large_batches_are_split_under_the_message_size_limit() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    for i in range(40):
+        a.route("a", 10, 0, 1)
+        a.sync.prefix_inserted("a", 64, list(range(i * 2048, (i + 1) * 2048)))
+    messages = send(a)
+    assert len(messages) > 1 and all(len(m) <= a.sync.tuning.max_message_bytes + 20_000 for m in messages)
+    deliver(messages, b)
+    assert b.peers_load.load("a").requests == 40 and b.sync.stats.gaps == 0
+
+
+# ---- hypothesis: any interleaving of bookings, loss, duplication and reordering converges --
+
+replica_names = st.sampled_from(["r0", "r1", "r2"])
+deliveries = st.tuples(
+    st.just("deliver"),
+    replica_names,
+    replica_names,
+    st.sampled_from(["in_order", "in_order", "duplicate", "lose", "swap"]),
+)
+operations = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("route"),
+            replica_names,
+            st.sampled_from(ENDPOINTS),
+            st.integers(1, 500),
+            st.integers(0, 600),
+            st.integers(0, 50),
+        ),
+        st.tuples(st.just("first"), replica_names, st.integers(0, 20)),
+        st.tuples(st.just("progress"), replica_names, st.integers(0, 20), st.integers(1, 80)),
+        st.tuples(st.just("release"), replica_names, st.integers(0, 20)),
+        st.tuples(st.just("flush"), replica_names),
+        deliveries,
+        deliveries,
+        deliveries,
+        st.tuples(st.just("snapshots"), replica_names),
+    ),
+    min_size=10,
+    max_size=120,
+)
+
+
+def reference_load(bookings: dict[int, dict]) -> dict[str, EndpointLoad]:
+    """The plain model: per endpoint, the sum of the live bookings' accounts."""
+    totals = {e: [0, 0, 0, 0, 0] for e in ENDPOINTS}
+    for b in bookings.values():
+        acc = totals[b["endpoint"]]
+        kv = b["prompt"] + b["generated"]
+        acc[0] += 1
+        acc[1] += 0 if b["decoding"] else b["uncached"]
+        acc[2] += kv if b["decoding"] else 0
+        acc[3] += max(0, max(b["expected"], b["generated"]) - b["generated"])
+        acc[4] += kv
+    return {e: EndpointLoad(*v) for e, v in totals.items()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_every_replica_converges_on_the_sum_of_its_peers_live_bookings(ops) -> None:
+    clock = FakeClock()
+    replicas = {name: make_replica(name, clock) for name in ("r0", "r1", "r2")}
+    live: dict[str, dict[int, dict]] = {name: {} for name in replicas}
+    wire: dict[tuple[str, str], list[bytes]] = {(s, d): [] for s in replicas for d in replicas if s != d}
+    for op in ops:
+        kind, name = op[0], op[1]
+        r, mine = replicas[name], live[name]
+        keys = sorted(mine)
+        if kind == "route":
+            _, _, endpoint, prompt, cached, expected = op
+            key = r.route(endpoint, prompt, cached, expected)
+            uncached = max(0, prompt - min(cached, prompt))
+            mine[key] = dict(
+                endpoint=endpoint, prompt=prompt, uncached=uncached, expected=max(1, expected), generated=0,
+                decoding=False,
+            )  # fmt: skip
+        elif kind in ("first", "progress", "release") and keys:
+            key = keys[op[2] % len(keys)]
+            if kind == "first":
+                r.first_token(key)
+                if not mine[key]["decoding"]:
+                    mine[key]["decoding"] = True
+                    mine[key]["generated"] = max(1, mine[key]["generated"])
+            elif kind == "progress":
+                r.progress(key, op[3])
+                mine[key]["generated"] = max(mine[key]["generated"], op[3])
+            else:
+                r.release(key)
+                del mine[key]
+        elif kind == "flush":
+            r.sync.flush_progress()
+        elif kind == "deliver" and op[1] != op[2] and (queue := wire[(op[1], op[2])]):
+            mode = op[3]
+            if mode == "swap" and len(queue) > 1:
+                queue[0], queue[1] = queue[1], queue[0]
+            data = queue.pop(0)
+            if mode != "lose":
+                replicas[op[2]].sync.receive(data)
+            if mode == "duplicate":
+                replicas[op[2]].sync.receive(data)
+        elif kind == "snapshots":
+            serve_snapshots(r, replicas)
+        # Each step's deltas leave in a message of their own (progress only once flushed).
+        for data in r.sync.take_messages():
+            for dst in replicas:
+                if dst != name:
+                    wire[(name, dst)].append(data)
+        assert r.own.load("a") == reference_load(mine)["a"]
+    # The network settles: everything still queued arrives in order, then a heartbeat round
+    # reveals lost tail messages, and the snapshots asked for are served.
+    for name, r in replicas.items():
+        for data in send(r):
+            for dst in replicas:
+                if dst != name:
+                    wire[(name, dst)].append(data)
+    for (src, dst), queue in wire.items():
+        deliver(queue, replicas[dst])
+        deliver([replicas[src].sync.heartbeat()], replicas[dst])
+    for r in replicas.values():
+        serve_snapshots(r, replicas)
+    for name, r in replicas.items():
+        expected = {e: EndpointLoad() for e in ENDPOINTS}
+        for peer in replicas:
+            if peer != name:
+                expected = {e: expected[e] + reference_load(live[peer])[e] for e in ENDPOINTS}
+        assert loads(r.peers_load) == expected
+        assert r.peers_load.in_flight() == sum(len(live[p]) for p in replicas if p != name)
