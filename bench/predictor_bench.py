@@ -12,7 +12,10 @@
    time, never seen). Both target transforms (log, raw) are trained and compared.
 2. **Retraining time.** Every window bucket filled to its bound (400 × 500 samples per model),
    one retraining of both models, timed.
-3. **Predictor throughput.** One ``llm-epp-predictor`` process serving the model from (1),
+3. **Model size.** Accuracy and prediction cost of a few (trees, depth) shapes, the anchor's
+   200 × 6 first, each trained on the same samples of the traffic of (1) with other seeds: the
+   measurement behind the trainer's default size.
+4. **Predictor throughput.** One ``llm-epp-predictor`` process serving the model from (1),
    closed-loop load of ``POST /predict/bulk/strict`` calls of 100 rows at a few
    concurrencies: calls/s, p50/p99 latency and the server's CPU time per call. The load
    generator runs on the same CPUs (as do other jobs on a shared machine), so the measured
@@ -50,7 +53,7 @@ from predictor.server import create_app
 from predictor.settings import PredictorSettings
 from sim.engine import Engine, EngineConfig, EngineRequest, load_profile
 from sim.processes import BIN, free_port, http_ok, spawn, wait_until
-from trainer.artifacts import Manifest
+from trainer.artifacts import MANIFEST_NAME, Manifest, parse_manifest
 from trainer.features import FEATURE_COLUMNS, decode_feature_rows
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
@@ -69,6 +72,10 @@ class PredictorBenchSettings:
     At 4.5 the engines stay short of saturation; at 6.0 queues form and the KV cache fills at
     the peaks."""
     train_fraction: float = 0.8
+    model_sizes: tuple[tuple[int, int], ...] = ((200, 6), (120, 5))
+    """(trees, depth) of the models compared in "Model size"; the first is the reference."""
+    size_seeds: tuple[int, ...] = (1, 2, 3)
+    """Seeds of the traffic (and of training) each size is compared on, at every load level."""
     concurrencies: tuple[int, ...] = (1, 2, 4, 8)
     rows_per_call: int = 100
     load_seconds: float = 5.0
@@ -201,17 +208,20 @@ def measure_error(
     settings: PredictorBenchSettings,
     *,
     without_step_wait: bool = False,
+    size: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Train through the trainer's own intake and window on the first requests; MAPE on the rest.
 
     ``without_step_wait``: the diagnostic run, on TTFTs less the unobservable wait for the step
-    in progress, to show how much of the TTFT error that wait causes.
+    in progress, to show how much of the TTFT error that wait causes. ``size``: (trees, depth)
+    of the models, instead of the trainer's defaults.
     """
     if without_step_wait:
         records = [replace(r, ttft_ms=r.ttft_ms - r.step_wait_ms) for r in records]
     cut = int(len(records) * settings.train_fraction)
+    shape = {} if size is None else {"n_estimators": size[0], "max_depth": size[1]}
     service = TrainerService(
-        TrainerSettings(model_dir=model_dir, target_transform=transform, seed=settings.seed)
+        TrainerSettings(model_dir=model_dir, target_transform=transform, seed=settings.seed, **shape)
     )
     service.add_samples(
         [
@@ -239,6 +249,57 @@ def measure_error(
         "tpot_ms_percentiles": [float(v) for v in np.percentile(tpot[measured], [10, 50, 90, 99])],
         "_scatter": (ttft[:2000].tolist(), ttft_pred[:2000].tolist()),
     }
+
+
+# ---------------------------------------------------------------- model size
+
+
+def compare_model_sizes(
+    settings: PredictorBenchSettings, scratch: Path, progress: Progress
+) -> dict[str, Any]:
+    """Each of ``settings.model_sizes`` trained on the same samples, for every seed of
+    ``settings.size_seeds`` at every load level: MAPE on the later requests (also on TTFTs less
+    the step wait, where model capacity, not unobservable noise, limits the error) and the
+    in-process CPU time of predicting one call's rows with both models."""
+    cases = []
+    for seed in settings.size_seeds:
+        seeded = replace(settings, seed=seed)
+        for rate in settings.mean_rates_per_engine:
+            records = simulate_traffic(seeded, rate, progress)
+            rows = decode_feature_rows([r.features for r in records[-settings.rows_per_call :]])
+            by_size = {}
+            for trees, depth in settings.model_sizes:
+                model_dir = scratch / f"seed-{seed}-rate-{rate}-{trees}x{depth}"
+                error = measure_error(records, model_dir, "log", seeded, size=(trees, depth))
+                without_wait = measure_error(
+                    records, model_dir / "no-wait", "log", seeded, without_step_wait=True, size=(trees, depth)
+                )
+                models = load_served(model_dir, parse_manifest((model_dir / MANIFEST_NAME).read_bytes()))
+                by_size[f"{trees}x{depth}"] = {
+                    "ttft_mape": error["ttft_mape"],
+                    "tpot_mape": error["tpot_mape"],
+                    "ttft_mape_without_step_wait": without_wait["ttft_mape"],
+                    "predict_both_models_us": _cpu_us(partial(models.predict, rows), 500),
+                }
+            cases.append({"seed": seed, "mean_rate_per_engine": rate, "by_size": by_size})
+    return {"cases": cases, "summary": _size_summary(cases, settings.model_sizes)}
+
+
+def _size_summary(cases: list[dict[str, Any]], sizes: tuple[tuple[int, int], ...]) -> list[dict[str, Any]]:
+    """Per size: the mean of each measure over the cases, and its worst case against the first size."""
+    reference = f"{sizes[0][0]}x{sizes[0][1]}"
+    summary = []
+    for trees, depth in sizes:
+        key = f"{trees}x{depth}"
+        entry: dict[str, Any] = {"trees": trees, "depth": depth}
+        for measure in ("ttft_mape", "tpot_mape", "ttft_mape_without_step_wait", "predict_both_models_us"):
+            values = np.array([c["by_size"][key][measure] for c in cases])
+            entry[measure] = float(values.mean())
+            if measure != "predict_both_models_us":
+                differences = values - np.array([c["by_size"][reference][measure] for c in cases])
+                entry[f"{measure}_worst_vs_reference"] = float(differences.max())
+        summary.append(entry)
+    return summary
 
 
 # ---------------------------------------------------------------- retraining time
@@ -482,6 +543,32 @@ def _markdown(data: dict[str, Any]) -> str:
         for c in data["throughput"]
     ]
     cost = data["call_cost"]
+    default = TrainerSettings.model_fields
+    default_size = (default["n_estimators"].default, default["max_depth"].default)
+    size_rows = []
+    for e in data["model_size"]["summary"]:
+        label = f"{e['trees']} × {e['depth']}"
+        if (e["trees"], e["depth"]) == default_size:
+            label += " (default)"
+        size_rows.append(
+            [
+                label,
+                f"**{e['ttft_mape'] * 100:.2f}%** ({e['ttft_mape_worst_vs_reference'] * 100:+.2f})",
+                f"**{e['tpot_mape'] * 100:.2f}%** ({e['tpot_mape_worst_vs_reference'] * 100:+.2f})",
+                f"{e['ttft_mape_without_step_wait'] * 100:.2f}% "
+                f"({e['ttft_mape_without_step_wait_worst_vs_reference'] * 100:+.2f})",
+                f"{e['predict_both_models_us']:.0f}",
+            ]
+        )
+    case_rows = [
+        [c["seed"], c["mean_rate_per_engine"]]
+        + [
+            " / ".join(f"{v[m] * 100:.2f}" for m in ("ttft_mape", "tpot_mape", "ttft_mape_without_step_wait"))
+            for v in c["by_size"].values()
+        ]
+        for c in data["model_size"]["cases"]
+    ]
+    sizes = [f"{t} × {d}" for t, d in s["model_sizes"]]
     return "\n\n".join(
         [
             "# Latency models: prediction error, retraining, predictor throughput",
@@ -514,8 +601,22 @@ def _markdown(data: dict[str, Any]) -> str:
             f"{r['samples_per_model']['ttft']} samples per model, {r['trees']} trees of depth "
             f"{r['max_depth']}: one retraining of both models took "
             f"**{r['retrain_both_s']} s** (TTFT {r['fit_s']['ttft']} s, TPOT {r['fit_s']['tpot']} s).",
+            "## Model size",
+            f"Models of each size (trees × depth, learning rate {default['learning_rate'].default}, log "
+            f"target) trained on the same samples, on the traffic of seeds {list(s['size_seeds'])} at each "
+            "load level above: MAPE on the later requests, averaged over those cases, with the worst "
+            f"case's difference from {sizes[0]} in points (positive: worse); TTFT MAPE also on TTFTs less "
+            "the step wait, where the model's capacity rather than what no router sees limits the "
+            f"error; and the in-process CPU time of predicting {s['rows_per_call']} rows with both models.",
+            markdown_table(
+                ["size", "TTFT MAPE", "TPOT MAPE", "TTFT MAPE without step wait", "both models µs"],
+                size_rows,
+            ),
+            "Each case, TTFT / TPOT / TTFT-without-step-wait MAPE (%):",
+            markdown_table(["seed", "req/s/engine", *sizes], case_rows),
             "## Predictor throughput",
-            f"Closed loop, `POST /predict/bulk/strict`, {s['rows_per_call']} rows per call, one instance, "
+            f"Closed loop, `POST /predict/bulk/strict`, {s['rows_per_call']} rows per call, one instance "
+            f"serving the models of the first load level ({r['trees']} trees of depth {r['max_depth']}), "
             f"{s['load_seconds']} s per concurrency after a 0.5 s warm-up. The load generator shares the "
             f"{m['cpus']} CPUs with the predictor (and so does any other work: a 1-minute load average "
             "above about 1 before a run means it competed), so calls/s is a lower bound; the server-bound "
@@ -580,6 +681,7 @@ def run(out_dir: Path, settings: PredictorBenchSettings | None = None) -> dict[s
             measure_errors(settings, rate, Path(scratch) / f"rate-{i}", progress)
             for i, rate in enumerate(settings.mean_rates_per_engine)
         ]
+        model_size = compare_model_sizes(settings, Path(scratch) / "sizes", progress)
         retrain = measure_retrain(settings, progress)
         model_dir = Path(scratch) / "rate-0" / "log"
         rows = error[0].pop("_rows")
@@ -589,6 +691,7 @@ def run(out_dir: Path, settings: PredictorBenchSettings | None = None) -> dict[s
         "machine": machine(),
         "settings": asdict(settings),
         "error": error,
+        "model_size": model_size,
         "retrain": retrain,
         "call_cost": call_cost,
         "throughput": throughput,

@@ -20,8 +20,9 @@ Both prediction routes answer 503 before the first model is loaded, 422 for 0 ro
 ahead of FastAPI (:class:`PredictorApp`).
 
 Scaling: one process per instance and one instance per core, each on its own port. A call of
-100 rows costs about 1.2 ms of CPU (two thirds of it XGBoost), so an instance serves about 850
-such calls a second on a core of its own (``llm-epp-bench predictor``). Add instances, which
+100 rows costs about 0.8 ms of CPU (a third of it XGBoost, with the trainer's default 120 trees
+of depth 5 per model), so an instance serves about 1,250 such calls a second on a core of its
+own (``llm-epp-bench predictor``). Add instances, which
 the EPP spreads its calls over, rather than uvicorn workers: workers would each poll and load
 the models, and split ``/metrics`` and ``/status`` across processes that a scrape cannot tell
 apart.

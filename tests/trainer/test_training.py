@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -43,6 +46,20 @@ def test_a_model_generalises_to_unseen_samples() -> None:
     model = train_model(features, ttft, TrainingSettings(), np.random.default_rng(0))
     fresh_features, fresh_ttft, _ = dataset(1000, seed=99)
     assert evaluate(model.booster, fresh_features, fresh_ttft, TrainingSettings()).mape < 0.04
+
+
+def _depth(node: dict[str, Any]) -> int:
+    return 1 + max((_depth(child) for child in node.get("children", ())), default=-1)
+
+
+def test_a_model_has_the_trees_and_depth_of_its_settings() -> None:
+    """What a predictor's CPU time per call grows with (the defaults are pinned in test_settings)."""
+    features, ttft, _ = dataset(2000)
+    settings = TrainingSettings(n_estimators=30, max_depth=3)
+    model = train_model(features, ttft, settings, np.random.default_rng(0))
+    trees = [json.loads(tree) for tree in model.booster.get_dump(dump_format="json")]
+    assert len(trees) == 30
+    assert max(map(_depth, trees)) == 3
 
 
 def stalls(n: int, seed: int) -> np.ndarray:
