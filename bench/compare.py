@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench.fleet_metrics import load_cv_series, summarize
 from bench.fleet_workloads import WorkloadOptions, build_workload
-from bench.report import machine, markdown_table, save_figure, write_results
+from bench.report import cell, machine, markdown_table, save_figure, write_results
 from sim.engine import load_profile
 from sim.fleet import FleetConfig, FleetResult, FleetSimulator, make_router, router_names
 
@@ -114,14 +114,6 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _fmt(value: Any, digits: int = 0) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
 def table_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     headers = [
         "router",
@@ -144,26 +136,26 @@ def table_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
         ttft, tpot, e2e = run["ttft_ms"], run["tpot_ms"], run["e2e_ms"]
         group = run["group_e2e_s"]
         mape = (
-            f"{_fmt(run['predictor_ttft_mape'], 3)}/{_fmt(run['predictor_tpot_mape'], 3)}"
+            f"{cell(run['predictor_ttft_mape'], 3)}/{cell(run['predictor_tpot_mape'], 3)}"
             if run["predicted_requests"]
             else "–"
         )
         rows.append(
             [
                 run["router"],
-                "/".join(_fmt(ttft[p]) for p in ("p50", "p90", "p99")),
-                "/".join(_fmt(tpot[p], 1) for p in ("p50", "p90", "p99")),
-                "/".join(_fmt(None if e2e[p] is None else e2e[p] / 1e3, 2) for p in ("p50", "p90", "p99")),
-                _fmt(run["session_e2e_s"]["p99"], 1),
-                f"{_fmt(group['p50'], 1)}/{_fmt(group['p99'], 1)}" if group else "–",
-                _fmt(run["throughput_output_tok_s"]),
-                _fmt(run["goodput_req_s"], 2),
-                _fmt(run["slo_attainment"], 3),
+                "/".join(cell(ttft[p]) for p in ("p50", "p90", "p99")),
+                "/".join(cell(tpot[p], 1) for p in ("p50", "p90", "p99")),
+                "/".join(cell(None if e2e[p] is None else e2e[p] / 1e3, 2) for p in ("p50", "p90", "p99")),
+                cell(run["session_e2e_s"]["p99"], 1),
+                f"{cell(group['p50'], 1)}/{cell(group['p99'], 1)}" if group else "–",
+                cell(run["throughput_output_tok_s"]),
+                cell(run["goodput_req_s"], 2),
+                cell(run["slo_attainment"], 3),
                 str(run["rejected"]),
-                _fmt(run["prefix_cache_hit_rate"], 3),
-                _fmt(run["load_cv_mean"], 3),
+                cell(run["prefix_cache_hit_rate"], 3),
+                cell(run["load_cv_mean"], 3),
                 mape,
-                _fmt(run["decision_us"]["mean"]),
+                cell(run["decision_us"]["mean"]),
             ]
         )
     return headers, rows
@@ -180,7 +172,7 @@ def _markdown(data: dict[str, Any], settings: CompareSettings, plots: list[str])
         f"{', '.join(f'{s:g}' for s in settings.rate_scales)}; metrics scraped every "
         f"{settings.scrape_interval_s * 1e3:g} ms; predictor retrained every {settings.retrain_interval_s:g} "
         "virtual seconds.",
-        f"- SLO: TTFT ≤ {_fmt(slo['ttft_ms'])} ms, TPOT ≤ {_fmt(slo['tpot_ms'])} ms "
+        f"- SLO: TTFT ≤ {cell(slo['ttft_ms'])} ms, TPOT ≤ {cell(slo['tpot_ms'])} ms "
         "(goodput and attainment).",
         f"- Machine: {data['machine']['cpus']} CPUs, Python {data['machine']['python']}, "
         f"{data['machine']['date']}.",

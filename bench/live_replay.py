@@ -52,7 +52,7 @@ from rich.progress import Progress
 from bench import prometheus_samples as prom
 from bench.fleet_workloads import WorkloadOptions, build_workload
 from bench.replay_plan import PlannedSession, PlannedTurn, PromptTexts, plan_sessions
-from bench.report import machine, markdown_table, save_figure, write_results
+from bench.report import cell, machine, markdown_table, save_figure, write_results
 from epp.configs import config_path
 from epp.scheduling.config import EndpointPickerConfig
 from epp.tokenization import ModelTokenizer
@@ -461,17 +461,9 @@ def run(
 # ---------------------------------------------------------------- report
 
 
-def _fmt(value: Any, digits: int = 0) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
 def _triple(values: dict[str, float | None], scale: float = 1.0, digits: int = 0) -> str:
     return "/".join(
-        _fmt(None if values[f"p{p}"] is None else values[f"p{p}"] * scale, digits) for p in PERCENTILES
+        cell(None if values[f"p{p}"] is None else values[f"p{p}"] * scale, digits) for p in PERCENTILES
     )
 
 
@@ -496,9 +488,9 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
                 _triple(r["ttft_ms"], digits=1),
                 _triple(r["tpot_ms"], digits=1),
                 _triple(r["e2e_ms"], 1e-3, 2),
-                f"{_fmt(r['hit_rate_client'], 3)} / {_fmt(r['hit_rate_engines'], 3)}",
-                _fmt(r["epp"]["predicted_share"], 3),
-                _fmt(r["send_lag_ms"]["p99"], 1),
+                f"{cell(r['hit_rate_client'], 3)} / {cell(r['hit_rate_engines'], 3)}",
+                cell(r["epp"]["predicted_share"], 3),
+                cell(r["send_lag_ms"]["p99"], 1),
             ]
             for r in results
         ],
@@ -510,8 +502,8 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         [
             [
                 r["config"],
-                *(_fmt(g.get(c), 2) for c in columns),
-                _fmt(g["epp"] / r["requests"] * 1e3 if r["requests"] else None, 2),
+                *(cell(g.get(c), 2) for c in columns),
+                cell(g["epp"] / r["requests"] * 1e3 if r["requests"] else None, 2),
             ]
             for r, g in zip(results, groups, strict=True)
         ],
@@ -522,12 +514,12 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         [
             [
                 r["config"],
-                _fmt(r["step_lag"]["all"]["steps"]),
-                _fmt(r["step_lag"]["all"]["p50_ms"], 2),
-                _fmt(r["step_lag"]["all"]["p99_ms"], 1),
-                _fmt(r["step_lag"]["all"]["share_over_10ms"], 4),
-                _fmt(r["step_lag"]["all"]["share_over_50ms"], 4),
-                _fmt(max((x["p99_ms"] or 0.0 for x in r["step_lag"]["per_replica"]), default=None), 1),
+                cell(r["step_lag"]["all"]["steps"]),
+                cell(r["step_lag"]["all"]["p50_ms"], 2),
+                cell(r["step_lag"]["all"]["p99_ms"], 1),
+                cell(r["step_lag"]["all"]["share_over_10ms"], 4),
+                cell(r["step_lag"]["all"]["share_over_50ms"], 4),
+                cell(max((x["p99_ms"] or 0.0 for x in r["step_lag"]["per_replica"]), default=None), 1),
                 " / ".join(str(n) for n in r["requests_per_replica"]),
             ]
             for r in results
@@ -538,9 +530,9 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         [
             [
                 r["config"],
-                _fmt(r["epp"]["requests"]),
+                cell(r["epp"]["requests"]),
                 ", ".join(f"{k} {v:g}" for k, v in sorted(r["epp"]["fallbacks"].items())) or "none",
-                _fmt(r["epp"]["first_predicted_s"], 1),
+                cell(r["epp"]["first_predicted_s"], 1),
             ]
             for r in results
             if r["predicts_latency"]
@@ -556,7 +548,7 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         f"- Stack per config (fresh each time): {settings['replicas']} simulated replicas, profile "
         f"**{data['profile']['name']}**; {settings['predictors']} predictors and a trainer for the configs "
         "that predict latency; the EPP; real Envoy. Requests carry the workload's SLO headers "
-        f"(TTFT {_fmt(slo['ttft_ms'])} ms, TPOT {_fmt(slo['tpot_ms'])} ms).",
+        f"(TTFT {cell(slo['ttft_ms'])} ms, TPOT {cell(slo['tpot_ms'])} ms).",
         f"- Machine: {m['cpus']} CPUs, Python {m['python']}, Envoy {m['envoy']}, {m['date']}. The client "
         "shares the CPUs with every process of the stack.",
         "",

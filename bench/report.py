@@ -31,6 +31,15 @@ def machine() -> dict[str, Any]:
     }
 
 
+def cell(value: Any, digits: int = 0) -> str:
+    """A table cell: numbers with thousands separators and ``digits`` decimals, "–" for missing."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

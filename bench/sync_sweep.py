@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench.fleet_metrics import summarize
 from bench.fleet_workloads import WorkloadOptions, build_workload
-from bench.report import machine, markdown_table, save_figure, write_results
+from bench.report import cell, machine, markdown_table, save_figure, write_results
 from sim.engine import load_profile
 from sim.fleet import FleetConfig, FleetSimulator, make_router
 
@@ -175,10 +175,6 @@ def goal_verdicts(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return verdicts
 
 
-def _fmt(value: float | None, digits: int = 0) -> str:
-    return "–" if value is None else f"{value:,.{digits}f}"
-
-
 def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value * 100:+.1f}%"
 
@@ -206,12 +202,12 @@ def table_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
                 run["router"],
                 str(run["router_replicas"]),
                 "–" if run["router_replicas"] == 1 else delay_label(None if delay is None else delay / 1e3),
-                _fmt(None if e2e is None else e2e / 1e3, 2),
+                cell(None if e2e is None else e2e / 1e3, 2),
                 "" if base is None or base is run else _pct(_change(e2e, base["e2e_ms"]["p99"])),
-                f"{_fmt(ttft['p50'])}/{_fmt(ttft['p99'])}",
+                f"{cell(ttft['p50'])}/{cell(ttft['p99'])}",
                 "" if base is None or base is run else _pct(_change(ttft["p99"], base["ttft_ms"]["p99"])),
-                _fmt(run["load_cv_mean"], 3),
-                _fmt(run["prefix_cache_hit_rate"], 3),
+                cell(run["load_cv_mean"], 3),
+                cell(run["prefix_cache_hit_rate"], 3),
                 str(run["rejected"]),
             ]
         )
