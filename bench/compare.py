@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench.fleet_metrics import load_cv_series, summarize
 from bench.fleet_workloads import WorkloadOptions, build_workload
-from bench.report import cell, machine, markdown_table, save_figure, write_results
+from bench.report import cell, machine, markdown_table, save_figure, style_latency_cdfs, write_results
 from sim.engine import load_profile
 from sim.fleet import FleetConfig, FleetResult, FleetSimulator, make_router, router_names
 
@@ -214,12 +214,7 @@ def _plots(
                 if values:
                     ordered = np.sort(values)
                     axis.plot(ordered, np.arange(1, len(ordered) + 1) / len(ordered), label=router)
-        for axis, title in zip(axes, ("TTFT (s)", "TPOT (s)", "E2E (s)"), strict=True):
-            axis.set_xscale("log")
-            axis.set_xlabel(title)
-            axis.set_ylabel("fraction of requests")
-            axis.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
+        style_latency_cdfs(axes)
         figure.suptitle(f"Latency CDFs, rate scale {scale:g}")
         names.append(save_figure(figure, out_dir, f"{stem}-cdf-x{scale:g}.png"))
 

@@ -52,7 +52,7 @@ from rich.progress import Progress
 from bench import prometheus_samples as prom
 from bench.fleet_workloads import WorkloadOptions, build_workload
 from bench.replay_plan import PlannedSession, PlannedTurn, PromptTexts, plan_sessions
-from bench.report import cell, machine, markdown_table, save_figure, write_results
+from bench.report import cell, machine, markdown_table, save_figure, style_latency_cdfs, write_results
 from epp.configs import config_path
 from epp.scheduling.config import EndpointPickerConfig
 from epp.tokenization import ModelTokenizer
@@ -580,12 +580,7 @@ def _plots(out_dir: Path, stem: str, results: list[dict[str, Any]], settings: Re
             values = np.sort([rec[key] for rec in ok if rec[key] is not None])
             if len(values):
                 axis.plot(values, np.arange(1, len(values) + 1) / len(values), label=r["config"])
-    for axis, title in zip(axes, ("TTFT (s)", "TPOT (s)", "E2E (s)"), strict=True):
-        axis.set_xscale("log")
-        axis.set_xlabel(title)
-        axis.set_ylabel("fraction of requests")
-        axis.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    style_latency_cdfs(axes)
     figure.suptitle(f"Live replay, rate scale {settings.rate_scale:g}: client-side latency CDFs")
     names = [save_figure(figure, out_dir, f"{stem}-cdf.png")]
 

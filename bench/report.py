@@ -40,6 +40,16 @@ def cell(value: Any, digits: int = 0) -> str:
     return str(value)
 
 
+def style_latency_cdfs(axes: Sequence[Any]) -> None:
+    """Label three CDF panels of TTFT, TPOT and E2E (log-scale seconds), legend on the first."""
+    for axis, title in zip(axes, ("TTFT (s)", "TPOT (s)", "E2E (s)"), strict=True):
+        axis.set_xscale("log")
+        axis.set_xlabel(title)
+        axis.set_ylabel("fraction of requests")
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
