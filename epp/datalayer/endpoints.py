@@ -28,6 +28,7 @@ class EndpointStore:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._candidates: list[EndpointState] | None = None
+        self._max_model_len: int | None = None
         self._on_added: list[Listener] = []
         self._on_removed: list[Listener] = []
 
@@ -52,6 +53,7 @@ class EndpointStore:
                 for listener in self._on_added:
                     listener(endpoint)
         self._candidates = None
+        self._update_max_model_len()
 
     def record_scrape(self, name: str, metrics: EngineMetrics) -> None:
         entry = self._entries.get(name)
@@ -67,11 +69,15 @@ class EndpointStore:
         entry = self._entries.get(name)
         if entry is not None:
             entry.state.max_model_len = max_model_len
+            self._update_max_model_len()
 
     def max_model_len(self) -> int | None:
         """The longest context any endpoint has reported (None: none has): a prompt longer than
-        this fits nowhere in the pool."""
-        return max(
+        this fits nowhere in the pool. Read on every request, so kept as the endpoints change."""
+        return self._max_model_len
+
+    def _update_max_model_len(self) -> None:
+        self._max_model_len = max(
             (e.state.max_model_len for e in self._entries.values() if e.state.max_model_len), default=None
         )
 
