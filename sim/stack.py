@@ -26,6 +26,7 @@ from typing import Literal
 
 from epp.envoy_config import (
     INFERENCE_API_PATHS,
+    BodyMode,
     FailureMode,
     gateway_bootstrap,
     with_epp_replicas,
@@ -89,6 +90,8 @@ class StackConfig:
     """Prediction sidecars (plus one trainer) to run; 0 runs none."""
     trainer_args: Sequence[str] = ()
     failure_mode: FailureMode = "FailClose"
+    body_mode: BodyMode = "BUFFERED"
+    """How Envoy sends request bodies to the EPP (``epp.envoy_config``)."""
     model: str = "tiny"
     model_dir: Path = TINY_MODEL_DIR
     """The served model: the replicas serve it and the EPP tokenizes with its tokenizer."""
@@ -301,6 +304,7 @@ class LocalStack:
             epp_address=("127.0.0.1", ports.epp_grpc),
             endpoints_file=self.cluster_endpoints_file,
             failure_mode=self.config.failure_mode,
+            body_mode=self.config.body_mode,
             api_paths=self.config.api_paths,
         )
         if self.config.epp_replicas > 1:
