@@ -38,6 +38,7 @@ from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport, connect_options, default_replica_id
 from epp.sync.state import ReplicaSyncState, SyncTuning
 from epp.tokenization import ModelTokenizer
+from trainer.auth import read_token
 
 log = logging.getLogger(__name__)
 HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
@@ -79,6 +80,7 @@ class EppApp:
         rng = random.Random(settings.seed)
         self.predictor: PredictorClient | None = None
         if settings.predictor_url:
+            token_file = settings.trainer_token_file
             self.predictor = PredictorClient(
                 settings.predictor_url,
                 settings.trainer_url,
@@ -86,6 +88,7 @@ class EppApp:
                 self.metrics,
                 timeout_s=settings.prediction_timeout_ms / 1e3,
                 coalesce_window_s=settings.prediction_coalesce_ms / 1e3,
+                trainer_token=read_token(token_file) if token_file else None,
             )
         config = EndpointPickerConfig.from_file(config_path(settings.config))
         self.kv_index = PreciseIndex()

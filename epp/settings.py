@@ -97,6 +97,9 @@ class EppSettings(BaseModel):
         default_factory=list, description="predictor sidecar base URLs (repeat the flag or comma-separate)"
     )
     trainer_url: str | None = Field(None, description="trainer sidecar base URL, for training samples")
+    trainer_token_file: Path | None = Field(
+        None, description="file holding the trainer's bearer token (a trainer exposed beyond the pod)"
+    )
     prediction_timeout_ms: float = Field(400.0, gt=0, le=10_000, description="time box of one prediction")
     prediction_coalesce_ms: float = Field(
         1.0, ge=0, le=100, description="window merging concurrent predictions"
