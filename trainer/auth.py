@@ -32,11 +32,19 @@ def require_token_off_loopback(host: str, token_file: Path | None) -> None:
         )
 
 
+class TokenFileError(Exception):
+    """A token file that cannot be read, or holds no token."""
+
+
 def read_token(path: Path) -> str:
-    """The token in ``path`` (surrounding whitespace dropped); :class:`ValueError` if it is empty."""
-    token = path.read_text().strip()
+    """The token in ``path``, surrounding whitespace dropped; :class:`TokenFileError` if the file
+    cannot be read or is empty."""
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenFileError(f"cannot read token file {path}: {exc}") from None
     if not token:
-        raise ValueError(f"token file {path} is empty")
+        raise TokenFileError(f"token file {path} is empty")
     return token
 
 

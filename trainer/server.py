@@ -35,7 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from trainer.artifacts import MODEL_NAMES, ArtifactError, ModelName, sha256_hex
-from trainer.auth import BearerToken, read_token
+from trainer.auth import BearerToken, TokenFileError, read_token
 from trainer.service import SamplesRejected, TrainerService
 from trainer.settings import TrainerSettings
 from trainer.webapp import (
@@ -167,8 +167,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         app = create_app(settings)
     except ArtifactError as exc:
         raise SystemExit(f"llm-epp-trainer: cannot use model directory {settings.model_dir}: {exc}") from None
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"llm-epp-trainer: cannot read --auth-token-file: {exc}") from None
+    except TokenFileError as exc:
+        raise SystemExit(f"llm-epp-trainer: --auth-token-file: {exc}") from None
     serve(app, settings.host, settings.port, log_level, health_port=settings.health_port)
 
 

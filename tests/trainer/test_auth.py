@@ -13,7 +13,7 @@ from predictor.server import create_app as predictor_app
 from predictor.settings import PredictorSettings
 from tests.trainer.synthetic import training_samples
 from tests.trainer.test_server import metric, started
-from trainer.auth import BearerToken, is_loopback
+from trainer.auth import BearerToken, TokenFileError, is_loopback
 from trainer.server import create_app
 from trainer.settings import TrainerSettings
 from trainer.webapp import probe_app
@@ -78,7 +78,7 @@ async def test_the_mutating_route_needs_the_token(tmp_path: Path, token_file: Pa
 def test_an_empty_token_file_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "token"
     empty.write_text("\n")
-    with pytest.raises(ValueError, match="is empty"):
+    with pytest.raises(TokenFileError, match="is empty"):
         create_app(TrainerSettings(model_dir=tmp_path / "models", auth_token_file=empty))
 
 
@@ -106,3 +106,8 @@ async def test_the_probe_app_serves_health_and_readiness_only(tmp_path: Path, wh
         ]
         for method, path in closed:
             assert (await client.request(method, path)).status_code == 404, path
+
+
+def test_a_missing_token_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TokenFileError, match="cannot read token file"):
+        create_app(TrainerSettings(model_dir=tmp_path / "models", auth_token_file=tmp_path / "absent"))
