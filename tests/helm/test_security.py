@@ -224,6 +224,10 @@ SECURE_BAD = {
         merged(PREDICTOR_OFF, {"inferenceExtension": {"tls": {"enabled": True}}}),
         "tls/secretName",
     ),
+    "client-certs-without-tls": (
+        merged(PREDICTOR_OFF, {"inferenceExtension": {"tls": {"requireClientCert": True}}}),
+        "tls/enabled",
+    ),
     "cert-manager-without-issuer": (
         merged(
             PREDICTOR_OFF,
