@@ -1,0 +1,220 @@
+"""Dashboards, alerts and the live page against a running stack under load.
+
+A real Prometheus (Debian's package) scrapes every process of a stack with two synced EPP
+replicas, the trainer, a predictor and two simulated engines while clients send requests with
+SLOs (some impossible to meet) and a few that fail. Then every panel query of the shipped
+dashboards and every alert expression must return data, and name only metrics the stack
+exports. The live page is loaded in real headless Chromium twice, and its numbers must move.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import re
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from epp.observability.panels import all_queries
+from sim.processes import Component, free_port
+from sim.stack import LocalStack
+from tests.observability.prometheus import (
+    as_signal,
+    exported_names,
+    metric_names,
+    query,
+    start_prometheus,
+    system_binary,
+)
+from tests.stacks import start_stack, wait_for
+
+pytestmark = pytest.mark.integration
+ALERTS = Path(__file__).resolve().parents[2] / "charts" / "llm-epp" / "files" / "alerts.yaml"
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+def alert_exprs() -> dict[str, str]:
+    rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
+    return {rule["alert"]: rule["expr"] for rule in rules}
+
+
+class Load:
+    """Clients sending streamed completions through the gateway until stopped: prompts of many
+    lengths (so the trainer learns a model that beats a constant), every other one with SLOs no
+    engine can meet, and now and then one for a model nobody serves (a 404)."""
+
+    def __init__(self, stack: LocalStack, clients: int = 3) -> None:
+        self.client = openai.OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="unused", max_retries=0)
+        self.stopping = threading.Event()
+        self.sent = 0
+        self.pool = cf.ThreadPoolExecutor(clients)
+        self.workers = [self.pool.submit(self._run, i) for i in range(clients)]
+
+    def _one(self, i: int) -> None:
+        impossible = i % 2 == 0
+        headers = (
+            {"x-slo-ttft-ms": "0.01", "x-slo-tpot-ms": "0.001"} if impossible else {"x-slo-ttft-ms": "60000"}
+        )
+        model = "no-such-model" if i % 25 == 7 else "tiny"
+        try:
+            stream = self.client.completions.create(
+                model=model, prompt="word " * (10 + (i * 137) % 1500), max_tokens=4 + i % 24,
+                stream=True, extra_headers=headers,
+            )  # fmt: skip
+            for _ in stream:
+                pass
+        except openai.NotFoundError:
+            assert model == "no-such-model"
+
+    def _run(self, worker: int) -> None:
+        i = worker
+        while not self.stopping.is_set():
+            self._one(i)
+            self.sent += 1
+            i += len(self.workers)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for worker in self.workers:
+            worker.result()
+        self.pool.shutdown()
+
+
+@dataclass
+class Observed:
+    stack: LocalStack
+    prometheus_url: str
+    load: Load
+    workdir: Path
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
+    workdir = tmp_path_factory.mktemp("observability")
+    stack = start_stack(
+        workdir, replicas=2, predictors=1, epp_replicas=2,
+        trainer_args=["--retrain-interval-s", "1", "--min-samples", "30"],
+    )  # fmt: skip
+    prometheus: Component | None = None
+    load: Load | None = None
+    try:
+        port = free_port()
+        loopback = "127.0.0.1:{}".format
+        prometheus = start_prometheus(
+            workdir,
+            port,
+            {
+                "epp": [loopback(metrics) for _, _, metrics in stack.epp_ports],
+                "trainer": [loopback(stack.config.ports.trainer)],
+                "predictor": [loopback(p) for p in stack.predictor_ports],
+                "vllm": [loopback(p) for p in stack.replica_ports],
+            },
+        )
+        load = Load(stack)
+        yield Observed(stack, f"http://127.0.0.1:{port}", load, workdir)
+    finally:
+        if load is not None:
+            load.stop()
+        if prometheus is not None:
+            prometheus.stop()
+        stack.stop()
+
+
+def _without_data(prometheus_url: str, exprs: dict[str, str]) -> dict[str, str]:
+    """The expressions (by name) that return no series now."""
+    return {name: expr for name, expr in exprs.items() if not query(prometheus_url, expr)}
+
+
+def test_every_panel_query_and_alert_expression_returns_data(observed: Observed) -> None:
+    exprs = {f"panel query {q.legend!r}: {q.expr}": q.expr for q in all_queries()}
+    exprs |= {f"alert {name}": as_signal(expr) for name, expr in alert_exprs().items()}
+    empty: dict[str, str] = dict(exprs)
+
+    def all_have_data() -> bool:
+        empty.clear()
+        empty.update(_without_data(observed.prometheus_url, exprs))
+        return not empty
+
+    # The trainer's first model (and so predictions) needs samples first: up to a minute here.
+    assert wait_for(all_have_data, timeout=120), "no data yet for:\n" + "\n".join(empty)
+    assert observed.load.sent > 50
+
+
+def test_queries_name_only_metrics_the_stack_exports(observed: Observed) -> None:
+    assert wait_for(lambda: "trainer_model_mape" in exported_names(observed.prometheus_url), timeout=120)
+    exported = exported_names(observed.prometheus_url)
+    named = set().union(
+        *(metric_names(q.expr) for q in all_queries()), *map(metric_names, alert_exprs().values())
+    )
+    assert named - exported == set()
+    # The check is not vacuous: it parses names out of real queries, and one we do not export
+    # (a typo of a real name) fails it and has no data.
+    assert {"inference_pool_ready_pods", "vllm:prefix_cache_hits_total"} <= named
+    typo = "sum (rate(llm_epp_prediction_fallbacks_total[5m]))"
+    assert metric_names(typo) - exported == {"llm_epp_prediction_fallbacks_total"}
+    assert query(observed.prometheus_url, typo) == []
+
+
+def dump_dom(url: str, profile: Path) -> str:
+    """The page's DOM after Chromium ran its scripts for a few (virtual) seconds."""
+    profile.mkdir()
+    result = subprocess.run(
+        [system_binary("chromium"), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+         "--virtual-time-budget=3000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def _text(dom: str, element_id: str) -> str:
+    match = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
+    assert match is not None, f"no #{element_id} in the page"
+    return match.group(1)
+
+
+def _page_numbers(dom: str) -> tuple[int, list[str], int, int]:
+    """Finished requests, endpoint rows, decision rows, points on the measured-TTFT line."""
+    endpoints = re.findall(r'<tr data-endpoint="([^"]+)"', dom)
+    decisions = dom.split('id="decisions"', 1)[1].count("<details>")
+    actual = re.search(r'id="actual-line"[^>]*points="([^"]*)"', dom)
+    assert actual is not None, "the TTFT chart was not drawn"
+    return int(_text(dom, "finished")), endpoints, decisions, len(actual.group(1).split())
+
+
+def test_live_page_renders_in_chromium_and_moves_under_load(observed: Observed) -> None:
+    _, _, metrics_port = observed.stack.epp_ports[0]
+    base = f"http://127.0.0.1:{metrics_port}"
+    data_url = f"{base}/dashboard/data"
+    assert wait_for(lambda: httpx.get(data_url, timeout=5).json()["totals"]["finished"] > 0, timeout=60)
+
+    first = dump_dom(f"{base}/dashboard", observed.workdir / "chromium-1")
+    assert _text(first, "status") == "live"
+    finished, endpoints, decisions, points = _page_numbers(first)
+    assert finished > 0 and decisions > 0 and points > 0
+    assert sorted(endpoints) == sorted(e["name"] for e in httpx.get(data_url, timeout=5).json()["endpoints"])
+    assert len(endpoints) == 2
+
+    assert wait_for(
+        lambda: httpx.get(data_url, timeout=5).json()["totals"]["finished"] > finished + 5, timeout=60
+    )
+    later, _, _, _ = _page_numbers(dump_dom(f"{base}/dashboard", observed.workdir / "chromium-2"))
+    assert later > finished, "the page's request count did not move under load"
+    # /metrics is still served on the same port.
+    assert "inference_pool_ready_pods" in httpx.get(f"{base}/metrics", timeout=5).text
