@@ -9,44 +9,21 @@ exports. The live page is loaded in real headless Chromium twice, and its number
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import re
-import subprocess
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 import yaml
 
+from bench.observed_stack import ObservedStack, observed_stack, run_chromium
 from epp.observability.panels import all_queries
-from sim.processes import Component, free_port
-from sim.stack import LocalStack
-from tests.observability.prometheus import (
-    as_signal,
-    exported_names,
-    metric_names,
-    query,
-    start_prometheus,
-    system_binary,
-)
-from tests.stacks import start_stack, wait_for
+from tests.observability.prometheus import as_signal, exported_names, metric_names, query
+from tests.stacks import CheckedStack, wait_for
 
 pytestmark = pytest.mark.integration
 ALERTS = Path(__file__).resolve().parents[2] / "charts" / "llm-epp" / "files" / "alerts.yaml"
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
 
 
 def alert_exprs() -> dict[str, str]:
@@ -54,86 +31,11 @@ def alert_exprs() -> dict[str, str]:
     return {rule["alert"]: rule["expr"] for rule in rules}
 
 
-class Load:
-    """Clients sending streamed completions through the gateway until stopped: prompts of many
-    lengths (so the trainer learns a model that beats a constant), every other one with SLOs no
-    engine can meet, and now and then one for a model nobody serves (a 404)."""
-
-    def __init__(self, stack: LocalStack, clients: int = 3) -> None:
-        self.client = openai.OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="unused", max_retries=0)
-        self.stopping = threading.Event()
-        self.sent = 0
-        self.pool = cf.ThreadPoolExecutor(clients)
-        self.workers = [self.pool.submit(self._run, i) for i in range(clients)]
-
-    def _one(self, i: int) -> None:
-        impossible = i % 2 == 0
-        headers = (
-            {"x-slo-ttft-ms": "0.01", "x-slo-tpot-ms": "0.001"} if impossible else {"x-slo-ttft-ms": "60000"}
-        )
-        model = "no-such-model" if i % 25 == 7 else "tiny"
-        try:
-            stream = self.client.completions.create(
-                model=model, prompt="word " * (10 + (i * 137) % 1500), max_tokens=4 + i % 24,
-                stream=True, extra_headers=headers,
-            )  # fmt: skip
-            for _ in stream:
-                pass
-        except openai.NotFoundError:
-            assert model == "no-such-model"
-
-    def _run(self, worker: int) -> None:
-        i = worker
-        while not self.stopping.is_set():
-            self._one(i)
-            self.sent += 1
-            i += len(self.workers)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for worker in self.workers:
-            worker.result()
-        self.pool.shutdown()
-
-
-@dataclass
-class Observed:
-    stack: LocalStack
-    prometheus_url: str
-    load: Load
-    workdir: Path
-
-
 @pytest.fixture(scope="module")
-def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
+def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObservedStack]:
     workdir = tmp_path_factory.mktemp("observability")
-    stack = start_stack(
-        workdir, replicas=2, predictors=1, epp_replicas=2,
-        trainer_args=["--retrain-interval-s", "1", "--min-samples", "30"],
-    )  # fmt: skip
-    prometheus: Component | None = None
-    load: Load | None = None
-    try:
-        port = free_port()
-        loopback = "127.0.0.1:{}".format
-        prometheus = start_prometheus(
-            workdir,
-            port,
-            {
-                "epp": [loopback(metrics) for _, _, metrics in stack.epp_ports],
-                "trainer": [loopback(stack.config.ports.trainer)],
-                "predictor": [loopback(p) for p in stack.predictor_ports],
-                "vllm": [loopback(p) for p in stack.replica_ports],
-            },
-        )
-        load = Load(stack)
-        yield Observed(stack, f"http://127.0.0.1:{port}", load, workdir)
-    finally:
-        if load is not None:
-            load.stop()
-        if prometheus is not None:
-            prometheus.stop()
-        stack.stop()
+    with observed_stack(workdir, CheckedStack, ["--verify-tokenizer-cache"]) as running:
+        yield running
 
 
 def _without_data(prometheus_url: str, exprs: dict[str, str]) -> dict[str, str]:
@@ -141,7 +43,7 @@ def _without_data(prometheus_url: str, exprs: dict[str, str]) -> dict[str, str]:
     return {name: expr for name, expr in exprs.items() if not query(prometheus_url, expr)}
 
 
-def test_every_panel_query_and_alert_expression_returns_data(observed: Observed) -> None:
+def test_every_panel_query_and_alert_expression_returns_data(observed: ObservedStack) -> None:
     exprs = {f"panel query {q.legend!r}: {q.expr}": q.expr for q in all_queries()}
     exprs |= {f"alert {name}": as_signal(expr) for name, expr in alert_exprs().items()}
     empty: dict[str, str] = dict(exprs)
@@ -156,7 +58,7 @@ def test_every_panel_query_and_alert_expression_returns_data(observed: Observed)
     assert observed.load.sent > 50
 
 
-def test_queries_name_only_metrics_the_stack_exports(observed: Observed) -> None:
+def test_queries_name_only_metrics_the_stack_exports(observed: ObservedStack) -> None:
     assert wait_for(lambda: "trainer_model_mape" in exported_names(observed.prometheus_url), timeout=120)
     exported = exported_names(observed.prometheus_url)
     named = set().union(
@@ -172,15 +74,9 @@ def test_queries_name_only_metrics_the_stack_exports(observed: Observed) -> None
 
 
 def dump_dom(url: str, profile: Path) -> str:
-    """The page's DOM after Chromium ran its scripts for a few (virtual) seconds."""
-    profile.mkdir()
-    result = subprocess.run(
-        [system_binary("chromium"), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-         "--virtual-time-budget=3000", "--dump-dom", url],
-        capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
+    """The page's DOM after Chromium ran its scripts for a few (virtual) seconds, less the scripts."""
+    dom = run_chromium(url, profile, "--virtual-time-budget=3000", "--dump-dom").stdout
+    return re.sub(r"<script>.*?</script>", "", dom, flags=re.S)  # its source is not the page
 
 
 def _text(dom: str, element_id: str) -> str:
@@ -198,13 +94,12 @@ def _page_numbers(dom: str) -> tuple[int, list[str], int, int]:
     return int(_text(dom, "finished")), endpoints, decisions, len(actual.group(1).split())
 
 
-def test_live_page_renders_in_chromium_and_moves_under_load(observed: Observed) -> None:
-    _, _, metrics_port = observed.stack.epp_ports[0]
-    base = f"http://127.0.0.1:{metrics_port}"
-    data_url = f"{base}/dashboard/data"
+def test_live_page_renders_in_chromium_and_moves_under_load(observed: ObservedStack) -> None:
+    page = observed.page_url
+    data_url = f"{page}/data"
     assert wait_for(lambda: httpx.get(data_url, timeout=5).json()["totals"]["finished"] > 0, timeout=60)
 
-    first = dump_dom(f"{base}/dashboard", observed.workdir / "chromium-1")
+    first = dump_dom(page, observed.workdir / "chromium-1")
     assert _text(first, "status") == "live"
     finished, endpoints, decisions, points = _page_numbers(first)
     assert finished > 0 and decisions > 0 and points > 0
@@ -214,7 +109,7 @@ def test_live_page_renders_in_chromium_and_moves_under_load(observed: Observed) 
     assert wait_for(
         lambda: httpx.get(data_url, timeout=5).json()["totals"]["finished"] > finished + 5, timeout=60
     )
-    later, _, _, _ = _page_numbers(dump_dom(f"{base}/dashboard", observed.workdir / "chromium-2"))
+    later, _, _, _ = _page_numbers(dump_dom(page, observed.workdir / "chromium-2"))
     assert later > finished, "the page's request count did not move under load"
     # /metrics is still served on the same port.
-    assert "inference_pool_ready_pods" in httpx.get(f"{base}/metrics", timeout=5).text
+    assert "inference_pool_ready_pods" in httpx.get(page.replace("/dashboard", "/metrics"), timeout=5).text

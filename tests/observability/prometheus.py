@@ -1,51 +1,10 @@
-"""A real Prometheus server for the tests (Debian's ``prometheus`` package, which ``make test``
-installs), and what the tests ask of PromQL expressions."""
+"""What the tests ask of a Prometheus server (see ``bench.observed_stack``) and of PromQL expressions."""
 
 from __future__ import annotations
 
 import re
-import shutil
-from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import httpx
-import yaml
-
-from sim.processes import Component, http_ok, spawn, wait_until
-
-
-def system_binary(name: str) -> str:
-    """The path of ``name`` from the system packages; a clear error when the install step is missing."""
-    path = shutil.which(name)
-    if path is None:
-        # A missing install step is an error to fix, not a reason to skip.
-        raise RuntimeError(f"{name} is not installed: run `make system-packages` (make test runs it)")
-    return path
-
-
-def start_prometheus(workdir: Path, port: int, targets: Mapping[str, Sequence[str]]) -> Component:
-    """Prometheus on loopback ``port`` scraping every second ``targets`` (job → host:port list,
-    path /metrics); the caller stops it."""
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(addresses)}]}
-            for job, addresses in targets.items()
-        ],
-    }
-    config_path = workdir / "prometheus.yml"
-    config_path.write_text(yaml.safe_dump(config))
-    argv = [
-        system_binary("prometheus"),
-        f"--config.file={config_path}",
-        f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--web.console.templates=/dev/null",
-        "--web.console.libraries=/dev/null",
-    ]
-    server = spawn("prometheus", argv, workdir)
-    wait_until(server, http_ok(f"http://127.0.0.1:{port}/-/ready"), timeout=60)
-    return server
 
 
 def query(prometheus_url: str, expr: str) -> list[dict]:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import yaml
 
+from bench.observed_stack import system_binary
 from epp.observability import cloud_monitoring, grafana
 from epp.observability.panels import ROWS, all_queries
 from epp.observability.write_dashboards import CHART_FILES, rendered
-from tests.observability.prometheus import system_binary
 
 HERE = Path(__file__).parent
 
