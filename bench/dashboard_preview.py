@@ -23,10 +23,10 @@ import httpx
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import matplotlib.pyplot as plt
 
-from bench.observed_stack import observed_stack, run_chromium  # noqa: E402
-from epp.observability.panels import ROWS, Panel  # noqa: E402
+from bench.observed_stack import observed_stack, run_chromium
+from epp.observability.panels import ROWS, Panel
 
 COLUMNS = 3
 # Grafana unit → (scale, axis label) for the plots.
@@ -100,14 +100,13 @@ def main(argv: list[str] | None = None) -> None:
     ):
         start = time.time()
         time.sleep(args.seconds)
+        page, panels = args.out.resolve() / "live-page.png", args.out / "dashboard-panels.png"
         run_chromium(
-            observed.page_url, Path(tmp) / "chromium", "--window-size=1400,1150", "--virtual-time-budget=3000",
-            f"--screenshot={args.out.resolve() / 'live-page.png'}",
+            observed.page_url, Path(tmp) / "chromium", "--window-size=1400,1150",
+            "--virtual-time-budget=3000", f"--screenshot={page}",
         )  # fmt: skip
-        plot_panels(observed.prometheus_url, start, time.time(), args.out / "dashboard-panels.png")
-        print(
-            f"wrote {args.out / 'live-page.png'} and {args.out / 'dashboard-panels.png'} ({observed.load.sent} requests)"
-        )
+        plot_panels(observed.prometheus_url, start, time.time(), panels)
+        print(f"wrote {page} and {panels} after {observed.load.sent} requests")
 
 
 if __name__ == "__main__":
