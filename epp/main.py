@@ -15,6 +15,7 @@ from epp.app import EppApp
 from epp.datalayer.static_file import EndpointsFileError
 from epp.scheduling.config import ConfigError
 from epp.settings import EppSettings
+from trainer.auth import TokenFileError
 
 
 def _flag(name: str) -> str:
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         # uvloop: about a fifth less CPU per ext_proc stream than asyncio's own loop, and less
         # for the scraper's and predictor client's HTTP (``llm-epp-bench stack``).
         uvloop.run(serve(settings))
-    except (ConfigError, EndpointsFileError, FileNotFoundError) as exc:
+    except (ConfigError, EndpointsFileError, FileNotFoundError, TokenFileError) as exc:
         raise SystemExit(f"llm-epp: {exc}") from None
 
 
