@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,8 +15,6 @@ from epp.latency.predictions import (
     PREDICTION_FALLBACK,
     EndpointPrediction,
     LatencyPredictions,
-    Prediction,
-    PredictionUnavailable,
 )
 from epp.load.token_load import EndpointLoad
 from epp.plugins.latency_scorer import LatencyScorer, LatencyScorerParameters, composite_heuristic
@@ -30,38 +27,8 @@ from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
-from tests.epp.factories import FakeClock, endpoint_state, make_request
+from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
 from trainer.features import FeatureRow
-
-
-class FakePredictor:
-    """TTFT grows with the queue, TPOT with the running batch; records training samples."""
-
-    def __init__(self, fail: str | None = None) -> None:
-        self.fail = fail
-        self.calls: list[list[dict[str, Any]]] = []
-        self.samples: list[dict[str, Any]] = []
-
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
-        self.calls.append(list(rows))
-        if self.fail:
-            raise PredictionUnavailable(self.fail)
-        return [
-            Prediction(100.0 + 100.0 * r["num_request_waiting"], 10.0 + 5.0 * r["num_request_running"])
-            for r in rows
-        ]
-
-    def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
-        self.samples.extend(samples)
-
-
-def run(coro: Any) -> Any:
-    """Drive a coroutine that never suspends (as the fleet simulator does)."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("coroutine suspended")
 
 
 def producer(predictor: FakePredictor, **params: Any) -> PredictedLatencyProducer:

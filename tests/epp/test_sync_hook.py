@@ -15,8 +15,7 @@ from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.pipeline import Pipeline
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.state import ReplicaSyncState
-from tests.epp.factories import FakeClock, endpoint_state, make_request
-from tests.epp.test_latency_plugins import run
+from tests.epp.factories import FakeClock, endpoint_state, make_request, run
 
 
 class ConstantPredictor:

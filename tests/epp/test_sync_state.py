@@ -6,7 +6,6 @@ so every test runs the decode and apply code the live EPP runs."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import msgpack
 from hypothesis import given, settings
@@ -17,50 +16,7 @@ from epp.load.token_load import EndpointLoad, TokenLoadTracker
 from epp.sync.messages import DeltaKind, MessageKind, SyncMessage, encode
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
 from tests.epp.factories import FakeClock
-
-ENDPOINTS = ("a", "b", "c")
-
-
-@dataclass
-class Replica:
-    """One EPP replica as far as sync goes: its own bookings and its sync state."""
-
-    sync: ReplicaSyncState
-    own: TokenLoadTracker = field(default_factory=TokenLoadTracker)
-    next_key: int = 0
-
-    @property
-    def peers_load(self) -> TokenLoadTracker:
-        assert self.sync.targets.token_load is not None
-        return self.sync.targets.token_load
-
-    def route(self, endpoint: str, prompt: int, cached: int, expected: int, slo: float | None = None) -> int:
-        key = self.next_key
-        self.next_key += 1
-        self.own.admit(key, endpoint, prompt, cached, expected)
-        terms = self.own.terms(key)
-        assert terms is not None
-        self.sync.routed(
-            key,
-            endpoint,
-            kv_tokens=terms.prompt_tokens,
-            uncached_tokens=terms.uncached_tokens,
-            expected_output=terms.expected_output,
-            tpot_slo_ms=slo,
-        )
-        return key
-
-    def first_token(self, key: int) -> None:
-        self.own.first_token(key)
-        self.sync.first_token(key)
-
-    def progress(self, key: int, generated: int) -> None:
-        self.own.progress(key, generated)
-        self.sync.progress(key, generated)
-
-    def release(self, key: int) -> None:
-        self.own.finish(key)
-        self.sync.released(key)
+from tests.epp.sync_replicas import ENDPOINTS, Replica
 
 
 def make_replica(name: str, clock: FakeClock, incarnation: int = 1, **targets) -> Replica:

@@ -16,9 +16,9 @@ from kubernetes_asyncio.client import ApiClient
 from epp.datalayer.endpoints import EndpointStore
 from epp.k8s.reflector import Backoff
 from epp.k8s.source import ApiGroupVersion, KubernetesSource
-from tests.k8s.conftest import eventually
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.k8s.shapes import NAMESPACE, POOL, inference_objective, inference_pool, pod, set_ready
+from tests.support import eventually
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
 
@@ -92,9 +92,14 @@ async def test_410_gone_relists(apiserver: FakeApiServer, running: Running) -> N
     assert apiserver.expired_watches >= expired + 3  # pool, pods and objectives
 
 
-async def test_api_server_outage(apiserver: FakeApiServer, running: Running) -> None:
+async def test_api_server_outage(
+    apiserver: FakeApiServer, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
     await apiserver.stop()
-    await asyncio.sleep(0.3)  # reconnects fail and back off
+    # Evidence that reconnecting ran and failed: each of the three watches logs a failed relist.
+    await eventually(
+        lambda: sum("relisting in" in r.getMessage() for r in caplog.records) >= 3, what="failed relists"
+    )
     assert set(running.endpoints()) == {"vllm-0", "vllm-1"}, "the last known pool stays while the API is down"
     apiserver.delete("Pod", NAMESPACE, "vllm-0")
     apiserver.put(pod("vllm-5", "10.52.0.15"))

@@ -126,15 +126,6 @@ async def running_replica(
         sock.close()
 
 
-async def wait_until(condition: Any, attempts: int = 500, interval: float = 0.01) -> None:
-    """Poll ``condition()`` until true; fails after ``attempts`` polls (a bound, not a timing)."""
-    for _ in range(attempts):
-        if condition():
-            return
-        await asyncio.sleep(interval)
-    raise AssertionError("condition never became true")
-
-
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-0.32"
 
 

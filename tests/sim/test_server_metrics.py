@@ -15,8 +15,9 @@ from sim.engine.profile import PROFILES_DIR
 from sim.host_cpu import HostCpu
 from sim.metrics import EngineMetrics
 from sim.openai_serving import ServedModel
+from tests.support import eventually
 
-from .conftest import FIXTURES, running_replica, wait_until
+from .conftest import FIXTURES, running_replica
 
 REQUIRED = {
     "vllm:num_requests_running": "gauge",
@@ -156,7 +157,7 @@ async def test_gauges_show_running_waiting_and_kv_usage(served_model: ServedMode
             lines = first.aiter_lines()
             assert (await anext(lines)).startswith("data: ")
             second = asyncio.create_task(http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}))
-            await wait_until(lambda: replica.engine.num_waiting == 1)
+            await eventually(lambda: replica.engine.num_waiting == 1)
             parsed = await scrape(http)
             assert value(parsed, "vllm:num_requests_running") == 1
             assert value(parsed, "vllm:num_requests_waiting") == 1
