@@ -28,6 +28,7 @@ from epp.k8s.source import ApiGroupVersion, KubernetesSource
 from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient
 from epp.metrics import EppMetrics
+from epp.pipeline_metrics import export_producer_failures
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
@@ -94,6 +95,7 @@ class EppApp:
             clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
         )
         self.pipeline = build_pipeline(config, context)
+        export_producer_failures(self.registry, self.pipeline)
         token_load = find_token_load(self.pipeline.plugins.values())
         self.sync: NatsSyncTransport | None = None
         if settings.sync_nats_url:
