@@ -44,9 +44,8 @@ from epp.latency.predictions import (
     PredictionUnavailable,
 )
 from epp.load.token_load import NO_LOAD, EndpointLoad
-from epp.plugins.prefix_cache import PREFIX_MATCH
-from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.config import ConfigError
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import (
     CycleState,
     DataProducer,

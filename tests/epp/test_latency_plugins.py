@@ -21,10 +21,9 @@ from epp.plugins.latency_scorer import LatencyScorer, LatencyScorerParameters, c
 from epp.plugins.latency_slo_admitter import LatencySloAdmitter, LatencySloAdmitterParameters
 from epp.plugins.predicted_latency import PredictedLatencyParameters, PredictedLatencyProducer
 from epp.plugins.prefix_affinity_filter import PrefixAffinityParameters, PrefixCacheAffinityFilter
-from epp.plugins.prefix_cache import PREFIX_MATCH, PrefixMatch
 from epp.plugins.slo_headroom_tier_filter import SloHeadroomTierFilter, SloHeadroomTierParameters
-from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run

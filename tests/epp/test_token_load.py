@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from epp.extproc.stream import ExtProcStream
 from epp.load.token_load import EndpointLoad, TokenLoadTracker
-from epp.plugins.prefix_cache import PREFIX_MATCH, PrefixMatch
-from epp.plugins.token_load import TOKEN_LOAD, TokenLoadParameters, TokenLoadProducer
+from epp.plugins.token_load import TokenLoadParameters, TokenLoadProducer
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.extproc_harness import (
