@@ -45,7 +45,7 @@ from predictor.metrics import PredictorMetrics
 from predictor.models import ServedModel
 from predictor.reload import DirectorySource, ModelReloader, ModelSource, TrainerSource
 from predictor.settings import PredictorSettings
-from trainer.webapp import add_common_routes, json_response, parse_settings, serve
+from wire.webapp import add_common_routes, json_response, parse_settings, serve
 
 
 class PredictorApp(FastAPI):

@@ -36,6 +36,7 @@ import orjson
 from epp.latency.breaker import CircuitBreaker
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from epp.metrics import EppMetrics
+from wire.latency import FeatureRowDict, TrainingSampleDict
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def _json(body: dict[str, Any]) -> bytes:
 
 @dataclass(slots=True)
 class _Waiter:
-    rows: Sequence[dict[str, Any]]
+    rows: Sequence[FeatureRowDict]
     future: asyncio.Future[list[Prediction]]
 
 
@@ -96,7 +97,7 @@ class PredictorClient:
         self._in_flight = 0
         self._waiting: list[_Waiter] = []
         self._dispatch_handle: asyncio.TimerHandle | None = None
-        self._training: deque[dict[str, Any]] = deque(maxlen=max_buffered_training_rows)
+        self._training: deque[TrainingSampleDict] = deque(maxlen=max_buffered_training_rows)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -119,7 +120,7 @@ class PredictorClient:
 
     # -- predictions ---------------------------------------------------------------------
 
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
+    async def predict(self, rows: Sequence[FeatureRowDict]) -> list[Prediction]:
         """Predictions for ``rows`` (feature dicts), in order, or :class:`PredictionUnavailable`."""
         if (reason := self._unavailable()) is not None:
             raise PredictionUnavailable(reason)
@@ -194,7 +195,7 @@ class PredictorClient:
                 waiter.future.set_result(predictions[offset : offset + len(waiter.rows)])
             offset += len(waiter.rows)
 
-    async def _post_predict(self, instance: _Instance, rows: list[dict[str, Any]]) -> list[Prediction]:
+    async def _post_predict(self, instance: _Instance, rows: list[FeatureRowDict]) -> list[Prediction]:
         assert self._session is not None, "start() first"
         url = f"{instance.url}/predict/bulk/strict"
         try:
@@ -224,7 +225,7 @@ class PredictorClient:
 
     # -- training ------------------------------------------------------------------------
 
-    def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
+    def add_training(self, samples: Sequence[TrainingSampleDict]) -> None:
         """Queue training samples; the oldest are dropped (and counted) when the buffer is full."""
         if self.trainer_url is None:
             return

@@ -8,6 +8,7 @@ from typing import Any
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
 from epp.tokenization import ModelTokenizer
+from wire.latency import FeatureRowDict, TrainingSampleDict
 
 
 class FakeClock:
@@ -52,10 +53,10 @@ class FakePredictor:
 
     def __init__(self, fail: str | None = None) -> None:
         self.fail = fail
-        self.calls: list[list[dict[str, Any]]] = []
-        self.samples: list[dict[str, Any]] = []
+        self.calls: list[list[FeatureRowDict]] = []
+        self.samples: list[TrainingSampleDict] = []
 
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
+    async def predict(self, rows: Sequence[FeatureRowDict]) -> list[Prediction]:
         self.calls.append(list(rows))
         if self.fail:
             raise PredictionUnavailable(self.fail)
@@ -64,7 +65,7 @@ class FakePredictor:
             for r in rows
         ]
 
-    def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
+    def add_training(self, samples: Sequence[TrainingSampleDict]) -> None:
         self.samples.extend(samples)
 
 

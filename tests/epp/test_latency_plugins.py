@@ -27,7 +27,7 @@ from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
-from trainer.features import FeatureRow
+from wire.latency import FeatureRow
 
 
 def producer(predictor: FakePredictor, **params: Any) -> PredictedLatencyProducer:

@@ -37,7 +37,7 @@ from tests.helm.render import (
 )
 from trainer.server import create_app as trainer_app
 from trainer.settings import TrainerSettings
-from trainer.webapp import parse_settings
+from wire.webapp import parse_settings
 
 if not HELM_PYTHON.exists():
     # A missing install step is an error to fix, not a reason to skip the chart tests.
