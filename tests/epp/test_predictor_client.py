@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from epp.datalayer.endpoints import EndpointStore
-from epp.latency.client import PredictorClient
+from epp.latency.client import PredictorClient, PredictorClientSettings
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from epp.metrics import EppMetrics
 from tests.epp.factories import FakeClock
@@ -66,7 +66,7 @@ async def client_for(
     urls: list[str], trainer: str | None = None, clock: Callable[[], float] = time.monotonic, **kw: Any
 ) -> PredictorClient:
     metrics = EppMetrics(CollectorRegistry(), "pool", EndpointStore(), clock)
-    client = PredictorClient(urls, trainer, clock, metrics, **kw)
+    client = PredictorClient(PredictorClientSettings(urls, trainer, **kw), clock, metrics)
     await client.start()
     return client
 

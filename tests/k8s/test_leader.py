@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from epp.k8s.leader import LeaseElector
+from epp.k8s.leader import LeaseElector, LeaseSettings
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.support import eventually
 
@@ -25,9 +26,10 @@ def elector(api: ApiClient, identity: str, log: list[tuple[str, bool]]) -> Lease
     async def on_change(leading: bool) -> None:
         log.append((identity, leading))
 
-    return LeaseElector(
-        api, "default", LEASE, identity, on_change, lease_duration_s=1.0, renew_deadline_s=0.6, retry_s=0.05
+    lease = LeaseSettings(
+        "default", LEASE, identity, lease_duration_s=1.0, renew_deadline_s=0.6, retry_s=0.05
     )
+    return LeaseElector(api, lease, on_change)
 
 
 async def test_one_leader_and_fast_handover_on_release(apiserver: FakeApiServer, kube_api: ApiClient) -> None:
@@ -90,3 +92,8 @@ async def test_steps_down_when_it_cannot_renew(apiserver: FakeApiServer, kube_ap
     assert log == [("d", True), ("d", False)]
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+def test_timings_must_leave_room_to_renew_before_the_lease_expires() -> None:
+    with pytest.raises(ValueError, match="retry_s < renew_deadline_s < lease_duration_s"):
+        LeaseSettings("default", LEASE, "e", lease_duration_s=1.0, renew_deadline_s=1.0, retry_s=0.05)
