@@ -12,7 +12,7 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes_asyncio.client import ApiClient
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
@@ -29,6 +29,9 @@ from epp.k8s.source import ApiGroupVersion, KubernetesSource, PoolWatch
 from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient, PredictorClientSettings
 from epp.metrics import EppMetrics
+from epp.observability.live import LiveData
+from epp.observability.recent import RecentDecisions
+from epp.observability.server import start_metrics_server
 from epp.pipeline_metrics import export_producer_failures
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
@@ -102,6 +105,15 @@ class EppApp:
             self.sync = self._replica_sync(context)
         if token_load is not None:
             self.metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
+        # The live page's recent decisions: called with the configured response observers.
+        self.recent = RecentDecisions(context)
+        self.pipeline.observers.append(self.recent)
+        trackers = (
+            [] if token_load is None else [token_load.tracker, *([token_load.peers] if self.sync else [])]
+        )
+        self.live = LiveData(
+            settings.pool_name, self.pipeline.profile.name, self.store, self.recent, self.clock, trackers
+        )
         tokenizer = load_tokenizer(
             settings.tokenizer_dir, settings.tokenizer_cache_bytes, settings.verify_tokenizer_cache
         )
@@ -186,7 +198,7 @@ class EppApp:
         self.health_port = self._health_server.add_insecure_port(f"{s.host}:{s.health_port}")
         await self._grpc.start()
         await self._health_server.start()
-        self._metrics_server, _ = start_http_server(s.metrics_port, addr=s.host, registry=self.registry)
+        self._metrics_server = start_metrics_server(s.host, s.metrics_port, self.registry, self.live)
         self.metrics_port = self._metrics_server.server_port
         # Liveness at once; readiness (and the ext_proc service Envoy checks) once the endpoints
         # are known and, with leader election, only while this replica leads.
