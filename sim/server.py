@@ -44,7 +44,7 @@ from sim.driver import EngineDriver
 from sim.engine import Engine, EngineConfigError, Profile, ProfileError, RequestOutput, load_profile
 from sim.host_cpu import HostCpu
 from sim.kv_events import KVEventPublisher, KVEventsConfig
-from sim.metrics import EngineMetrics
+from sim.metrics import EngineMetricsExporter
 from sim.openai_api import (
     VLLM_VERSION,
     ApiError,
@@ -98,7 +98,7 @@ class Replica:
         config = dataclasses.replace(self.profile.engine, **overrides)
         self.model = model or load_served_model(settings)
         self.engine = Engine(config, self.profile.cost, self.model.output_vocab)
-        self.metrics = EngineMetrics(
+        self.metrics = EngineMetricsExporter(
             self.engine, self.model.name, histogram_refresh_s=settings.histogram_refresh_s, cpu=settings.cpu
         )
         self.kv_events = KVEventPublisher(kv_events) if kv_events.publishes else None

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sim.engine import Engine, EngineRequest, load_profile
 from sim.engine.profile import PROFILES_DIR
 from sim.host_cpu import HostCpu
-from sim.metrics import EngineMetrics
+from sim.metrics import EngineMetricsExporter
 from sim.openai_serving import ServedModel
 from tests.support import eventually
 
@@ -97,7 +97,7 @@ async def test_names_types_labels_and_buckets_match_vllm(served_model: ServedMod
 
 
 def cache_config(engine: Engine, cpu: HostCpu) -> dict[str, str]:
-    rendered = families(EngineMetrics(engine, "tiny", cpu=cpu).render().decode())
+    rendered = families(EngineMetricsExporter(engine, "tiny", cpu=cpu).render().decode())
     return rendered["vllm:cache_config_info"].samples[0].labels
 
 
@@ -186,7 +186,7 @@ async def test_histograms_may_lag_but_counters_do_not(served_model: ServedModel)
     now = [0.0]
     profile = load_profile("instant")
     engine = Engine(profile.engine, profile.cost, served_model.output_vocab)
-    metrics = EngineMetrics(engine, "tiny", histogram_refresh_s=1.0, clock=lambda: now[0])
+    metrics = EngineMetricsExporter(engine, "tiny", histogram_refresh_s=1.0, clock=lambda: now[0])
     first = families(metrics.render().decode())
     engine.add_request(EngineRequest("a", [1, 2, 3], 1), 0.0)
     step = engine.schedule(0.0)
