@@ -14,7 +14,7 @@ ENDPOINTS = ("a", "b", "c")
 
 
 @dataclass
-class Replica:
+class EppReplica:
     """One EPP replica as far as sync goes: its own bookings and its sync state."""
 
     sync: ReplicaSyncState

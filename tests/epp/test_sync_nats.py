@@ -20,7 +20,7 @@ from epp.settings import EppSettings
 from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport, connect_options
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
-from tests.epp.sync_replicas import ENDPOINTS, Nats, Replica
+from tests.epp.sync_replicas import ENDPOINTS, EppReplica, Nats
 from tests.support import eventually
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def nats_server(tmp_path: Path) -> Iterator[Nats]:
     server.stop()
 
 
-class SyncedReplica(Replica):
+class SyncedReplica(EppReplica):
     transport: NatsSyncTransport
     registry: CollectorRegistry
 
@@ -72,7 +72,7 @@ async def started() -> AsyncIterator[Callable[..., SyncedReplica]]:
         await r.transport.close()
 
 
-def converged(dst: Replica, *srcs: Replica) -> Callable[[], bool]:
+def converged(dst: EppReplica, *srcs: EppReplica) -> Callable[[], bool]:
     def check() -> bool:
         for e in ENDPOINTS:
             expected = EndpointLoad()
@@ -89,7 +89,7 @@ def connected(*replicas: SyncedReplica) -> Callable[[], bool]:
     return lambda: all(r.transport.connected for r in replicas)
 
 
-def peers_of(r: Replica, *names: str) -> Callable[[], bool]:
+def peers_of(r: EppReplica, *names: str) -> Callable[[], bool]:
     return lambda: sorted(r.sync.peers) == sorted(names)
 
 

@@ -16,10 +16,10 @@ from epp.load.token_load import EndpointLoad, TokenLoadTracker
 from epp.sync.messages import DeltaKind, MessageKind, SyncMessage, encode
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
 from tests.epp.factories import FakeClock
-from tests.epp.sync_replicas import ENDPOINTS, Replica
+from tests.epp.sync_replicas import ENDPOINTS, EppReplica
 
 
-def make_replica(name: str, clock: FakeClock, incarnation: int = 1, **targets) -> Replica:
+def make_replica(name: str, clock: FakeClock, incarnation: int = 1, **targets) -> EppReplica:
     targets.setdefault("token_load", TokenLoadTracker())
     sync = ReplicaSyncState(
         name,
@@ -28,21 +28,21 @@ def make_replica(name: str, clock: FakeClock, incarnation: int = 1, **targets) -
         tuning=SyncTuning(peer_timeout_s=3.0),
         incarnation=incarnation,
     )
-    return Replica(sync)
+    return EppReplica(sync)
 
 
-def send(src: Replica) -> list[bytes]:
+def send(src: EppReplica) -> list[bytes]:
     src.sync.flush_progress()
     return src.sync.take_messages()
 
 
-def deliver(messages: list[bytes], *dsts: Replica) -> None:
+def deliver(messages: list[bytes], *dsts: EppReplica) -> None:
     for data in messages:
         for dst in dsts:
             dst.sync.receive(data)
 
 
-def serve_snapshots(dst: Replica, replicas: dict[str, Replica]) -> None:
+def serve_snapshots(dst: EppReplica, replicas: dict[str, EppReplica]) -> None:
     for name in dst.sync.wanted_snapshots():
         reply = replicas[name].sync.answer(dst.sync.snapshot_request())
         assert reply is not None
