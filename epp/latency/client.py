@@ -77,6 +77,8 @@ class PredictorClientSettings:
     max_training_rows_per_flush: int = 10_000
     max_buffered_training_rows: int = 100_000
     warmup_recheck_s: float = 0.5
+    trainer_token: str | None = None
+    """Bearer token for the trainer's sample intake (an exposed trainer requires one)."""
 
     def __post_init__(self) -> None:
         if not self.predictor_urls:
@@ -98,6 +100,11 @@ class PredictorClient:
         self.flush_interval_s = s.flush_interval_s
         self.max_training_rows_per_flush = s.max_training_rows_per_flush
         self.trainer_url = s.trainer_url.rstrip("/") if s.trainer_url else None
+        self._trainer_headers = (
+            {**_JSON_HEADERS, "Authorization": f"Bearer {s.trainer_token}"}
+            if s.trainer_token
+            else _JSON_HEADERS
+        )
         self._instances = [_Instance(u, CircuitBreaker(clock)) for u in s.predictor_urls]
         self._next_instance = 0
         self._calls = asyncio.Semaphore(s.max_concurrent_calls)
@@ -254,7 +261,7 @@ class PredictorClient:
             async with self._session.post(
                 f"{self.trainer_url}/add_training_data_bulk",
                 data=_json({"entries": entries}),
-                headers=_JSON_HEADERS,
+                headers=self._trainer_headers,
                 timeout=aiohttp.ClientTimeout(total=5.0),
             ) as response:
                 accepted = response.status in (200, 202)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from epp.datalayer.endpoints import EndpointStore
+from epp.latency.client import PredictorClient, PredictorClientSettings
 from epp.latency.predictions import Prediction, PredictionUnavailable
+from epp.metrics import EppMetrics
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
 from epp.tokenization import ModelTokenizer
 from wire.latency import FeatureRowDict, TrainingSampleDict
@@ -76,3 +82,12 @@ def run(coro: Any) -> Any:
     except StopIteration as done:
         return done.value
     raise AssertionError("coroutine suspended")
+
+
+async def client_for(
+    urls: list[str], trainer: str | None = None, clock: Callable[[], float] = time.monotonic, **kw: Any
+) -> PredictorClient:
+    metrics = EppMetrics(CollectorRegistry(), "pool", EndpointStore(), clock)
+    client = PredictorClient(PredictorClientSettings(urls, trainer, **kw), clock, metrics)
+    await client.start()
+    return client

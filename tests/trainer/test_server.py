@@ -9,26 +9,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
 from tests.support import sample_value
+from tests.trainer.running import Trainer, started
 from tests.trainer.synthetic import training_samples
 from trainer.artifacts import Manifest
-from trainer.server import create_app
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
-
-Trainer = tuple[httpx.AsyncClient, TrainerService]
-
-
-async def started(settings: TrainerSettings) -> AsyncIterator[Trainer]:
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://trainer") as client:
-            yield client, app.state.service
 
 
 @pytest.fixture
