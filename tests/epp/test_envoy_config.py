@@ -41,7 +41,7 @@ def test_envoy_validates_each_request_body_mode(tmp_path: Path, body_mode: str, 
     bootstrap = gateway_bootstrap(
         listen_port=18081, epp_address=("127.0.0.1", 19002), endpoints_file=endpoints, body_mode=body_mode
     )
-    _validate(tmp_path, bootstrap)
+    validate_bootstrap(tmp_path, bootstrap)
     hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     mode = hcm["http_filters"][1]["typed_config"]["processing_mode"]
     assert (mode["request_body_mode"], mode["request_trailer_mode"]) == (body_mode, trailers)
