@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK, EndpointPrediction
-from epp.requestcontrol.lifecycle import LifecycleObserver, RoutedRequest
 from epp.scheduling.framework import CycleState, RequestOutcome
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 
 
 def chosen_prediction(state: CycleState, endpoint: str) -> EndpointPrediction | None:

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from epp.datalayer.endpoints import EndpointStore
 from epp.errors import NoEndpointAvailable, RequestError
 from epp.metrics import ModelSeries, RequestMetrics
-from epp.requestcontrol.lifecycle import LifecycleObserver, RequestLifecycle, RoutedRequest
+from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.requestcontrol.response_meter import ResponseMeter
 from epp.scheduling.framework import RequestOutcome
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import NoCandidates
 from epp.scheduling.types import LLMRequest, SchedulingResult
 from epp.tokenization import ModelTokenizer

@@ -21,54 +21,14 @@ and no clock is read: each step's time comes from the driver.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from epp.scheduling.framework import CycleState, RequestOutcome, ResponseObserver
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import Pipeline
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
 
 ENDPOINT_HEADER = "x-llm-epp-endpoint"
-
-
-@dataclass(slots=True)
-class RoutedRequest:
-    """A request the lifecycle routed, and what it learned about it since; times are the driver's."""
-
-    request: LLMRequest
-    result: SchedulingResult
-    state: CycleState
-    booked: EndpointState
-    """Where the request is counted in flight."""
-    received_at: float
-    first_token_at: float | None = None
-    outcome: RequestOutcome | None = None
-    """Set by :meth:`RequestLifecycle.finished`."""
-
-    @property
-    def endpoint_name(self) -> str:
-        return self.booked.endpoint.name
-
-
-class LifecycleObserver:
-    """Follows every routed request after the pipeline's plugins. Override the steps you need;
-    each is a no-op here."""
-
-    def on_routed(self, routed: RoutedRequest, now: float) -> None:
-        """The request was scheduled and booked; it is about to be forwarded."""
-
-    def on_first_token(self, routed: RoutedRequest, now: float) -> None:
-        """The first output token reached the gateway."""
-
-    def on_progress(self, routed: RoutedRequest, tokens: int, now: float) -> None:
-        """``tokens`` output tokens have streamed so far."""
-
-    def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
-        """The request is over (``outcome.completed`` says whether it ended normally)."""
-
-    def debug_headers(self, routed: RoutedRequest) -> Mapping[str, str]:
-        """Response headers for a request that asked for the routing decision (``x-llm-epp-debug``)."""
-        return {}
 
 
 class RequestLifecycle:

@@ -17,8 +17,9 @@ from typing import TypeVar
 from epp.plugins.predicted_latency import PredictedLatencyProducer
 from epp.plugins.prefix_cache import PREFIX_MATCH, ApproximatePrefixCacheProducer
 from epp.plugins.token_load import TokenLoadProducer, find_token_load
-from epp.requestcontrol.lifecycle import LifecycleObserver, RequestLifecycle, RoutedRequest
+from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.framework import RequestOutcome
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import Pipeline
 from epp.sync.state import ReplicaSyncState, SyncTargets
 

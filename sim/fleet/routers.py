@@ -17,9 +17,10 @@ import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
 from epp.errors import RequestError
 from epp.latency.report import chosen_prediction
-from epp.requestcontrol.lifecycle import RequestLifecycle, RoutedRequest
+from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
+from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.pipeline import NoCandidates
 from epp.scheduling.types import LLMRequest
 from sim.fleet.predictor import InProcessPredictor

@@ -10,9 +10,10 @@ from epp.load.token_load import EndpointLoad
 from epp.plugins.predicted_latency import PredictedLatencyProducer
 from epp.plugins.prefix_cache import PREFIX_MATCH
 from epp.plugins.token_load import TOKEN_LOAD, find_token_load
-from epp.requestcontrol.lifecycle import RequestLifecycle, RoutedRequest
+from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
+from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.pipeline import Pipeline
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.state import ReplicaSyncState
