@@ -151,10 +151,23 @@ class Director:
         return self.lifecycle.debug_headers(routed)
 
     def response_headers(
-        self, record: RequestRecord, status: int, content_type: str, body_follows: bool
+        self,
+        record: RequestRecord,
+        status: int,
+        content_type: str,
+        body_follows: bool,
+        served_by: str | None = None,
     ) -> None:
-        """The response started. Without a body to watch, the request is complete now."""
+        """The response started. Without a body to watch, the request is complete now.
+
+        ``served_by``: the ``ip:port`` that answered, as Envoy reports it (``SERVED_BY_HEADER``);
+        when Envoy retried the request on a fallback, the booking moves there."""
         record.status = status
+        routed = record.routed
+        if served_by and routed is not None and served_by != routed.result.endpoint.hostport:
+            actual = next((s for s in self.store.all() if s.endpoint.hostport == served_by), None)
+            if actual is not None:
+                self.lifecycle.rebooked(routed, actual, self.clock())
         if body_follows:
             record.meter = ResponseMeter(streaming=content_type.startswith("text/event-stream"))
         else:

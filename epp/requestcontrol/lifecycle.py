@@ -7,9 +7,11 @@ each step on its own clock:
 1. :meth:`RequestLifecycle.route`: the pipeline picks the endpoint (its pre-request hooks book
    the request: token load, prefix index, TPOT SLOs), the request is counted in flight there,
    and the observers hear ``on_routed``;
-2. :meth:`RequestLifecycle.first_token` when the first output token reaches the gateway;
-3. :meth:`RequestLifecycle.progress` as output tokens stream (when anyone listens);
-4. :meth:`RequestLifecycle.finished` exactly once, completed or not (a failed upstream, a client
+2. :meth:`RequestLifecycle.rebooked` if the driver learns that another endpoint serves the
+   request (the gateway retried it on a fallback), before any token;
+3. :meth:`RequestLifecycle.first_token` when the first output token reaches the gateway;
+4. :meth:`RequestLifecycle.progress` as output tokens stream (when anyone listens);
+5. :meth:`RequestLifecycle.finished` exactly once, completed or not (a failed upstream, a client
    that went away, an engine's refusal).
 
 This is the only place that builds a :class:`RequestOutcome` and calls the response observers:
@@ -78,6 +80,39 @@ class RequestLifecycle:
         for observer in self.observers:
             observer.on_routed(routed, now)
         return routed
+
+    def rebooked(self, routed: RoutedRequest, actual: EndpointState, now: float) -> None:
+        """``actual`` serves the request, not the endpoint it was booked on: the first booking
+        ends unserved for the plugins (their ``on_finished`` with an outcome that did not
+        complete: token load released, no training sample), the pre-request hooks book it on
+        ``actual`` (its producers' data for ``actual`` is in the cycle state already), and the
+        in-flight count moves. Nothing happens once a token arrived or the request finished."""
+        previous = routed.booked
+        if actual is previous or routed.first_token_at is not None or routed.outcome is not None:
+            return
+        request, result, state = routed.request, routed.result, routed.state
+        unserved = RequestOutcome(
+            endpoint=result.endpoint,
+            received_at=routed.received_at,
+            finished_at=now,
+            status=None,
+            streaming=False,
+            completed=False,
+            first_token_at=None,
+            completion_tokens=None,
+        )
+        for plugin in self.pipeline.observers:
+            plugin.on_finished(request, result, state, unserved)
+        others = tuple(t for t in result.targets if t.name != actual.endpoint.name)
+        result = SchedulingResult((actual.endpoint, *others), result.profile, result.scores)
+        for hook in self.pipeline.pre_request:
+            hook.pre_request(request, result, state)
+        if previous.in_flight > 0:
+            previous.in_flight -= 1
+        actual.in_flight += 1
+        routed.result, routed.booked = result, actual
+        for observer in self.observers:
+            observer.on_rebooked(routed, previous, now)
 
     def first_token(self, routed: RoutedRequest, now: float) -> None:
         if routed.first_token_at is not None or routed.outcome is not None:

@@ -43,6 +43,10 @@ class LifecycleObserver:
     def on_routed(self, routed: RoutedRequest, now: float) -> None:
         """The request was scheduled and booked; it is about to be forwarded."""
 
+    def on_rebooked(self, routed: RoutedRequest, previous: EndpointState, now: float) -> None:
+        """The request was served by another endpoint than the one it was booked on (the
+        gateway retried it elsewhere): ``routed.booked`` is now the endpoint that serves it."""
+
     def on_first_token(self, routed: RoutedRequest, now: float) -> None:
         """The first output token reached the gateway."""
 

@@ -21,6 +21,7 @@ from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import Pipeline
+from epp.scheduling.types import EndpointState
 from epp.sync.state import ReplicaSyncState, SyncTargets
 
 P = TypeVar("P")
@@ -73,6 +74,10 @@ class ReplicaSyncHook(LifecycleObserver):
         match = routed.state.get(PREFIX_MATCH)
         if self._prefix_block_size and match is not None and match.block_hashes:
             self.sync.prefix_inserted(endpoint, self._prefix_block_size, match.block_hashes)
+
+    def on_rebooked(self, routed: RoutedRequest, previous: EndpointState, now: float) -> None:
+        self.sync.released(routed.state.key)
+        self.on_routed(routed, now)
 
     def on_first_token(self, routed: RoutedRequest, now: float) -> None:
         self.sync.first_token(routed.state.key)

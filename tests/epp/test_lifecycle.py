@@ -12,6 +12,7 @@ import pytest
 from epp.configs import config_path
 from epp.latency.predictions import Prediction
 from epp.latency.report import PredictionReport
+from epp.plugins.token_load import find_tracker
 from epp.requestcontrol.lifecycle import ENDPOINT_HEADER, RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome, ResponseObserver
@@ -133,3 +134,31 @@ def _imports(package: Path) -> set[str]:
 def test_request_control_reads_no_latency_module_and_the_data_layer_no_epp_metrics() -> None:
     assert not {n for n in _imports(REPO / "epp" / "requestcontrol") if n.startswith("epp.latency")}
     assert "epp.metrics" not in _imports(REPO / "epp" / "datalayer")
+
+
+def test_a_request_served_elsewhere_is_rebooked_there_for_the_plugins_and_the_observers() -> None:
+    log: list[tuple[str, ...]] = []
+
+    class Rebooked(Heard):
+        def on_rebooked(self, routed: RoutedRequest, previous, now: float) -> None:
+            log.append(("observer", "rebooked", previous.endpoint.name, routed.endpoint_name))
+
+    lc = lifecycle("ray-kv-aware", Rebooked(log))
+    tracker = find_tracker(lc.pipeline.plugins.values())
+    assert tracker is not None
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    routed = run(lc.route(make_request(list(range(64))), endpoints, 0.0, 0.0))
+    first = routed.booked
+    (other,) = [e for e in endpoints if e is not first]
+    booked = tracker.load(first.name)
+    assert booked.requests == 1
+    lc.rebooked(routed, other, 0.2)
+    assert (first.in_flight, other.in_flight) == (0, 1) and routed.booked is other
+    assert routed.result.endpoint == other.endpoint and first.endpoint in routed.result.targets
+    assert tracker.load(first.name).requests == 0 and tracker.load(other.name) == booked
+    assert log[-1] == ("observer", "rebooked", first.name, other.name)
+    lc.first_token(routed, 0.3)
+    lc.rebooked(routed, first, 0.4)  # too late: a token came from ``other``
+    assert routed.booked is other and tracker.load(first.name).requests == 0
+    lc.finished(routed, 1.0, status=200, completed=True, streaming=True, completion_tokens=2)
+    assert tracker.in_flight() == 0 and other.in_flight == 0
