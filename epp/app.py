@@ -12,7 +12,7 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes_asyncio.client import ApiClient
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
@@ -31,6 +31,9 @@ from epp.latency.client import PredictorClient
 from epp.latency.metrics import PredictionMetrics
 from epp.latency.report import PredictionReport
 from epp.metrics import ModelLabels, RequestMetrics, TokenizerCacheCollector
+from epp.observability.live import LiveData
+from epp.observability.recent import RecentDecisions
+from epp.observability.server import start_metrics_server
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
@@ -107,6 +110,15 @@ class EppApp:
             self.sync = self._replica_sync()
         if token_load is not None:
             self.pool_metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
+        # The live page's recent decisions.
+        self.recent = RecentDecisions()
+        self.lifecycle.add_observer(self.recent)
+        trackers = (
+            [] if token_load is None else [token_load.tracker, *([token_load.peers] if self.sync else [])]
+        )
+        self.live = LiveData(
+            settings.pool_name, self.pipeline.profile.name, self.store, self.recent, self.clock, trackers
+        )
         tokenizer = load_tokenizer(
             settings.tokenizer_dir, settings.tokenizer_cache_bytes, settings.verify_tokenizer_cache
         )
@@ -191,7 +203,7 @@ class EppApp:
         self.health_port = self._health_server.add_insecure_port(f"{s.host}:{s.health_port}")
         await self._grpc.start()
         await self._health_server.start()
-        self._metrics_server, _ = start_http_server(s.metrics_port, addr=s.host, registry=self.registry)
+        self._metrics_server = start_metrics_server(s.host, s.metrics_port, self.registry, self.live)
         self.metrics_port = self._metrics_server.server_port
         # Liveness at once; readiness (and the ext_proc service Envoy checks) once the endpoints
         # are known and, with leader election, only while this replica leads.
