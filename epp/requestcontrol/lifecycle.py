@@ -59,6 +59,7 @@ class RequestLifecycle:
     ) -> RoutedRequest:
         """Schedule ``request`` on ``candidates`` and book it on the target. The pipeline's
         refusals propagate (``NoCandidates``, a ``RequestError``) with nothing booked."""
+        # Steps that hold or refuse a request before it is scheduled (flow control) go here.
         state = CycleState()
         result = await self.pipeline.schedule(request, candidates, state)
         return self.routed(request, result, state, candidates, received_at, now)
