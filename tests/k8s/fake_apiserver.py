@@ -70,6 +70,8 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("networking.gke.io", "v1", "healthcheckpolicies", "HealthCheckPolicy"),
     Resource("networking.gke.io", "v1", "gcpbackendpolicies", "GCPBackendPolicy"),
     Resource("networking.istio.io", "v1", "destinationrules", "DestinationRule"),
+    Resource("gateway.networking.k8s.io", "v1", "backendtlspolicies", "BackendTLSPolicy"),
+    Resource("cert-manager.io", "v1", "certificates", "Certificate"),
 )
 
 
