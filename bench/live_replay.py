@@ -68,6 +68,8 @@ HISTOGRAM_SETTLE_S = 1.5
 MODEL = "tiny"
 DEBUG_HEADER = "x-llm-epp-debug"
 FALLBACK_HEADER = "x-llm-epp-prediction-fallback"
+ENDPOINT_HEADER = "x-llm-epp-endpoint"
+PREDICTED_TTFT_HEADER = "x-llm-epp-predicted-ttft-ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,10 @@ class RequestResult:
     completion_tokens: int | None = None
     fallback: str | None = None
     """Why the EPP routed this request without predictions (its debug header); None if it did not."""
+    endpoint: str | None = None
+    """The endpoint the EPP picked (its debug header)."""
+    predicted_ttft_ms: float | None = None
+    """The EPP's predicted TTFT on that endpoint (its debug header); None without a prediction."""
 
     @property
     def ok(self) -> bool:
@@ -158,6 +164,9 @@ async def send_turn(
         async with client.stream("POST", url, content=body, headers=headers) as response:
             result.status = response.status_code
             result.fallback = response.headers.get(FALLBACK_HEADER)
+            result.endpoint = response.headers.get(ENDPOINT_HEADER)
+            if (predicted := response.headers.get(PREDICTED_TTFT_HEADER)) is not None:
+                result.predicted_ttft_ms = float(predicted)
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 result.error = f"HTTP {response.status_code}: {text[:200]}"
@@ -351,6 +360,39 @@ def _step_lag(buckets: list[tuple[float, float]]) -> dict[str, Any]:
     }
 
 
+def _prediction_error(ok: list[RequestResult]) -> dict[str, Any]:
+    """How far the EPP's TTFT prediction for the picked endpoint was from the client's TTFT
+    (relative error; the client's TTFT also holds Envoy's and the EPP's time)."""
+    errors = [
+        abs(r.predicted_ttft_ms - r.ttft_s * 1e3) / (r.ttft_s * 1e3)
+        for r in ok
+        if r.predicted_ttft_ms is not None and r.ttft_s
+    ]
+    if not errors:
+        return {"requests": 0, "p50": None, "p90": None, "mean": None}
+    return {
+        "requests": len(errors),
+        "p50": round(float(np.percentile(errors, 50)), 4),
+        "p90": round(float(np.percentile(errors, 90)), 4),
+        "mean": round(float(np.mean(errors)), 4),
+    }
+
+
+def _session_moves(results: list[RequestResult]) -> dict[str, int]:
+    """Turns after a session's first sent to another endpoint than the session's previous turn."""
+    last: dict[str, str] = {}
+    moved = stayed = 0
+    for r in sorted(results, key=lambda r: (r.session_id, r.turn)):
+        if r.endpoint is None:
+            continue
+        previous = last.get(r.session_id)
+        if previous is not None:
+            moved += previous != r.endpoint
+            stayed += previous == r.endpoint
+        last[r.session_id] = r.endpoint
+    return {"moved": moved, "stayed": stayed}
+
+
 def summarize(
     config: str,
     predicted: bool,
@@ -382,6 +424,11 @@ def summarize(
         "errors": dict(Counter(_error_kind(r.error) for r in results if r.error is not None)),
         "error_samples": sorted({r.error for r in results if r.error is not None})[:5],
         "ttft_ms": _percentiles_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "ttft_ms_by_turn": {
+            "first": _percentiles_ms([r.ttft_s for r in ok if r.ttft_s is not None and r.turn == 0]),
+            "later": _percentiles_ms([r.ttft_s for r in ok if r.ttft_s is not None and r.turn > 0]),
+        },
+        "session_moves": _session_moves(results),
         "tpot_ms": _percentiles_ms([r.tpot_s for r in ok if r.tpot_s is not None]),
         "e2e_ms": _percentiles_ms([r.e2e_s for r in ok if r.e2e_s is not None]),
         "send_lag_ms": _percentiles_ms([max(0.0, r.sent_s - r.due_s) for r in results]),
@@ -401,6 +448,7 @@ def summarize(
             "first_predicted_s": (
                 min((r.sent_s for r in ok if r.fallback is None), default=None) if predicted else None
             ),
+            "ttft_prediction_error": _prediction_error(ok),
         },
         "step_lag": {
             "all": _step_lag(prom.merge(lags)),
@@ -525,14 +573,35 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
             for r in results
         ],
     )  # fmt: skip
+    routing = markdown_table(
+        ["config", "TTFT p50/p90/p99 ms, first turns", "TTFT p50/p90/p99 ms, later turns",
+         "later turns moved / stayed"],
+        [
+            [
+                r["config"],
+                _triple(r["ttft_ms_by_turn"]["first"], digits=1),
+                _triple(r["ttft_ms_by_turn"]["later"], digits=1),
+                f"{r['session_moves']['moved']} / {r['session_moves']['stayed']}",
+            ]
+            for r in results
+        ],
+    )  # fmt: skip
     fallbacks = markdown_table(
-        ["config", "EPP requests", "fallbacks by reason", "first routed on predictions (s into the replay)"],
+        [
+            "config",
+            "EPP requests",
+            "fallbacks by reason",
+            "first routed on predictions (s into the replay)",
+            "TTFT prediction error p50/p90 (picked endpoint vs client)",
+        ],
         [
             [
                 r["config"],
                 cell(r["epp"]["requests"]),
                 ", ".join(f"{k} {v:g}" for k, v in sorted(r["epp"]["fallbacks"].items())) or "none",
                 cell(r["epp"]["first_predicted_s"], 1),
+                f"{cell(r['epp']['ttft_prediction_error']['p50'], 3)} / "
+                f"{cell(r['epp']['ttft_prediction_error']['p90'], 3)}",
             ]
             for r in results
             if r["predicts_latency"]
@@ -555,6 +624,10 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         "## Latency (client-side, streamed)",
         "",
         latency,
+        "",
+        "## Routing: first turns (no cache anywhere) and later turns (cached where the session was)",
+        "",
+        routing,
         "",
         "## CPU over the replay",
         "",
