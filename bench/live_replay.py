@@ -63,6 +63,9 @@ from sim.stack import LocalStack, StackConfig, StackPorts
 DEFAULT_CONFIGS = ("gie-default", "predicted-latency", "predicted-latency-token-load")
 PERCENTILES = (50, 90, 99)
 STEP_LAG = "llm_epp_sim_step_lag_seconds"
+SCHEDULING = "inference_extension_scheduler_e2e_duration_seconds"
+PREDICTION_CALL = "llm_epp_prediction_call_duration_seconds"
+PREDICTION_BATCH = "llm_epp_prediction_batch_requests"
 HISTOGRAM_SETTLE_S = 1.5
 """The replicas re-render their histograms at most every second: wait that long before the last scrape."""
 MODEL = "tiny"
@@ -378,6 +381,17 @@ def _prediction_error(ok: list[RequestResult]) -> dict[str, Any]:
     }
 
 
+def _histogram_ms(samples: prom.Samples, name: str) -> dict[str, float | None]:
+    """Count, p50 and p99 (ms) of a seconds histogram."""
+    buckets = prom.histogram(samples, name)
+    p50, p99 = prom.quantile(buckets, 0.5), prom.quantile(buckets, 0.99)
+    return {
+        "count": buckets[-1][1] if buckets else 0.0,
+        "p50_ms": None if p50 is None else round(p50 * 1e3, 3),
+        "p99_ms": None if p99 is None else round(p99 * 1e3, 3),
+    }
+
+
 def _session_moves(results: list[RequestResult]) -> dict[str, int]:
     """Turns after a session's first sent to another endpoint than the session's previous turn."""
     last: dict[str, str] = {}
@@ -449,6 +463,14 @@ def summarize(
                 min((r.sent_s for r in ok if r.fallback is None), default=None) if predicted else None
             ),
             "ttft_prediction_error": _prediction_error(ok),
+            "scheduling": _histogram_ms(epp, SCHEDULING),
+            "prediction_calls": _histogram_ms(epp, PREDICTION_CALL),
+            "requests_per_prediction_call": (
+                round(batched / calls, 3)
+                if (calls := prom.total(epp, f"{PREDICTION_BATCH}_count"))
+                and (batched := prom.total(epp, f"{PREDICTION_BATCH}_sum"))
+                else None
+            ),
         },
         "step_lag": {
             "all": _step_lag(prom.merge(lags)),
@@ -575,13 +597,14 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
     )  # fmt: skip
     routing = markdown_table(
         ["config", "TTFT p50/p90/p99 ms, first turns", "TTFT p50/p90/p99 ms, later turns",
-         "later turns moved / stayed"],
+         "later turns moved / stayed", "EPP scheduling p50 / p99 ms"],
         [
             [
                 r["config"],
                 _triple(r["ttft_ms_by_turn"]["first"], digits=1),
                 _triple(r["ttft_ms_by_turn"]["later"], digits=1),
                 f"{r['session_moves']['moved']} / {r['session_moves']['stayed']}",
+                f"{cell(r['epp']['scheduling']['p50_ms'], 2)} / {cell(r['epp']['scheduling']['p99_ms'], 2)}",
             ]
             for r in results
         ],
@@ -593,6 +616,8 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
             "fallbacks by reason",
             "first routed on predictions (s into the replay)",
             "TTFT prediction error p50/p90 (picked endpoint vs client)",
+            "predictor calls: p50 / p99 ms",
+            "requests per call",
         ],
         [
             [
@@ -602,6 +627,10 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
                 cell(r["epp"]["first_predicted_s"], 1),
                 f"{cell(r['epp']['ttft_prediction_error']['p50'], 3)} / "
                 f"{cell(r['epp']['ttft_prediction_error']['p90'], 3)}",
+                f"{cell(r['epp']['prediction_calls']['count'])}: "
+                f"{cell(r['epp']['prediction_calls']['p50_ms'], 1)} / "
+                f"{cell(r['epp']['prediction_calls']['p99_ms'], 1)}",
+                cell(r["epp"]["requests_per_prediction_call"], 2),
             ]
             for r in results
             if r["predicts_latency"]

@@ -262,6 +262,22 @@ def test_scorer_without_slo_prefers_the_lowest_prediction() -> None:
     assert scores[1] > scores[0] > 0
 
 
+def test_scorer_does_not_blow_small_differences_up_to_the_full_range() -> None:
+    endpoints = [endpoint_state(0, running=1), endpoint_state(1, running=1)]
+    near = scorer("most").score(
+        make_request([]), endpoints, state_with({"e0": p(50, 2950), "e1": p(52, 2948)})
+    )
+    assert near[0] > near[1] and near[0] - near[1] < 0.05  # 2 ms of 50: nearly a tie
+    far = scorer("most").score(
+        make_request([]), endpoints, state_with({"e0": p(50, 2950), "e1": p(300, 2700)})
+    )
+    assert far == pytest.approx([1.0, 0.1])  # a difference five times the best prediction: the full range
+    no_slo = scorer().score(
+        make_request([]), endpoints, state_with({"e0": p(100, -100), "e1": p(105, -105)}, slo=None)
+    )
+    assert 0 < no_slo[0] - no_slo[1] < 0.05
+
+
 def test_scorer_when_nobody_meets_the_slo_idle_then_smallest_deficit() -> None:
     busy = [endpoint_state(i, running=2) for i in range(3)]
     preds = {"e0": p(900, -600), "e1": p(400, -100), "e2": p(200, 10, tpot_h=-5)}
@@ -282,6 +298,21 @@ def test_scorer_falls_back_to_the_composite_heuristic() -> None:
         == composite_heuristic(endpoints, state)
         == pytest.approx([(2 * 0 + 2 * 0.5 + 3 * 1) / 7, (2 * 1 + 2 * 0.9 + 3 * 0) / 7])
     )
+
+
+def test_with_the_token_load_the_fallback_also_weighs_the_prefill_work_ahead() -> None:
+    endpoints = [endpoint_state(0), endpoint_state(1)]  # the scraped metrics have not seen anything yet
+    request = make_request(list(range(1000)))
+
+    def scores(prefill_in_flight: int) -> list[float]:
+        state = state_with(None)
+        state.put(TOKEN_LOAD, {"e0": EndpointLoad(requests=1, prefill_tokens=prefill_in_flight)})
+        return scorer().score(request, endpoints, state)
+
+    long_prefill = scores(16_000)
+    assert long_prefill[1] - long_prefill[0] > 0.4  # 17k tokens of prefill to wait for and do, against 1k
+    few_tokens = scores(200)
+    assert 0 < few_tokens[1] - few_tokens[0] < 0.05  # a few hundred tokens: about a tie
 
 
 def test_the_fallback_ranks_endpoints_as_the_gie_default_profile_does() -> None:
