@@ -112,6 +112,31 @@ def test_feature_rows_carry_each_candidates_tokens_in_flight() -> None:
     FeatureRow.model_validate(e1)  # the trainer's schema accepts the row as is
 
 
+def test_a_prompt_cached_where_there_is_no_queue_is_not_predicted() -> None:
+    fake = FakePredictor()
+    plugin = producer(fake, skipWhenCachedAt=0.8)
+
+    def produce_with(waiting: int, matched_blocks: int) -> CycleState:
+        state = CycleState()
+        state.put(PREFIX_MATCH, PrefixMatch(10, {"e0": matched_blocks}))
+        endpoints = [endpoint_state(0, waiting=waiting), endpoint_state(1)]
+        pending = plugin.produce(make_request(list(range(50))), endpoints, state)
+        if pending is not None:
+            run(pending)
+        return state
+
+    cached = produce_with(waiting=0, matched_blocks=9)
+    assert fake.calls == [] and cached.get(PREDICTION_FALLBACK) == "cached"
+    assert cached.get(LATENCY_PREDICTIONS) is None
+    assert cached.get(FEATURE_ROWS)["e0"]["prefix_cache_score"] == 0.9  # still trains the model
+    queued = produce_with(waiting=2, matched_blocks=9)  # the affinity gate may need the predictions
+    assert len(fake.calls) == 1 and queued.get(LATENCY_PREDICTIONS) is not None
+    partly = produce_with(waiting=0, matched_blocks=5)
+    assert len(fake.calls) == 2 and partly.get(PREDICTION_FALLBACK) is None
+    default = produce(producer(fake), make_request(list(range(50))), [endpoint_state(0)])
+    assert len(fake.calls) == 3 and default.get(LATENCY_PREDICTIONS) is not None
+
+
 def test_no_slo_means_negative_headroom_and_tpot_only_binds_for_streaming() -> None:
     plugin = producer(FakePredictor(), streamingMode=True)
     request = make_request([1, 2, 3])  # not streaming
