@@ -36,6 +36,7 @@ import asyncio
 import re
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,10 @@ class ReplaySettings:
     predictors: int = 2
     """Predictor sidecars for the configs that predict latency (the others run none)."""
     request_timeout_s: float = 600.0
+    side_by_side: bool = False
+    """Replay every config at the same time, each on its own stack, instead of one after another:
+    on a machine whose other load changes from minute to minute, the configs then share the same
+    conditions (and each other's CPU use, the predictor sidecars' included)."""
 
 
 @dataclass(slots=True)
@@ -321,10 +326,10 @@ def run_config(
     try:
         stack.start()
         before = snapshot(stack)
-        client_cpu = time.process_time()
+        client_cpu = time.thread_time()  # this config's client alone, also when configs run side by side
         task = progress.add_task(f"replay {config}", total=None) if progress is not None else None
         results, wall_s = asyncio.run(replay(stack.gateway_url, sessions, workload, settings))
-        client_cpu = time.process_time() - client_cpu
+        client_cpu = time.thread_time() - client_cpu
         if progress is not None and task is not None:
             progress.update(task, description=f"replay {config}: {len(results)} requests in {wall_s:.0f} s")
         time.sleep(HISTOGRAM_SETTLE_S)
@@ -506,7 +511,17 @@ def run(
     """Replay ``plan`` (default: ``build(settings)``) with every config; write the report."""
     workload, sessions = plan or build(settings)
     with Progress(refresh_per_second=1) as progress:
-        results = [run_config(config, sessions, workload, settings, progress) for config in settings.configs]
+        if settings.side_by_side:
+            with ThreadPoolExecutor(len(settings.configs)) as pool:
+                futures = [
+                    pool.submit(run_config, config, sessions, workload, settings, progress)
+                    for config in settings.configs
+                ]
+                results = [future.result() for future in futures]
+        else:
+            results = [
+                run_config(config, sessions, workload, settings, progress) for config in settings.configs
+            ]
     profile = load_profile(settings.profile)
     data = {
         "benchmark": "replay",
@@ -646,7 +661,12 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         f"- Stack per config (fresh each time): {settings['replicas']} simulated replicas, profile "
         f"**{data['profile']['name']}**; {settings['predictors']} predictors and a trainer for the configs "
         "that predict latency; the EPP; real Envoy. Requests carry the workload's SLO headers "
-        f"(TTFT {cell(slo['ttft_ms'])} ms, TPOT {cell(slo['tpot_ms'])} ms).",
+        f"(TTFT {cell(slo['ttft_ms'])} ms, TPOT {cell(slo['tpot_ms'])} ms). The configs ran "
+        + (
+            "side by side, each on its own stack at the same time (sharing the CPUs and each other's load)."
+            if settings["side_by_side"]
+            else "one after another."
+        ),
         f"- Machine: {m['cpus']} CPUs, Python {m['python']}, Envoy {m['envoy']}, {m['date']}. The client "
         "shares the CPUs with every process of the stack.",
         "",
