@@ -33,8 +33,9 @@ set to the threshold of the config's prefix-affinity filter, a request whose pro
 that well on an endpoint with no waiting requests is kept there by the filter (its TTFT gate
 opens only for a penalty of seconds, which an endpoint with no queue does not have), so it is
 routed without predictions (reason ``cached``); its feature rows are still written, and it
-still trains the model. In a live replay of agentic-weka sessions that was about 80% of the
-requests, each of which otherwise waited for a round trip whose answer no plugin used.
+still trains the model. In the live replay of agentic-weka sessions (rate scale 4, 150 s) that
+was 78% of the requests, each of which otherwise waited for a round trip (p50 6 ms, p99 80 ms on
+the shared 2-core machine) whose answer no plugin used.
 """
 
 from __future__ import annotations
