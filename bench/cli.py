@@ -6,6 +6,8 @@ name       what it measures
 overhead   the EPP's added latency, throughput and CPU through real Envoy (stub engines)
 stack      the ``make run`` stack's CPU per request, process by process: short requests, and
            growing chat sessions to 30k+ tokens (EPP CPU against turn); py-spy flame graphs
+inflight   EPP CPU against time in flight: one long streamed and one non-streamed request at a
+           time (net of idle, per chunk, per second in flight, by thread); py-spy flame graphs
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
@@ -37,6 +39,7 @@ from typing import Any
 from bench import (
     compare,
     fidelity,
+    inflight_cost,
     kv_index_bench,
     live_replay,
     overhead,
@@ -85,6 +88,7 @@ def run_fleet_defaults(out_dir: Path) -> None:
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
     "stack": stack_overhead.run,
+    "inflight": inflight_cost.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,
