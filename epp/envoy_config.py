@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from epp.extproc.messages import DESTINATION_HEADER, LB_METADATA_NAMESPACE
+from epp.extproc.messages import DESTINATION_HEADER, LB_METADATA_NAMESPACE, SERVED_BY_HEADER
 
 FailureMode = Literal["FailOpen", "FailClose"]
 INFERENCE_API_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
@@ -335,7 +335,12 @@ def _routes(api_paths: Sequence[str], with_epp: bool, fail_open: bool) -> list[d
     routes: list[dict[str, Any]] = []
     if with_epp:
         routed = {**api, "headers": [{"name": DESTINATION_HEADER, "present_match": True}]}
-        routes.append({"match": routed, "route": to_model_servers})
+        # The endpoint that answered, after any retry, for the EPP to book the request on.
+        served_by = {
+            "header": {"key": SERVED_BY_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }
+        routes.append({"match": routed, "route": to_model_servers, "response_headers_to_add": [served_by]})
     if fail_open:
         routes.append({"match": api, "route": to_model_servers})
     else:

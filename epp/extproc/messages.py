@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -23,6 +23,9 @@ from google.protobuf.struct_pb2 import Struct, Value
 from epp.errors import RequestError
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SERVED_BY_HEADER = "x-llm-epp-served-by"
+"""Added by Envoy to the upstream's response headers: the ``ip:port`` that answered (after any
+retries), for the EPP to see; the EPP removes it from the response."""
 LB_METADATA_NAMESPACE = "envoy.lb"
 # Envoy recommends body chunks of at most 64 KiB; the anchor re-chunks at 62,000 bytes.
 BODY_CHUNK_BYTES = 62_000
@@ -88,11 +91,14 @@ def route_to(
     return reply
 
 
-def add_response_headers(headers: Mapping[str, str]) -> ProcessingResponse:
-    """Response-headers reply that adds ``headers`` to the response (continue otherwise)."""
-    if not headers:
+def add_response_headers(headers: Mapping[str, str], remove: Sequence[str] = ()) -> ProcessingResponse:
+    """Response-headers reply that adds ``headers`` to the response and removes the headers
+    named in ``remove`` (continue otherwise)."""
+    if not headers and not remove:
         return CONTINUE_RESPONSE_HEADERS
-    common = CommonResponse(header_mutation=_set_headers(headers))
+    mutation = _set_headers(headers)
+    mutation.remove_headers.extend(remove)
+    common = CommonResponse(header_mutation=mutation)
     return ProcessingResponse(response_headers=HeadersResponse(response=common))
 
 

@@ -167,8 +167,12 @@ class ExtProcStream:
         except ValueError:
             status = 0
         body_follows = self._watch_response_body and not message.response_headers.end_of_stream
-        self.director.response_headers(record, status, headers.get("content-type", ""), body_follows)
-        reply = messages.add_response_headers(self.director.debug_headers(record))
+        served_by = headers.get(messages.SERVED_BY_HEADER)
+        self.director.response_headers(
+            record, status, headers.get("content-type", ""), body_follows, served_by
+        )
+        remove = (messages.SERVED_BY_HEADER,) if served_by is not None else ()
+        reply = messages.add_response_headers(self.director.debug_headers(record), remove)
         self.phase = Phase.RESPONSE
         if not body_follows:
             self._finish()

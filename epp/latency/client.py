@@ -34,8 +34,8 @@ import aiohttp
 import orjson
 
 from epp.latency.breaker import CircuitBreaker
+from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import Prediction, PredictionUnavailable
-from epp.metrics import EppMetrics
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class PredictorClient:
         predictor_urls: Sequence[str],
         trainer_url: str | None,
         clock: Callable[[], float],
-        metrics: EppMetrics,
+        metrics: PredictionMetrics,
         *,
         timeout_s: float = 0.4,
         coalesce_window_s: float = 0.001,

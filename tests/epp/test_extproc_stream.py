@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.metrics import PoolMetrics
 from epp.extproc.messages import (
     BODY_CHUNK_BYTES,
     CONTINUE_RESPONSE_BODY,
@@ -33,9 +34,12 @@ from epp.extproc.messages import (
     header_dict,
 )
 from epp.extproc.stream import ExtProcStream, Phase
-from epp.metrics import EppMetrics
+from epp.latency.metrics import PredictionMetrics
+from epp.latency.report import PredictionReport
+from epp.metrics import ModelLabels, RequestMetrics
 from epp.plugins.token_load import find_tracker
 from epp.requestcontrol.director import Director
+from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
 from epp.scheduling.types import Endpoint, EngineMetrics
@@ -98,15 +102,17 @@ class Harness:
         context = PluginContext(clock=self.clock, rng=random.Random(1))
         pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), context)
         self.registry = CollectorRegistry()
-        metrics = EppMetrics(self.registry, "pool", self.store, self.clock)
+        labels = ModelLabels()
+        pool = PoolMetrics(self.registry, "pool", self.store, self.clock)
         self.tracker = find_tracker(pipeline.plugins.values())
         if self.tracker is not None:
-            metrics.export_token_load(self.tracker)
+            pool.export_token_load(self.tracker)
+        lifecycle = RequestLifecycle(pipeline, [PredictionReport(PredictionMetrics(self.registry, labels))])
         self.director = Director(
-            pipeline,
+            lifecycle,
             self.store,
             tokenizer or ModelTokenizer(),
-            metrics,
+            RequestMetrics(self.registry, labels),
             self.clock,
             random.Random(1),
             default_max_model_len=default_max_model_len,

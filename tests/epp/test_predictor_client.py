@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from epp.datalayer.endpoints import EndpointStore
 from epp.latency.client import PredictorClient
+from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import Prediction, PredictionUnavailable
-from epp.metrics import EppMetrics
+from epp.metrics import ModelLabels
 from tests.epp.factories import FakeClock
 
 
@@ -65,7 +65,7 @@ async def servers() -> AsyncIterator[list[FakeServer]]:
 async def client_for(
     urls: list[str], trainer: str | None = None, clock: Callable[[], float] = time.monotonic, **kw: Any
 ) -> PredictorClient:
-    metrics = EppMetrics(CollectorRegistry(), "pool", EndpointStore(), clock)
+    metrics = PredictionMetrics(CollectorRegistry(), ModelLabels())
     client = PredictorClient(urls, trainer, clock, metrics, **kw)
     await client.start()
     return client
