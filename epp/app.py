@@ -28,12 +28,13 @@ from epp.k8s.leader import LeaseElector
 from epp.k8s.source import ApiGroupVersion, KubernetesSource
 from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient
-from epp.latency.metrics import PredictionMetrics
+from epp.latency.metrics import DriftCollector, PredictionMetrics
 from epp.latency.report import PredictionReport
 from epp.metrics import ModelLabels, RequestMetrics, TokenizerCacheCollector
 from epp.observability.live import LiveData
 from epp.observability.recent import RecentDecisions
 from epp.observability.server import start_metrics_server
+from epp.plugins.predicted_latency import find_predicted_latency
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
@@ -108,6 +109,8 @@ class EppApp:
         )
         self.pipeline = build_pipeline(config, context)
         self.lifecycle = RequestLifecycle(self.pipeline, [PredictionReport(prediction_metrics)])
+        if (predicted_latency := find_predicted_latency(self.pipeline.plugins.values())) is not None:
+            self.registry.register(DriftCollector(predicted_latency.drift))
         token_load = find_token_load(self.pipeline.plugins.values())
         self.sync: NatsSyncTransport | None = None
         if settings.sync_nats_url:

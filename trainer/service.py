@@ -15,7 +15,8 @@ optional, since non-streaming traffic never trains one.
 
 Schedule: the first version is fitted as soon as the TTFT window holds ``min_samples`` (the
 EPP routes on its heuristic fallback until then, so every second of waiting counts); after
-that, every ``retrain_interval_s``.
+that, every ``retrain_interval_s``, or at once when the EPP asks (:meth:`TrainerService.request_retrain`:
+its live predictions drifted).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class TrainerService:
         self._fitted_mark: dict[ModelName, int] = dict.fromkeys(MODEL_NAMES, -1)
         self._retrain_lock = asyncio.Lock()
         self._first_fit = asyncio.Event()
+        self._retrain_now = False
         self._rng = np.random.default_rng(settings.seed)
         if self.store.current is not None:
             self._report(self.store.current)
@@ -102,6 +104,12 @@ class TrainerService:
         """No version exists yet and the TTFT window holds enough samples for the first."""
         return self.store.current is None and len(self.windows["ttft"]) >= self.settings.min_samples
 
+    def request_retrain(self) -> None:
+        """Retrain now rather than at the next interval (the models that have new samples)."""
+        self.metrics.retrain_requests.inc()
+        self._retrain_now = True
+        self._first_fit.set()
+
     def data_status(self) -> dict[str, Any]:
         return {
             "min_samples": self.settings.min_samples,
@@ -118,7 +126,8 @@ class TrainerService:
                     await self._first_fit.wait()
             woken = self._first_fit.is_set()
             self._first_fit.clear()
-            if woken and not self.first_fit_due:
+            requested, self._retrain_now = self._retrain_now, False
+            if woken and not requested and not self.first_fit_due:
                 continue  # set by samples that came in during a first fit, which has since published
             try:
                 await self.retrain()
@@ -195,6 +204,7 @@ class TrainerService:
         m.model_version.set(manifest.version)
         for name, info in manifest.models.items():
             m.training_samples.labels(name).set(info.training_samples)
+            m.version_holdout_error(name, info.version, info.holdout.loss, self.settings.keep_versions)
             for gauge, value in (
                 (m.mape, info.holdout.mape),
                 (m.pinball_loss, info.holdout.pinball_loss),

@@ -46,24 +46,33 @@ class InProcessPredictor:
         self.retrains = 0
         self.min_growth = min_growth
         self._fitted_at = 0
+        self.retrain_requested = False
 
     async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
         models = self.models
         if models is None:
             raise PredictionUnavailable("warming_up")
         ttft, tpot = models.predict(decode_feature_rows(rows))
-        return [Prediction(a, b) for a, b in zip(ttft.tolist(), tpot.tolist(), strict=True)]
+        version = models.version
+        return [Prediction(a, b, version) for a, b in zip(ttft.tolist(), tpot.tolist(), strict=True)]
 
     def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
         self.service.add_samples(samples)
         if self.service.first_fit_due:
             self.retrain()
 
+    def request_retrain(self) -> None:
+        """The EPP saw the predictions drift: the next retraining tick fits on any new sample."""
+        self.retrain_requested = True
+
     def retrain(self) -> bool:
-        """Fit the models that have new samples and serve the new version; False if none was due."""
+        """Fit the models that have new samples and serve the new version; False if none was due
+        (less than ``min_growth`` new, unless a retrain was requested)."""
         window = self.service.windows["ttft"]
-        if window.added_total - self._fitted_at < self.min_growth * len(window):
+        growth = window.added_total - self._fitted_at
+        if growth == 0 or (growth < self.min_growth * len(window) and not self.retrain_requested):
             return False
+        self.retrain_requested = False
         self._fitted_at = window.added_total
         manifest = asyncio.run(self.service.retrain())
         if manifest is None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from epp.latency.drift import DriftEvent
 from epp.scheduling.types import ApiKind, LLMRequest
 from sim.engine import EngineRequest, Profile, RequestOutput, RequestRejectedError, load_profile
 from sim.fleet.prompts import PromptBuilder, turn_key
@@ -38,7 +39,17 @@ from sim.fleet.replica import Replica
 from sim.fleet.routers import Router, RoutingCall, RoutingRejected
 from sim.fleet.workload import Session, Workload
 
-_ARRIVAL, _ENGINE_ADD, _SAMPLE, _RETRAIN = 0, 1, 2, 3
+_ARRIVAL, _ENGINE_ADD, _SAMPLE, _RETRAIN, _SWITCH = 0, 1, 2, 3, 4
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSwitch:
+    """At ``at_s`` every engine's step costs become ``profile``'s (default: the fleet's own)
+    times ``slowdown``: the engines change speed mid-run, and the latency model goes stale."""
+
+    at_s: float
+    profile: str | None = None
+    slowdown: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +60,7 @@ class FleetConfig:
     sample_interval_s: float = 0.5
     retrain_interval_s: float = 10.0
     seed: int = 0
+    switches: tuple[ProfileSwitch, ...] = ()
 
 
 @dataclass(slots=True)
@@ -108,6 +120,8 @@ class FleetResult:
     virtual_s: float
     wall_s: float
     retrains: int
+    drift_events: list[DriftEvent] = field(default_factory=list)
+    """When the router's latency model started and stopped drifting (virtual seconds)."""
 
 
 @dataclass(slots=True)
@@ -181,6 +195,8 @@ class FleetSimulator:
                 self._waiting_for.setdefault(session.after, []).append(state)
         self._push(self.config.sample_interval_s, _SAMPLE, None)
         self._push(self.config.retrain_interval_s, _RETRAIN, None)
+        for switch in self.config.switches:
+            self._push(switch.at_s, _SWITCH, switch)
         heap = self._heap
         while heap:
             if self._min_think is not None and self._in_flight:
@@ -191,13 +207,15 @@ class FleetSimulator:
             when, _, kind, payload = heapq.heappop(heap)
             if kind == _ARRIVAL:
                 self._pending_arrivals -= 1
-            if kind in (_SAMPLE, _RETRAIN) and not self._busy():
+            if kind in (_SAMPLE, _RETRAIN, _SWITCH) and not self._busy():
                 continue
             self._sync(when)
             if kind == _ARRIVAL:
                 self._arrive(payload)  # type: ignore[arg-type]
             elif kind == _ENGINE_ADD:
                 self._enter_engine(payload)  # type: ignore[arg-type]
+            elif kind == _SWITCH:
+                self._switch(payload)  # type: ignore[arg-type]
             elif kind == _SAMPLE:
                 self._sample()
                 self._push(when + self.config.sample_interval_s, _SAMPLE, None)
@@ -221,6 +239,7 @@ class FleetSimulator:
             virtual_s=self.now,
             wall_s=time.perf_counter() - started,
             retrains=retrains,
+            drift_events=self.router.drift_events(),
         )
 
     # ------------------------------------------------------------------ time
@@ -254,6 +273,12 @@ class FleetSimulator:
                 self.now = when  # what the router's clock reads while it hears the event
                 self._lifecycle_event(when, output)
         self.now = until
+
+    def _switch(self, switch: ProfileSwitch) -> None:
+        profile = load_profile(switch.profile) if switch.profile else self.profile
+        cost = profile.cost.scaled(switch.slowdown)
+        for replica in self.replicas:
+            replica.engine.cost_model = cost
 
     def _collect(self, when: float, replica: Replica, output: RequestOutput) -> None:
         self._lifecycle.append((when, replica.index, len(self._lifecycle), output))

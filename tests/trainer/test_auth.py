@@ -68,8 +68,11 @@ async def test_the_mutating_route_needs_the_token(tmp_path: Path, token_file: Pa
             "/add_training_data_bulk", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
         )
         assert (ok.status_code, ok.json()) == (202, {"accepted": 5})
+        assert (await client.post("/retrain")).status_code == 401
+        retrain = await client.post("/retrain", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert retrain.status_code == 202
         text = (await client.get("/metrics")).text
-        assert metric(text, 'trainer_rejected_requests_total{reason="unauthorized"}') == 2.0
+        assert metric(text, 'trainer_rejected_requests_total{reason="unauthorized"}') == 3.0
         # Reads and probes stay open: what they give away is the model, not control of routing.
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.get("/data/status")).status_code == 200
