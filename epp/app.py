@@ -31,6 +31,7 @@ from epp.latency.client import PredictorClient
 from epp.latency.metrics import DriftCollector, PredictionMetrics
 from epp.latency.report import PredictionReport
 from epp.metrics import ModelLabels, RequestMetrics, TokenizerCacheCollector
+from epp.observability.decision import DecisionLog
 from epp.observability.live import LiveData
 from epp.observability.recent import RecentDecisions
 from epp.observability.server import start_metrics_server
@@ -108,7 +109,9 @@ class EppApp:
             clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
         )
         self.pipeline = build_pipeline(config, context)
-        self.lifecycle = RequestLifecycle(self.pipeline, [PredictionReport(prediction_metrics)])
+        self.lifecycle = RequestLifecycle(
+            self.pipeline, [PredictionReport(prediction_metrics), DecisionLog()]
+        )
         if (predicted_latency := find_predicted_latency(self.pipeline.plugins.values())) is not None:
             self.registry.register(DriftCollector(predicted_latency.drift))
         token_load = find_token_load(self.pipeline.plugins.values())
