@@ -12,6 +12,7 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes_asyncio.client import ApiClient
+from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 import epp.plugins  # noqa: F401  (registers every plugin type)
@@ -35,12 +36,14 @@ from epp.observability.decision import DecisionLog
 from epp.observability.live import LiveData
 from epp.observability.recent import RecentDecisions
 from epp.observability.server import start_metrics_server
+from epp.observability.tracing import RequestTracer, otlp_tracer_provider
 from epp.plugins.predicted_latency import find_predicted_latency
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
+from epp.scheduling.observers import LifecycleObserver
 from epp.settings import TOKENIZER_HELP, EppSettings
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.metrics import SyncMetrics
@@ -109,9 +112,14 @@ class EppApp:
             clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
         )
         self.pipeline = build_pipeline(config, context)
-        self.lifecycle = RequestLifecycle(
-            self.pipeline, [PredictionReport(prediction_metrics), DecisionLog()]
-        )
+        observers: list[LifecycleObserver] = [PredictionReport(prediction_metrics), DecisionLog()]
+        self.tracer_provider: TracerProvider | None = None
+        if settings.otlp_traces_endpoint:
+            self.tracer_provider = otlp_tracer_provider(
+                settings.otlp_traces_endpoint, settings.otlp_service_name
+            )
+            observers.append(RequestTracer(self.tracer_provider, self.clock))
+        self.lifecycle = RequestLifecycle(self.pipeline, observers)
         if (predicted_latency := find_predicted_latency(self.pipeline.plugins.values())) is not None:
             self.registry.register(DriftCollector(predicted_latency.drift))
         token_load = find_token_load(self.pipeline.plugins.values())
@@ -312,3 +320,5 @@ class EppApp:
             await self.predictor.close()
         if self._kube_api is not None:
             await self._kube_api.close()
+        if self.tracer_provider is not None:
+            await asyncio.to_thread(self.tracer_provider.shutdown)  # exports the spans still batched

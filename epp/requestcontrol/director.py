@@ -143,6 +143,10 @@ class Director:
         log.log(level, "request %s answered %d: %s", record.request_id, error.status, error.log_message())
         self.metrics.error(record.series, str(error.status))
 
+    def upstream_headers(self, record: RequestRecord) -> dict[str, str]:
+        """Headers for the request forwarded to the endpoint (the lifecycle observers')."""
+        return self.lifecycle.upstream_headers(record.routed) if record.routed is not None else {}
+
     def debug_headers(self, record: RequestRecord) -> dict[str, str]:
         """The routing decision, for requests that asked for it with ``x-llm-epp-debug``."""
         routed = record.routed
