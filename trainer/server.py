@@ -20,7 +20,8 @@
 =====================================  ==========================================================
 
 It binds 127.0.0.1 by default: only its own pod reaches it. ``--health-port`` adds a listener on
-every interface that serves ``/healthz`` and ``/readyz`` and nothing else, for kubelet probes.
+every interface that serves ``/healthz``, ``/readyz`` and ``/metrics`` and nothing else, for
+kubelet probes and Prometheus.
 Another ``--host`` needs ``--auth-token-file``; the mutating routes (``POST
 /add_training_data_bulk``, ``POST /retrain``) then answer 401 without ``Authorization: Bearer <token>``, even
 on loopback.

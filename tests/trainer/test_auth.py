@@ -86,7 +86,7 @@ def test_an_empty_token_file_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("which", ["trainer", "predictor"])
-async def test_the_probe_app_serves_health_and_readiness_only(tmp_path: Path, which: str) -> None:
+async def test_the_probe_app_serves_health_readiness_and_metrics_only(tmp_path: Path, which: str) -> None:
     app = (
         create_app(TrainerSettings(model_dir=tmp_path / "models"))
         if which == "trainer"
@@ -99,9 +99,14 @@ async def test_the_probe_app_serves_health_and_readiness_only(tmp_path: Path, wh
         # The trainer is not ready until its app's lifespan runs; the predictor has no model yet.
         readyz = await client.get("/readyz")
         assert readyz.status_code == 503 and readyz.json()["detail"]
+        # The sidecar's own metrics, for Prometheus (read-only).
+        metrics = await client.get("/metrics")
+        assert metrics.status_code == 200
+        assert f"# TYPE {which}_model_version gauge" in metrics.text
+        assert (await client.post("/metrics")).status_code == 405
         closed = [
             ("POST", "/add_training_data_bulk"),
-            ("GET", "/metrics"),
+            ("POST", "/retrain"),
             ("GET", "/status"),
             ("POST", "/predict/bulk"),
             ("GET", "/model/ttft/download"),
