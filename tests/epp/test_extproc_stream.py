@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import random
+from collections.abc import Mapping, Sequence
 
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
@@ -37,11 +38,13 @@ from epp.extproc.stream import ExtProcStream, Phase
 from epp.latency.metrics import PredictionMetrics
 from epp.latency.report import PredictionReport
 from epp.metrics import ModelLabels, RequestMetrics
+from epp.observability.decision import DecisionLog
 from epp.plugins.token_load import find_tracker
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.tokenization import ModelTokenizer
 from tests.epp.factories import FakeClock
@@ -93,6 +96,7 @@ class Harness:
         config: str = "gie-default",
         tokenizer: ModelTokenizer | None = None,
         default_max_model_len: int | None = None,
+        observers: Sequence[LifecycleObserver] = (),
     ) -> None:
         self.clock = FakeClock()
         self.store = EndpointStore()
@@ -107,7 +111,9 @@ class Harness:
         self.tracker = find_tracker(pipeline.plugins.values())
         if self.tracker is not None:
             pool.export_token_load(self.tracker)
-        lifecycle = RequestLifecycle(pipeline, [PredictionReport(PredictionMetrics(self.registry, labels))])
+        lifecycle = RequestLifecycle(
+            pipeline, [PredictionReport(PredictionMetrics(self.registry, labels)), *observers]
+        )
         self.director = Director(
             lifecycle,
             self.store,
@@ -324,6 +330,32 @@ async def test_debug_header_reports_the_routing_decision_in_the_response() -> No
     await plain.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
     (quiet,) = await plain.on_message(response_headers_msg())
     assert not quiet.response_headers.HasField("response")
+
+
+class TraceContext(LifecycleObserver):
+    """Adds a fixed trace context to every forwarded request."""
+
+    def upstream_headers(self, routed: RoutedRequest) -> Mapping[str, str]:
+        return {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"}
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+async def test_observers_headers_go_on_to_the_engine_and_the_decision_trace_back(buffered: bool) -> None:
+    h = Harness(observers=[TraceContext(), DecisionLog()])
+    s = h.stream()
+    await s.on_message(headers_msg(buffered=buffered, **{"x-llm-epp-debug": "true"}))
+    replies = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    common = replies[0].request_body.response if buffered else replies[0].request_headers.response
+    upstream = {o.header.key: o.header.raw_value.decode() for o in common.header_mutation.set_headers}
+    assert upstream["traceparent"] == f"00-{'1' * 32}-{'2' * 16}-01"
+    (reply,) = await s.on_message(response_headers_msg())
+    added = {
+        o.header.key: o.header.raw_value.decode()
+        for o in reply.response_headers.response.header_mutation.set_headers
+    }
+    decision = json.loads(added["x-llm-epp-decision"])
+    assert decision["picked"] == added["x-llm-epp-endpoint"] and decision["candidates"] == 2
+    assert set(decision["scores"]) == {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
 
 
 async def test_non_streamed_requests_skip_the_response_body_and_finish_on_headers() -> None:
