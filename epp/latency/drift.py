@@ -2,17 +2,20 @@
 
 Each completed request gives, per target (``ttft``, ``tpot``), the chosen endpoint's predicted
 latency and the measured one (the same actuals the request trains the model on). The
-:class:`DriftMonitor` keeps the last ``window`` pairs per target and model version and derives
-a rolling MAPE (mean |predicted − actual| / actual) and bias (mean (predicted − actual) /
-actual: positive when the model predicts too slow).
+:class:`DriftMonitor` keeps the last ``window`` pairs per target and model version, for the
+metrics, and per target whatever version predicted, for the rule; each gives a rolling MAPE
+(mean |predicted − actual| / actual) and bias (mean (predicted − actual) / actual: positive
+when the model predicts too slow).
 
-The rule: the newest model version drifts when, over a full window, some target's MAPE is
-above ``threshold``. While it drifts, the predicted-latency producer still predicts (so the
-error keeps being measured) but publishes no prediction: requests fall back to the heuristics
-with the reason ``drift``, and the trainer is asked to retrain. Drift ends when, over a full
-window, every target's MAPE of the newest version is at or below ``recover_threshold`` (the
-same version once the engines are back to their old speed, or a new version trained on the
-new speed). Pure: no I/O, and times come from the caller.
+The rule is judged on the live error per target over the last ``window`` requests, whichever
+versions predicted them: the trainer publishes a version every few seconds, often before one
+version has a full window of its own. The model drifts when some target's MAPE over a full
+window is above ``threshold``. While it drifts, the predicted-latency producer still predicts
+(so the error keeps being measured) but publishes no prediction: requests fall back to the
+heuristics with the reason ``drift``, and the trainer is asked to retrain. Drift ends when
+every target's MAPE over its window is at or below ``recover_threshold`` (the engines back to
+their old speed, or newer versions trained on the new speed). Pure: no I/O, and times come
+from the caller.
 """
 
 from __future__ import annotations
@@ -81,14 +84,15 @@ class _Window:
 
 
 class DriftMonitor:
-    """Rolling prediction error per (target, model version) and the drift state of the newest
-    version. Keeps the windows of the ``KEPT_VERSIONS`` newest versions only."""
+    """Rolling prediction error per (target, model version) and per target, and the drift state.
+    Keeps the per-version windows of the ``KEPT_VERSIONS`` newest versions only."""
 
     KEPT_VERSIONS = 3
 
     def __init__(self, rule: DriftRule) -> None:
         self.rule = rule
         self._windows: dict[tuple[str, int], _Window] = {}
+        self._live: dict[str, _Window] = {}
         self.newest_version: int | None = None
         self.drifting = False
         self.events: list[DriftEvent] = []
@@ -110,31 +114,33 @@ class DriftMonitor:
         window = self._windows.get((target, version))
         if window is None:
             window = self._windows[(target, version)] = _Window(self.rule.window)
-        window.add((predicted_ms - actual_ms) / actual_ms)
-        if self.enabled and version == self.newest_version:
-            self._judge(target, window, now)
+        error = (predicted_ms - actual_ms) / actual_ms
+        window.add(error)
+        live = self._live.get(target)
+        if live is None:
+            live = self._live[target] = _Window(self.rule.window)
+        live.add(error)
+        if self.enabled:
+            self._judge(target, live, version, now)
 
-    def _judge(self, target: str, window: _Window, now: float) -> None:
+    def _judge(self, target: str, window: _Window, version: int, now: float) -> None:
         if not window.full:
             return
-        version = self.newest_version
-        assert version is not None
         mape = window.abs_sum / len(window.pairs)
         if not self.drifting and mape > self.rule.threshold:
             self.drifting = True
             self._retrain_due = True
             self.events.append(DriftEvent(now, True, version, target, mape))
             return
-        if self.drifting and self._newest_recovered():
+        if self.drifting and self._recovered():
             self.drifting = False
             self.events.append(DriftEvent(now, False, version, target, mape))
 
-    def _newest_recovered(self) -> bool:
-        """Every target measured under the newest version has a full window at or below the
-        recovery threshold (a target it does not predict has no window)."""
-        windows = [w for (_, v), w in self._windows.items() if v == self.newest_version]
+    def _recovered(self) -> bool:
+        """Every measured target's live error is at or below the recovery threshold over a full
+        window (a target the models do not predict has no window)."""
         limit = self.rule.recover_threshold
-        return bool(windows) and all(w.full and w.abs_sum / len(w.pairs) <= limit for w in windows)
+        return all(w.full and w.abs_sum / len(w.pairs) <= limit for w in self._live.values())
 
     def take_retrain_request(self) -> bool:
         """True once per entry into drift: the caller asks the trainer to retrain."""

@@ -43,23 +43,24 @@ def test_drift_needs_a_full_window_over_the_threshold_and_recovers_under_the_low
     for t in range(5):
         monitor.observe("ttft", 2, 140, 100, now=10 + t)
     assert monitor.drifting
-    # ... a newer one at or below the recovery threshold does.
-    for t in range(5):
+    # ... a newer one does, once the window's MAPE is at most the recovery threshold:
+    # after two of its requests, (3 x 40% + 2 x 10%) / 5 = 28%.
+    for t in range(2):
         monitor.observe("ttft", 3, 110, 100, now=20 + t)
     assert not monitor.drifting
-    assert [(e.at, e.drifting, e.version) for e in monitor.events] == [(4.0, True, 1), (24.0, False, 3)]
+    assert [(e.at, e.drifting, e.version) for e in monitor.events] == [(4.0, True, 1), (21.0, False, 3)]
     # Only the newest versions' windows are kept.
     assert {s.version for s in monitor.stats()} == {1, 2, 3}
     monitor.observe("ttft", 4, 100, 100, now=30.0)
     assert {s.version for s in monitor.stats()} == {2, 3, 4}
 
 
-def test_an_old_versions_error_does_not_decide() -> None:
+def test_the_live_error_spans_versions_published_faster_than_a_window_fills() -> None:
     monitor = DriftMonitor(DriftRule(threshold=0.5, recover_threshold=0.3, window=5))
-    monitor.observe("ttft", 2, 100, 100, now=0.0)
-    for t in range(5):
-        monitor.observe("ttft", 1, 100, 1000, now=t)
-    assert not monitor.drifting
+    for t, version in enumerate([1, 1, 2, 2, 3]):
+        monitor.observe("ttft", version, 100, 300, now=t)
+    assert monitor.drifting
+    assert [(s.version, s.samples) for s in monitor.stats()] == [(1, 2), (2, 2), (3, 1)]
 
 
 def test_threshold_zero_never_drifts_and_unpredicted_targets_are_skipped() -> None:
