@@ -15,8 +15,13 @@ optional, since non-streaming traffic never trains one.
 
 Schedule: the first version is fitted as soon as the TTFT window holds ``min_samples`` (the
 EPP routes on its heuristic fallback until then, so every second of waiting counts); after
-that, every ``retrain_interval_s``, or at once when the EPP asks (:meth:`TrainerService.request_retrain`:
-its live predictions drifted).
+that, every ``retrain_interval_s``.
+
+A retrain request (:meth:`TrainerService.request_retrain`: the EPP's live predictions drifted,
+so the engines no longer behave as the windows remember) empties both windows and fits again as
+soon as they hold ``min_samples`` new samples (the TPOT window too, where the current version
+has a TPOT model): a model fitted on the old samples and a few new ones would stay as wrong.
+The current version is served until then (the EPP routes on its heuristics meanwhile).
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ class TrainerService:
         self._fitted_mark: dict[ModelName, int] = dict.fromkeys(MODEL_NAMES, -1)
         self._retrain_lock = asyncio.Lock()
         self._first_fit = asyncio.Event()
-        self._retrain_now = False
+        self._refit = False
+        """The windows were emptied on request: fit as soon as they refill."""
         self._rng = np.random.default_rng(settings.seed)
         if self.store.current is not None:
             self._report(self.store.current)
@@ -95,7 +101,7 @@ class TrainerService:
             self.metrics.samples.labels(name).inc(int(measured.sum()))
             self.metrics.window_samples.labels(name).set(len(window))
         self.metrics.samples.labels("unused").inc(int((~used).sum()))
-        if self.first_fit_due:
+        if self.fit_due:
             self._first_fit.set()
         return len(entries)
 
@@ -104,11 +110,30 @@ class TrainerService:
         """No version exists yet and the TTFT window holds enough samples for the first."""
         return self.store.current is None and len(self.windows["ttft"]) >= self.settings.min_samples
 
+    @property
+    def fit_due(self) -> bool:
+        """A fit is due now rather than at the next interval: the first one, or the one after a
+        retrain request once the emptied windows hold enough new samples."""
+        if self.first_fit_due:
+            return True
+        if not self._refit or len(self.windows["ttft"]) < self.settings.min_samples:
+            return False
+        current = self.store.current
+        has_tpot = current is not None and "tpot" in current.models
+        return not has_tpot or len(self.windows["tpot"]) >= self.settings.min_samples
+
     def request_retrain(self) -> None:
-        """Retrain now rather than at the next interval (the models that have new samples)."""
+        """Forget the samples held and fit again as soon as enough new ones arrived."""
         self.metrics.retrain_requests.inc()
-        self._retrain_now = True
-        self._first_fit.set()
+        for name in MODEL_NAMES:
+            self.windows[name] = StratifiedWindow(len(FEATURE_COLUMNS), self.settings.bucket_capacity)
+            self._fitted_mark[name] = -1
+            self.metrics.window_samples.labels(name).set(0)
+        self._refit = True
+        log.info(
+            "retrain requested: windows emptied, the next fit waits for %d new samples",
+            self.settings.min_samples,
+        )
 
     def data_status(self) -> dict[str, Any]:
         return {
@@ -126,8 +151,7 @@ class TrainerService:
                     await self._first_fit.wait()
             woken = self._first_fit.is_set()
             self._first_fit.clear()
-            requested, self._retrain_now = self._retrain_now, False
-            if woken and not requested and not self.first_fit_due:
+            if woken and not self.fit_due:
                 continue  # set by samples that came in during a first fit, which has since published
             try:
                 await self.retrain()
@@ -151,6 +175,7 @@ class TrainerService:
                 self._fitted_mark[name] = job.window_mark
             if manifest is None:
                 return None
+            self._refit = False
             self._report(manifest)
             log.info(
                 "published version %d (%s)",

@@ -297,17 +297,27 @@ async def test_a_restarted_trainer_keeps_serving_and_counting_versions(tmp_path:
         assert (await service.retrain()).version == 2
 
 
-async def test_a_retrain_request_fits_now_and_each_version_keeps_its_holdout_error(tmp_path: Path) -> None:
+async def test_a_retrain_request_refits_on_new_samples_only_and_each_version_keeps_its_holdout_error(
+    tmp_path: Path,
+) -> None:
     settings = TrainerSettings(model_dir=tmp_path, retrain_interval_s=3600, min_samples=100, keep_versions=2)
     async for client, service in started(settings):
         await client.post("/add_training_data_bulk", json={"entries": training_samples(300)})
         await published(service, 1)
         for version, seed in ((2, 11), (3, 12)):
-            await client.post("/add_training_data_bulk", json={"entries": training_samples(50, seed=seed)})
             response = await client.post("/retrain")
             assert (response.status_code, response.json()) == (202, {"retrain": "requested"})
-            # Published by the trainer's own loop, not after its one-hour interval.
-            await published(service, version)
+            # The old samples are forgotten; 99 new ones are not enough for a fit ...
+            status = (await client.get("/data/status")).json()["models"]
+            assert status["ttft"]["samples"] == status["tpot"]["samples"] == 0
+            fresh = training_samples(100, seed=seed)
+            await client.post("/add_training_data_bulk", json={"entries": fresh[:99]})
+            assert not service.fit_due
+            # ... 100 are, at once, not after the one-hour interval: fitted on those alone.
+            await client.post("/add_training_data_bulk", json={"entries": fresh[99:]})
+            manifest = await published(service, version)
+            ttft = manifest.models["ttft"]
+            assert ttft.version == version and ttft.training_samples + ttft.holdout.samples == 100
         newest = 'trainer_model_version_holdout_error{model="ttft",version="3"}'
         async with asyncio.timeout(10):  # reported just after the manifest is published
             while metric(text := (await client.get("/metrics")).text, newest) is None:
@@ -319,6 +329,5 @@ async def test_a_retrain_request_fits_now_and_each_version_keeps_its_holdout_err
         }
         # Only the kept versions have a series, each its own version's holdout MAPE.
         assert errors[1] is None
-        current = service.store.current
-        assert current is not None and errors[3] == current.models["ttft"].holdout.mape
-        assert errors[2] is not None and 0 < errors[2] < 0.2
+        assert errors[3] == manifest.models["ttft"].holdout.mape
+        assert errors[2] is not None and 0 < errors[2] < 0.5
