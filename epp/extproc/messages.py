@@ -13,6 +13,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     HeaderMutation,
     HeadersResponse,
     ImmediateResponse,
+    ProcessingRequest,
     ProcessingResponse,
     StreamedBodyResponse,
     TrailersResponse,
@@ -24,8 +25,11 @@ from epp.errors import RequestError
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 SERVED_BY_HEADER = "x-llm-epp-served-by"
-"""Added by Envoy to the upstream's response headers: the ``ip:port`` that answered (after any
-retries), for the EPP to see; the EPP removes it from the response."""
+"""Added by this project's Envoy config to the upstream's response headers: the ``ip:port`` that
+answered (after any retries), for the EPP to see; the EPP removes it from the response."""
+SERVED_METADATA_KEY = "x-gateway-destination-endpoint-served"
+"""Where a gateway that follows the endpoint picker protocol reports the ``ip:port`` that
+answered: in the ``envoy.lb`` namespace of the response's metadata."""
 LB_METADATA_NAMESPACE = "envoy.lb"
 # Envoy recommends body chunks of at most 64 KiB; the anchor re-chunks at 62,000 bytes.
 BODY_CHUNK_BYTES = 62_000
@@ -36,6 +40,17 @@ CONTINUE_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse
 CONTINUE_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
 CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
 CONTINUE_RESPONSE_TRAILERS = ProcessingResponse(response_trailers=TrailersResponse())
+
+
+def served_endpoint(message: ProcessingRequest, headers: Mapping[str, str]) -> str | None:
+    """The ``ip:port`` that answered this response, as the gateway reports it (protocol
+    metadata first, then this project's header), or None if it does not."""
+    lb = message.metadata_context.filter_metadata.get(LB_METADATA_NAMESPACE)
+    if lb is not None and SERVED_METADATA_KEY in lb.fields:
+        value = lb.fields[SERVED_METADATA_KEY]
+        if value.HasField("string_value") and value.string_value:
+            return value.string_value
+    return headers.get(SERVED_BY_HEADER)
 
 
 def header_dict(headers: HeaderMap) -> dict[str, str]:

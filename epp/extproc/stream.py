@@ -168,11 +168,11 @@ class ExtProcStream:
         except ValueError:
             status = 0
         body_follows = self._watch_response_body and not message.response_headers.end_of_stream
-        served_by = headers.get(messages.SERVED_BY_HEADER)
+        served_by = messages.served_endpoint(message, headers)
         self.director.response_headers(
             record, status, headers.get("content-type", ""), body_follows, served_by
         )
-        remove = (messages.SERVED_BY_HEADER,) if served_by is not None else ()
+        remove = (messages.SERVED_BY_HEADER,) if messages.SERVED_BY_HEADER in headers else ()
         reply = messages.add_response_headers(self.director.debug_headers(record), remove)
         self.phase = Phase.RESPONSE
         if not body_follows:

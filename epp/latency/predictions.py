@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from epp.scheduling.framework import DataKey
+from wire.latency import FeatureRowDict, TrainingSampleDict
 
 
 class PredictionUnavailable(Exception):
@@ -33,9 +34,9 @@ class LatencyPredictor(Protocol):
     the model in process. ``predict`` raises :class:`PredictionUnavailable` when it cannot answer.
     """
 
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]: ...
+    async def predict(self, rows: Sequence[FeatureRowDict]) -> list[Prediction]: ...
 
-    def add_training(self, samples: Sequence[dict[str, Any]]) -> None: ...
+    def add_training(self, samples: Sequence[TrainingSampleDict]) -> None: ...
 
     def request_retrain(self) -> None:
         """Ask for a model trained on the newest samples soon (the live error drifted)."""
@@ -84,6 +85,6 @@ PREDICTION_FALLBACK: DataKey[str] = DataKey("latency-prediction-fallback")
 DRIFTED_PREDICTIONS: DataKey[LatencyPredictions] = DataKey("latency-predictions-drifted")
 """Predictions made while the model drifts (``epp.latency.drift``): kept to measure its error,
 never routed on (``LATENCY_PREDICTIONS`` is absent and the fallback reason is ``drift``)."""
-FEATURE_ROWS: DataKey[dict[str, dict[str, Any]]] = DataKey("latency-feature-rows")
+FEATURE_ROWS: DataKey[dict[str, FeatureRowDict]] = DataKey("latency-feature-rows")
 """Each endpoint's feature row as it was at scheduling time (written even when predictions are
 off or fail), kept so the request can be trained on once it finishes."""

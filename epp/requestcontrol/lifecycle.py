@@ -62,9 +62,9 @@ class RequestLifecycle:
         # Steps that hold or refuse a request before it is scheduled (flow control) go here.
         state = CycleState()
         result = await self.pipeline.schedule(request, candidates, state)
-        return self.routed(request, result, state, candidates, received_at, now)
+        return self._book(request, result, state, candidates, received_at, now)
 
-    def routed(
+    def _book(
         self,
         request: LLMRequest,
         result: SchedulingResult,
@@ -73,7 +73,7 @@ class RequestLifecycle:
         received_at: float,
         now: float,
     ) -> RoutedRequest:
-        """Book a request that ``result`` routed among ``candidates`` (the pipeline has run)."""
+        """Count the request in flight on the target ``result`` picked among ``candidates``."""
         name = result.endpoint.name
         booked = next(c for c in candidates if c.endpoint.name == name)
         booked.in_flight += 1

@@ -10,7 +10,7 @@ the discrete-event loop that drives time and ties them together.
 """
 
 from sim.fleet.catalog import ORACLE, make_router, router_names
-from sim.fleet.simulator import FleetConfig, FleetResult, FleetSimulator, ProfileSwitch, RequestRecord
+from sim.fleet.simulator import FleetConfig, FleetResult, FleetSimulator, ProfileSwitch, SimulatedRequest
 from sim.fleet.workload import Session, Turn, Workload
 
 __all__ = [
@@ -19,8 +19,8 @@ __all__ = [
     "FleetResult",
     "FleetSimulator",
     "ProfileSwitch",
-    "RequestRecord",
     "Session",
+    "SimulatedRequest",
     "Turn",
     "Workload",
     "make_router",

@@ -6,144 +6,42 @@ import asyncio
 import itertools
 import json
 import logging
-import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
-    HttpBody,
-    HttpHeaders,
     HttpTrailers,
     ProcessingRequest,
-    ProtocolConfiguration,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
-from epp.configs import config_path
-from epp.datalayer.endpoints import EndpointStore
-from epp.datalayer.metrics import PoolMetrics
 from epp.extproc.messages import (
     BODY_CHUNK_BYTES,
     CONTINUE_RESPONSE_BODY,
     CONTINUE_RESPONSE_HEADERS,
-    DESTINATION_HEADER,
     LB_METADATA_NAMESPACE,
+    SERVED_BY_HEADER,
+    SERVED_METADATA_KEY,
     header_dict,
 )
-from epp.extproc.stream import ExtProcStream, Phase
-from epp.latency.metrics import PredictionMetrics
-from epp.latency.report import PredictionReport
-from epp.metrics import ModelLabels, RequestMetrics
+from epp.extproc.stream import Phase
 from epp.observability.decision import DecisionLog
-from epp.plugins.token_load import find_tracker
-from epp.requestcontrol.director import Director
-from epp.requestcontrol.lifecycle import RequestLifecycle
-from epp.scheduling.config import EndpointPickerConfig, build_pipeline
-from epp.scheduling.framework import PluginContext
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
-from epp.scheduling.types import Endpoint, EngineMetrics
-from epp.tokenization import ModelTokenizer
-from tests.epp.factories import FakeClock
-from tests.epp.test_context_window import TEN_MIB, CountingTokenizer
+from tests.epp.extproc_harness import (
+    Harness,
+    body_msg,
+    headers_msg,
+    response_body_msg,
+    response_headers_msg,
+    routed_destination,
+)
+from tests.epp.factories import TEN_MIB, CountingTokenizer
 from tests.hostile_bodies import HOSTILE, PATHS, request_bodies
 
 COMPLETION = {"model": "tiny", "prompt": "Hello world", "max_tokens": 4, "stream": True}
-
-
-def headers_msg(
-    path: str = "/v1/completions",
-    method: str = "POST",
-    eos: bool = False,
-    buffered: bool = False,
-    **extra: str,
-):
-    pairs = {":path": path, ":method": method, "content-type": "application/json", **extra}
-    hm = HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
-    mode = ProcessingMode.BUFFERED if buffered else ProcessingMode.FULL_DUPLEX_STREAMED
-    return ProcessingRequest(
-        request_headers=HttpHeaders(headers=hm, end_of_stream=eos),
-        protocol_config=ProtocolConfiguration(request_body_mode=mode),
-    )
-
-
-def body_msg(data: bytes, eos: bool) -> ProcessingRequest:
-    return ProcessingRequest(request_body=HttpBody(body=data, end_of_stream=eos))
-
-
-def response_headers_msg(status: int = 200, content_type: str = "text/event-stream") -> ProcessingRequest:
-    hm = HeaderMap(
-        headers=[
-            HeaderValue(key=":status", raw_value=str(status).encode()),
-            HeaderValue(key="content-type", raw_value=content_type.encode()),
-        ]
-    )
-    return ProcessingRequest(response_headers=HttpHeaders(headers=hm))
-
-
-def response_body_msg(data: bytes, eos: bool) -> ProcessingRequest:
-    return ProcessingRequest(response_body=HttpBody(body=data, end_of_stream=eos))
-
-
-class Harness:
-    def __init__(
-        self,
-        healthy: int = 2,
-        max_body: int = 1 << 20,
-        config: str = "gie-default",
-        tokenizer: ModelTokenizer | None = None,
-        default_max_model_len: int | None = None,
-        observers: Sequence[LifecycleObserver] = (),
-    ) -> None:
-        self.clock = FakeClock()
-        self.store = EndpointStore()
-        self.store.replace([Endpoint(f"e{i}", "10.0.0.1", 8000 + i) for i in range(2)])
-        for i in range(healthy):
-            self.store.record_scrape(f"e{i}", EngineMetrics(updated_at=self.clock()))
-        context = PluginContext(clock=self.clock, rng=random.Random(1))
-        pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), context)
-        self.registry = CollectorRegistry()
-        labels = ModelLabels()
-        pool = PoolMetrics(self.registry, "pool", self.store, self.clock)
-        self.tracker = find_tracker(pipeline.plugins.values())
-        if self.tracker is not None:
-            pool.export_token_load(self.tracker)
-        lifecycle = RequestLifecycle(
-            pipeline, [PredictionReport(PredictionMetrics(self.registry, labels)), *observers]
-        )
-        self.director = Director(
-            lifecycle,
-            self.store,
-            tokenizer or ModelTokenizer(),
-            RequestMetrics(self.registry, labels),
-            self.clock,
-            random.Random(1),
-            default_max_model_len=default_max_model_len,
-        )
-        self.max_body = max_body
-
-    def stream(self) -> ExtProcStream:
-        return ExtProcStream(self.director, self.max_body)
-
-    def metric(self, name: str, **labels: str) -> float:
-        return self.registry.get_sample_value(name, labels) or 0.0
-
-    def in_flight(self) -> int:
-        return sum(s.in_flight for s in self.store.all())
-
-
-def routed_destination(reply) -> str:
-    common = (
-        reply.request_headers.response if reply.HasField("request_headers") else reply.request_body.response
-    )
-    headers = {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
-    lb = reply.dynamic_metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[DESTINATION_HEADER]
-    assert common.clear_route_cache
-    assert lb.string_value.split(",")[0] == headers[DESTINATION_HEADER]
-    return headers[DESTINATION_HEADER]
 
 
 async def test_full_request_lifecycle() -> None:
@@ -174,6 +72,33 @@ async def test_full_request_lifecycle() -> None:
     labels = {"model_name": "tiny", "target_model_name": "tiny"}
     assert h.metric("inference_objective_request_ttft_seconds_sum", **labels) == pytest.approx(0.1)
     assert h.metric("inference_objective_request_tpot_seconds_sum", **labels) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("reported", ["header", "metadata"])
+async def test_a_request_the_gateway_served_elsewhere_is_rebooked_there(reported: str) -> None:
+    h = Harness(config="ray-kv-aware")
+    s = h.stream()
+    await s.on_message(headers_msg(**{"x-llm-epp-debug": "true"}))
+    replies = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    picked = routed_destination(replies[0])
+    other = next(e for e in h.store.all() if e.endpoint.hostport != picked)
+    assert other.in_flight == 0 and h.tracker is not None and h.tracker.load(other.name).requests == 0
+    served = {SERVED_BY_HEADER: other.endpoint.hostport}
+    message = (
+        response_headers_msg(extra=served)
+        if reported == "header"
+        else response_headers_msg(metadata={SERVED_METADATA_KEY: other.endpoint.hostport})
+    )
+    (reply,) = await s.on_message(message)
+    mutation = reply.response_headers.response.header_mutation
+    added = {o.header.key: o.header.raw_value.decode() for o in mutation.set_headers}
+    assert added["x-llm-epp-endpoint"] == other.name
+    assert list(mutation.remove_headers) == ([SERVED_BY_HEADER] if reported == "header" else [])
+    assert other.in_flight == 1 and h.in_flight() == 1
+    assert h.tracker.load(other.name).requests == 1 and h.tracker.in_flight() == 1
+    await s.on_message(response_body_msg(b"data: [DONE]\n\n", eos=True))
+    s.close()
+    assert h.in_flight() == 0 and h.tracker.in_flight() == 0
 
 
 async def test_large_body_is_re_emitted_in_chunks_and_oversized_body_is_413() -> None:

@@ -18,8 +18,7 @@ from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome, ResponseObserver
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.types import LLMRequest, SchedulingResult
-from tests.epp.factories import FakeClock, endpoint_state, make_request
-from tests.epp.test_latency_plugins import run
+from tests.epp.factories import FakeClock, endpoint_state, make_request, run
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,17 +19,26 @@ class _Recorder(LifecycleObserver):
         self.clock = clock
         self.first_tokens: dict[str, tuple[float, float]] = {}
         self.outcomes: dict[str, tuple[RequestOutcome, float]] = {}
+        self.readings: list[float] = []
+        """The clock at every step, in the order the steps were heard."""
+
+    def on_routed(self, routed: RoutedRequest, now: float) -> None:
+        assert now == self.clock()
+        self.readings.append(now)
 
     def on_first_token(self, routed: RoutedRequest, now: float) -> None:
         self.first_tokens[routed.request.request_id] = (now, self.clock())
+        self.readings.append(now)
 
     def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
         self.outcomes[routed.request.request_id] = (outcome, self.clock())
+        self.readings.append(outcome.finished_at)
 
 
 def _mixed_workload(seed: int) -> Workload:
-    """Open-loop single requests (their arrivals make the loop sync past engine events) and
-    closed-loop sessions whose later turns wait a think time after the previous turn finished."""
+    """Open-loop single requests (their arrivals make the loop sync past engine events),
+    closed-loop sessions whose later turns wait a think time after the previous turn finished,
+    and sessions that start when every session of a group has ended (as RL steps do)."""
     rng = random.Random(seed)
     sessions = [
         Session(f"open{i}", rng.uniform(0, 8), (Turn(rng.randint(100, 2000), rng.randint(1, 200)),))
@@ -42,6 +51,10 @@ def _mixed_workload(seed: int) -> Workload:
             for k in range(1, 4)
         ]
         sessions.append(Session(f"closed{i}", rng.uniform(0, 3), tuple(turns)))
+    for i in range(3):
+        turn = Turn(rng.randint(200, 1500), rng.randint(5, 150))
+        sessions.append(Session(f"step0-{i}", rng.uniform(0, 1), (turn,), group="step0"))
+        sessions.append(Session(f"step1-{i}", 0.0, (turn,), group="step1", after="step0"))
     return Workload("mixed", sessions)
 
 
@@ -61,6 +74,7 @@ def test_outcomes_and_think_times_use_the_engines_event_times(router: str) -> No
     (recorder,) = recorders
     completed = [r for r in result.records if r.completed]
     assert len(completed) == len(result.records) == sum(len(s.turns) for s in workload.sessions)
+    assert recorder.readings == sorted(recorder.readings)  # the router's time never runs back
     for record in completed:
         outcome, clock_at_finish = recorder.outcomes[record.request_id]
         first_token, clock_at_first = recorder.first_tokens[record.request_id]
@@ -79,3 +93,5 @@ def test_outcomes_and_think_times_use_the_engines_event_times(router: str) -> No
             )
             thinks += 1
     assert thinks == 24
+    step0_end = max(by_id[f"step0-{i}#0"].finish for i in range(3))
+    assert [by_id[f"step1-{i}#0"].arrival for i in range(3)] == [step0_end] * 3
