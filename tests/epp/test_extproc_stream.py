@@ -225,6 +225,16 @@ async def test_buffered_body_mode_routes_in_the_body_reply() -> None:
     assert h.in_flight() == 1
 
 
+async def test_buffered_body_followed_by_trailers_is_routed_at_once() -> None:
+    # A buffered body is whole in one message; with trailers to follow it has no end_of_stream.
+    h = Harness()
+    s = h.stream()
+    await s.on_message(headers_msg(buffered=True))
+    (reply,) = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=False))
+    assert reply.HasField("request_body") and routed_destination(reply).startswith("10.0.0.1:")
+    assert h.in_flight() == 1
+
+
 @pytest.mark.parametrize(
     ("given", "kept"), [("abc-123", True), ("x" * 500, False), ("a b", False), ("", False)]
 )
