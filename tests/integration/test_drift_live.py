@@ -18,7 +18,8 @@ import pytest
 from epp.configs import config_path
 from sim.stack import LocalStack
 from tests.integration.test_predicted_latency import Reply, model_version, send, small_engine_profile
-from tests.stacks import metric_sum, start_stack, wait_for
+from tests.stacks import start_stack
+from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
 SLOWDOWN = 4.0
