@@ -1,5 +1,5 @@
 """Replica sync through a real nats-server (started here on free loopback ports): convergence,
-refused messages, heartbeat expiry, snapshot on join, NATS restarts, and auth."""
+refused messages, heartbeat expiry, snapshot on join, NATS restarts, auth, and mutual TLS."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
 from sim.nats_server import start_nats_server
 from sim.processes import Component, free_port
 from tests.epp.test_sync_state import ENDPOINTS, Replica
+from tests.tls_certs import CertAuthority
 
 pytestmark = pytest.mark.integration
 TUNING = SyncTuning(progress_interval_s=0.02, heartbeat_interval_s=0.1, peer_timeout_s=0.8)
@@ -283,5 +284,66 @@ async def test_user_password_and_nkey_auth(tmp_path: Path, started) -> None:
         await eventually(connected(a, b))
         a.route("c", 10, 0, 1)
         await eventually(converged(b, a))
+    finally:
+        server.stop()
+
+
+async def test_mutual_tls_connects_and_refuses_clients_without_a_trusted_certificate(
+    tmp_path: Path, started
+) -> None:
+    ca = CertAuthority.create(tmp_path)
+    server_cert = ca.issue(tmp_path, "nats", server_ip="127.0.0.1")
+    client_cert = ca.issue(tmp_path, "epp")
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f'tls {{ cert_file: "{server_cert.cert}", key_file: "{server_cert.key}", '
+        f'ca_file: "{ca.cert}", verify: true, timeout: 2 }}\n'
+    )
+    server = Nats(tmp_path, ("--config", str(config)))
+    server.start()
+    url = server.url.replace("nats://", "tls://")
+    try:
+        mtls = connect_options(
+            settings_with(
+                sync_nats_url=[url],
+                sync_nats_tls_ca_file=ca.cert,
+                sync_nats_tls_cert_file=client_cert.cert,
+                sync_nats_tls_key_file=client_cert.key,
+            )
+        )
+        a = await started("a", url, **mtls)
+        b = await started("b", url, **mtls)
+        await eventually(connected(a, b))
+        a.route("c", 10, 0, 1)
+        await eventually(converged(b, a))
+
+        # Trusts the server but shows no certificate: the server refuses it.
+        no_cert = connect_options(settings_with(sync_nats_url=[url], sync_nats_tls_ca_file=ca.cert))
+        anonymous = await started("anonymous", url, **no_cert)
+        # Shows a certificate of another CA, and does not trust the server's: refused both ways.
+        other = CertAuthority.create(tmp_path, "other-ca")
+        stranger_cert = other.issue(tmp_path, "stranger")
+        stranger = await started(
+            "stranger",
+            url,
+            **connect_options(
+                settings_with(
+                    sync_nats_url=[url],
+                    sync_nats_tls_ca_file=other.cert,
+                    sync_nats_tls_cert_file=stranger_cert.cert,
+                    sync_nats_tls_key_file=stranger_cert.key,
+                )
+            ),
+        )
+        await eventually(lambda: anonymous.transport.last_error is not None)
+        await eventually(lambda: stranger.transport.last_error is not None)
+        assert "certificate required" in anonymous.transport.last_error.lower()
+        assert "certificate verify failed" in stranger.transport.last_error.lower()
+        assert not anonymous.transport.connected and not stranger.transport.connected
+        anonymous.route("a", 999, 0, 4)
+        stranger.route("b", 999, 0, 4)
+        a.route("a", 20, 0, 2)
+        await eventually(converged(b, a))
+        assert sorted(b.sync.peers) == ["a"]
     finally:
         server.stop()
