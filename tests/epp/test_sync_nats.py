@@ -281,9 +281,17 @@ async def test_user_password_and_nkey_auth(tmp_path: Path, started) -> None:
         nkey = connect_options(settings_with(sync_nats_url=[server.url], sync_nats_nkey_seed_file=seed_file))
         a = await started("a", server.url, **user)
         b = await started("b", server.url, **nkey)
+        other_seed = nkeys.encode_seed(bytes(range(1, 33)), nkeys.PREFIX_BYTE_USER)
+        (tmp_path / "other.nk").write_bytes(other_seed)
+        wrong_password = await started("wrong-password", server.url, user="epp", password="nope")
+        unknown_nkey = await started("unknown-nkey", server.url, nkeys_seed=str(tmp_path / "other.nk"))
         await eventually(connected(a, b))
         a.route("c", 10, 0, 1)
         await eventually(converged(b, a))
+        for refused in (wrong_password, unknown_nkey):
+            await eventually(lambda r=refused: r.transport.last_error is not None)
+            assert "authorization violation" in refused.transport.last_error.lower()
+            assert not refused.transport.connected
     finally:
         server.stop()
 
