@@ -315,7 +315,8 @@ def _markdown(data: dict[str, Any], settings: SweepSettings, plot: str) -> str:
             "",
             "Changes of the seeds' mean against one router's; 'per seed': the range of each seed's "
             "TTFT p99 change; 'noise': 4 replicas synced at once (d = 0) differ from one router only "
-            "by their own RNGs and the order of simultaneous decisions, so that change is chance.",
+            "by their own RNGs, the order of simultaneous decisions and the coalescing of decode "
+            "progress, so that change is mostly chance.",
             "",
         ]
     else:
