@@ -20,10 +20,10 @@ from epp.settings import EppSettings
 from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport, connect_options
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
+from sim.certs import write_local_pki
 from sim.nats_server import start_nats_server
 from sim.processes import Component, free_port
 from tests.epp.test_sync_state import ENDPOINTS, Replica
-from tests.tls_certs import CertAuthority
 
 pytestmark = pytest.mark.integration
 TUNING = SyncTuning(progress_interval_s=0.02, heartbeat_interval_s=0.1, peer_timeout_s=0.8)
@@ -299,13 +299,11 @@ async def test_user_password_and_nkey_auth(tmp_path: Path, started) -> None:
 async def test_mutual_tls_connects_and_refuses_clients_without_a_trusted_certificate(
     tmp_path: Path, started
 ) -> None:
-    ca = CertAuthority.create(tmp_path)
-    server_cert = ca.issue(tmp_path, "nats", server_ip="127.0.0.1")
-    client_cert = ca.issue(tmp_path, "epp")
+    pki = write_local_pki(tmp_path / "pki")  # the server certificate names 127.0.0.1
     config = tmp_path / "nats.conf"
     config.write_text(
-        f'tls {{ cert_file: "{server_cert.cert}", key_file: "{server_cert.key}", '
-        f'ca_file: "{ca.cert}", verify: true, timeout: 2 }}\n'
+        f'tls {{ cert_file: "{pki.server_cert_file}", key_file: "{pki.server_key_file}", '
+        f'ca_file: "{pki.ca_file}", verify: true, timeout: 2 }}\n'
     )
     server = Nats(tmp_path, ("--config", str(config)))
     server.start()
@@ -314,9 +312,9 @@ async def test_mutual_tls_connects_and_refuses_clients_without_a_trusted_certifi
         mtls = connect_options(
             settings_with(
                 sync_nats_url=[url],
-                sync_nats_tls_ca_file=ca.cert,
-                sync_nats_tls_cert_file=client_cert.cert,
-                sync_nats_tls_key_file=client_cert.key,
+                sync_nats_tls_ca_file=pki.ca_file,
+                sync_nats_tls_cert_file=pki.client_cert_file,
+                sync_nats_tls_key_file=pki.client_key_file,
             )
         )
         a = await started("a", url, **mtls)
@@ -326,20 +324,19 @@ async def test_mutual_tls_connects_and_refuses_clients_without_a_trusted_certifi
         await eventually(converged(b, a))
 
         # Trusts the server but shows no certificate: the server refuses it.
-        no_cert = connect_options(settings_with(sync_nats_url=[url], sync_nats_tls_ca_file=ca.cert))
+        no_cert = connect_options(settings_with(sync_nats_url=[url], sync_nats_tls_ca_file=pki.ca_file))
         anonymous = await started("anonymous", url, **no_cert)
         # Shows a certificate of another CA, and does not trust the server's: refused both ways.
-        other = CertAuthority.create(tmp_path, "other-ca")
-        stranger_cert = other.issue(tmp_path, "stranger")
+        other = write_local_pki(tmp_path / "other-pki")
         stranger = await started(
             "stranger",
             url,
             **connect_options(
                 settings_with(
                     sync_nats_url=[url],
-                    sync_nats_tls_ca_file=other.cert,
-                    sync_nats_tls_cert_file=stranger_cert.cert,
-                    sync_nats_tls_key_file=stranger_cert.key,
+                    sync_nats_tls_ca_file=other.ca_file,
+                    sync_nats_tls_cert_file=other.client_cert_file,
+                    sync_nats_tls_key_file=other.client_key_file,
                 )
             ),
         )
