@@ -16,7 +16,7 @@ def test_sync_sweep_writes_the_k_by_d_grid_with_the_goal_over_seeds(tmp_path: Pa
         [
             "sync-sweep",
             "--workloads",
-            "rl-stragglers:2:2:1",
+            "rl-stragglers:1:2:1",
             "--routers",
             "ray-kv-aware",
             "--router-replicas",
