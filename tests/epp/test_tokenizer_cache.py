@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer
 
-from epp.datalayer.endpoints import EndpointStore
 from epp.kvcache.block_chains import block_chains_of
-from epp.metrics import EppMetrics
+from epp.metrics import TokenizerCacheCollector
 from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
 from epp.tokenizer_cache import FIRST_CHUNK_BYTES, TokenizerCache, agreed_length, chunk_keys
 from epp.tokenizer_cuts import cut_points
@@ -115,6 +114,29 @@ def test_a_growing_conversation_reuses_all_but_its_new_turns() -> None:
     assert stats.entries == 1  # each turn's prompt replaced the one it extends
     for (got, total), (_, previous_total) in zip(reused[1:], reused, strict=False):
         assert previous_total - 10 <= got < total  # only the previous prompt's last few tokens redone
+
+
+def test_interleaved_conversations_sharing_a_system_prompt_each_reuse_their_own_last_turn() -> None:
+    # The index names a shared prefix's chunks by one entry only (the latest): each session must
+    # still find its own previous prompt, past the shared part, among the others'.
+    tokenizer = cached_tokenizer()
+    system = {"role": "system", "content": "You are a coding agent in a shared repository. " * 30}
+    sessions = [[system] for _ in range(3)]
+    last_lengths = [0] * len(sessions)
+    for turn in range(5):
+        for index, messages in enumerate(sessions):
+            messages.append({"role": "user", "content": f"Session {index}, step {turn}: run the tests. " * 8})
+            before = tokenizer.cache.stats().tokens_reused
+            ids = tokenizer.encode_chat(messages)
+            assert ids == PLAIN.encode_chat(messages)
+            reused = tokenizer.cache.stats().tokens_reused - before
+            if turn > 0:
+                assert last_lengths[index] - 10 <= reused < len(ids)
+            last_lengths[index] = len(ids)
+            messages.append({"role": "assistant", "content": f"Step {turn} of session {index} passed. " * 4})
+    stats = tokenizer.cache.stats()
+    # Only the very first prompt misses: the other sessions' first prompts reuse the system prompt.
+    assert (stats.misses, stats.fallbacks, stats.entries) == (1, 0, 3)
 
 
 def test_identical_prompts_are_served_from_the_cache() -> None:
@@ -224,8 +246,7 @@ def test_ids_carry_block_chains_only_from_the_cache() -> None:
 def test_metrics_export_the_counts_and_size() -> None:
     tokenizer = cached_tokenizer()
     registry = CollectorRegistry()
-    metrics = EppMetrics(registry, "pool", EndpointStore(), lambda: 0.0)
-    metrics.track_tokenizer_cache(tokenizer.cache)
+    registry.register(TokenizerCacheCollector("pool", tokenizer.cache))
     text = "metrics are read at scrape time " * 20
     tokenizer.encode(text)
     tokenizer.encode(text + "and more")
