@@ -108,5 +108,5 @@ def test_a_late_replicas_snapshot_brings_the_peers_prefix_index() -> None:
     a.send_to(late)  # late sees a mid-stream and asks for a snapshot
     assert late.sync.wanted_snapshots() == ["a"]
     late.sync.receive(a.sync.answer(late.sync.snapshot_request()))
-    _, _, state = late.route(prompt)
-    assert state.get(PREFIX_MATCH).matched_blocks.get(routed[1].endpoint.name) == 5
+    state = late.route(prompt).state
+    assert state.get(PREFIX_MATCH).matched_blocks.get(routed.endpoint_name) == 5
