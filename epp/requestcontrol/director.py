@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.errors import NoEndpointAvailable, RequestError
+from epp.flowcontrol.gate import FlowGate
 from epp.latency.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK
 from epp.metrics import EppMetrics, ModelSeries
 from epp.requestcontrol.openai_request import parse_openai_request
@@ -69,8 +70,11 @@ class Director:
         rng: random.Random | None = None,
         objective_priorities: Mapping[str, int] | None = None,
         default_max_model_len: int | None = None,
+        flow_gate: FlowGate | None = None,
     ) -> None:
-        """``default_max_model_len`` is the context length while no engine has reported its own."""
+        """``default_max_model_len`` is the context length while no engine has reported its own;
+        ``flow_gate`` holds requests while the pool is saturated (flow control, off without it)."""
+        self.flow_gate = flow_gate
         self.pipeline = pipeline
         self.default_max_model_len = default_max_model_len
         self.objective_priorities = objective_priorities if objective_priorities is not None else {}
@@ -108,11 +112,13 @@ class Director:
         record.request = request
         record.series = self.metrics.for_model(request.model)
         record.series.requests.inc()
+        record.state = CycleState()
+        if self.flow_gate is not None:  # waits while the pool is saturated
+            await self.flow_gate.wait(request, record.state, record.received_at)
         candidates = self.store.candidates()
         if not candidates:
             raise NoEndpointAvailable("no model server endpoint is ready")
         started = self.clock()
-        record.state = CycleState()
         try:
             result = await self.pipeline.schedule(request, candidates, record.state)
         except NoCandidates as exc:
@@ -198,6 +204,8 @@ class Director:
         if record.finished_at is not None:
             return
         record.finished_at = self.clock()
+        if self.flow_gate is not None and record.state is not None:
+            self.flow_gate.finished(record.state)
         if record.result is None:
             return
         self.store.request_finished(record.result.endpoint.name)
