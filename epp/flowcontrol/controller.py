@@ -30,7 +30,7 @@ from epp.scheduling.types import EndpointState
 class BandLimits:
     max_requests: int = 1000
     """Requests the band may hold; past it, newcomers are rejected."""
-    ttl_s: float = 30.0
+    ttl_s: float = 4.0
     """How long a request may wait before it is answered 429."""
 
 

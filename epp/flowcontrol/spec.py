@@ -10,7 +10,7 @@
       fairnessPolicy: least-attained-service-fairness
       orderingPolicy: fcfs-ordering
       maxQueuedRequests: 5000
-      defaultBand: {maxRequests: 1000, ttlSeconds: 30}
+      defaultBand: {maxRequests: 1000, ttlSeconds: 4}
       bands:
       - {priority: -1, maxRequests: 200, ttlSeconds: 5}
 
@@ -31,7 +31,9 @@ class _Strict(BaseModel):
 
 class BandLimitsSpec(_Strict):
     max_requests: int = Field(default=1000, ge=1, alias="maxRequests")
-    ttl_seconds: float = Field(default=30.0, gt=0, alias="ttlSeconds")
+    ttl_seconds: float = Field(default=4.0, gt=0, alias="ttlSeconds")
+    """Below the gateway's ext_proc ``message_timeout`` (5 s in the shipped Envoy config): a
+    request held longer is failed by the gateway before flow control can answer it 429."""
 
 
 class BandSpec(BandLimitsSpec):
