@@ -22,7 +22,7 @@ from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
 from epp.extproc.server import ExternalProcessor, add_to_server
-from epp.flowcontrol.config import attach_flow_control
+from epp.flowcontrol.config import build_flow_control
 from epp.flowcontrol.gate import FlowGate
 from epp.flowcontrol.metrics import FlowMetrics
 from epp.k8s.client import api_client, default_identity, default_namespace
@@ -141,7 +141,7 @@ class EppApp:
 
     def _flow_gate(self, config: EndpointPickerConfig, context: PluginContext) -> FlowGate | None:
         """Flow control, when the config turns it on: requests wait while the pool is saturated."""
-        flow_control = attach_flow_control(config, self.pipeline, context)
+        flow_control = build_flow_control(config, self.pipeline, context)
         if flow_control is None:
             return None
         metrics = FlowMetrics(self.registry, self.settings.pool_name, flow_control.controller)

@@ -1,7 +1,8 @@
-"""Builds flow control from an EndpointPickerConfig and attaches it to the pipeline it guards."""
+"""Builds flow control from an EndpointPickerConfig."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -12,53 +13,36 @@ from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.spec import FEATURE_GATE, FlowControlSpec
 from epp.flowcontrol.types import FAIRNESS_ID_HEADER, FlowRequest
 from epp.scheduling.config import ConfigError, EndpointPickerConfig, PluginSpec, instantiate
-from epp.scheduling.framework import (
-    CycleState,
-    Plugin,
-    PluginContext,
-    PreRequest,
-    RequestOutcome,
-    ResponseObserver,
-)
+from epp.scheduling.framework import Plugin, PluginContext
 from epp.scheduling.pipeline import Pipeline
-from epp.scheduling.types import LLMRequest, SchedulingResult
+from epp.scheduling.types import LLMRequest
 
 P = TypeVar("P", bound=Plugin)
 
 
-class FlowControl(PreRequest, ResponseObserver):
-    """The controller, and the pipeline hooks that tell it where dispatched requests went and
-    when they ended (the same hooks in the live EPP and the fleet simulator)."""
+class FlowControl:
+    """The configured controller, and how requests become its :class:`FlowRequest` s. Drivers
+    (the live gate, the fleet simulator's) hold a request's key from enqueue to finish."""
 
-    type_name = "flow-control"
-
-    def __init__(self, spec: FlowControlSpec, controller: FlowController, context: PluginContext) -> None:
-        super().__init__(self.type_name, spec, context)
+    def __init__(self, spec: FlowControlSpec, controller: FlowController) -> None:
         self.spec = spec
         self.controller = controller
+        self._keys = itertools.count()
 
-    def flow_request(self, request: LLMRequest, state: CycleState, received_at: float) -> FlowRequest:
-        """What flow control knows of ``request``: band from its resolved priority, flow from the
-        fairness id (else the model), and the tokens dispatching it books."""
+    def flow_request(self, request: LLMRequest, received_at: float) -> FlowRequest:
+        """What flow control knows of ``request``, under a fresh key: band from its resolved
+        priority, flow from the fairness id (else the model), and the tokens dispatching it books."""
         flow = request.headers.get(FAIRNESS_ID_HEADER) or request.model
         default = self.spec.default_output_tokens
         output = default if request.max_tokens is None else min(request.max_tokens, default)
         return FlowRequest(
-            key=state.key,
+            key=next(self._keys),
             band=request.priority,
             flow=flow,
             tokens=request.input_tokens + output,
             received_at=received_at,
             slo_ttft_ms=request.slo_ttft_ms,
         )
-
-    def pre_request(self, request: LLMRequest, result: SchedulingResult, state: CycleState) -> None:
-        self.controller.routed(state.key, result.endpoint.name, state, self.context.clock())
-
-    def on_finished(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
-    ) -> None:
-        self.controller.finished(state.key)
 
 
 def _resolve(ref: str, kind: type[P], plugins: dict[str, Plugin], context: PluginContext) -> P:
@@ -80,10 +64,11 @@ def _settings(spec: FlowControlSpec) -> FlowSettings:
     return FlowSettings(bands, default, spec.max_queued_requests, spec.retry_after_seconds)
 
 
-def attach_flow_control(
+def build_flow_control(
     config: EndpointPickerConfig, pipeline: Pipeline, context: PluginContext
 ) -> FlowControl | None:
-    """The configured flow control, hooked into ``pipeline``; None when it is off (the default)."""
+    """The flow control ``config`` asks for, its plugins taken from (or added to) ``pipeline``'s;
+    None when it is off (the default)."""
     spec = config.flow_control
     if spec is None:
         if FEATURE_GATE not in config.feature_gates:
@@ -99,7 +84,4 @@ def attach_flow_control(
         _resolve(spec.ordering_policy, OrderingPolicy, plugins, context),
         detectors,
     )
-    flow_control = FlowControl(spec, controller, context)
-    pipeline.pre_request.append(flow_control)
-    pipeline.observers.append(flow_control)
-    return flow_control
+    return FlowControl(spec, controller)

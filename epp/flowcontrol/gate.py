@@ -1,11 +1,12 @@
 """The live adapter: an awaitable gate the request path passes before the scheduler picks.
 
-``FlowGate.wait`` queues the request and returns once the controller dispatches it, or raises
-:class:`RequestShed` (429 with ``Retry-After``) when it expired or was pushed out of a full
-queue. A waiter that is cancelled (the client hung up, so Envoy reset the stream) leaves the
-queue at once. One dispatcher task re-polls the controller while requests wait: at once when a
-request finishes, at the next expiry, and every ``pollIntervalMs`` otherwise (scrapes and
-predictions change without telling it).
+``FlowGate.wait`` queues the request and returns a :class:`FlowTicket` once the controller
+dispatches it, or raises :class:`RequestShed` (429 with ``Retry-After``) when it expired or was
+pushed out of a full queue. The driver tells the ticket where the request was routed and, once,
+that it finished (however it ended), which releases its booking. A waiter that is cancelled
+(the client hung up, so Envoy reset the stream) leaves the queue at once. One dispatcher task
+re-polls the controller while requests wait: at once when a request finishes, at the next
+expiry, and every ``pollIntervalMs`` otherwise (scrapes and predictions change unannounced).
 """
 
 from __future__ import annotations
@@ -28,6 +29,24 @@ _SHED_MESSAGES = {
 }
 
 
+class FlowTicket:
+    """A dispatched request's hold on the pool, from dispatch to finish."""
+
+    __slots__ = ("_gate", "key")
+
+    def __init__(self, gate: FlowGate, key: int) -> None:
+        self._gate, self.key = gate, key
+
+    def routed(self, endpoint: str, state: CycleState, now: float) -> None:
+        """The scheduler picked ``endpoint`` (``state``: its cycle's data, for the detectors)."""
+        self._gate.controller.routed(self.key, endpoint, state, now)
+
+    def finished(self) -> None:
+        """The request is over, however it ended (idempotent): its booking goes, and the
+        dispatcher looks again at once."""
+        self._gate.released(self.key)
+
+
 class FlowGate:
     def __init__(
         self,
@@ -45,9 +64,9 @@ class FlowGate:
         self._wake = asyncio.Event()
         self._dispatcher: asyncio.Task[None] | None = None
 
-    async def wait(self, request: LLMRequest, state: CycleState, received_at: float) -> None:
+    async def wait(self, request: LLMRequest, received_at: float) -> FlowTicket:
         """Return when ``request`` may be scheduled; raise :class:`RequestShed` when it may not."""
-        item = self.flow_control.flow_request(request, state, received_at)
+        item = self.flow_control.flow_request(request, received_at)
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._waiters[item.key] = future
         now = self.clock()
@@ -67,11 +86,10 @@ class FlowGate:
             raise
         if outcome is not Outcome.DISPATCHED:
             raise RequestShed(_SHED_MESSAGES[outcome], retry_after_s=self.controller.settings.retry_after_s)
+        return FlowTicket(self, item.key)
 
-    def finished(self, state: CycleState) -> None:
-        """The request of ``state`` is over, however it ended (idempotent): its booking goes and
-        the dispatcher looks again."""
-        self.controller.finished(state.key)
+    def released(self, key: int) -> None:
+        self.controller.finished(key)
         if len(self.controller):
             self._wake.set()
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.errors import NoEndpointAvailable, RequestError
-from epp.flowcontrol.gate import FlowGate
+from epp.flowcontrol.gate import FlowGate, FlowTicket
 from epp.latency.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK
 from epp.metrics import EppMetrics, ModelSeries
 from epp.requestcontrol.openai_request import parse_openai_request
@@ -53,6 +53,7 @@ class RequestRecord:
     finished_at: float | None = None
     series: ModelSeries | None = None
     state: CycleState | None = None
+    flow_ticket: FlowTicket | None = None
 
     @property
     def endpoint_name(self) -> str | None:
@@ -112,18 +113,20 @@ class Director:
         record.request = request
         record.series = self.metrics.for_model(request.model)
         record.series.requests.inc()
-        record.state = CycleState()
         if self.flow_gate is not None:  # waits while the pool is saturated
-            await self.flow_gate.wait(request, record.state, record.received_at)
+            record.flow_ticket = await self.flow_gate.wait(request, record.received_at)
         candidates = self.store.candidates()
         if not candidates:
             raise NoEndpointAvailable("no model server endpoint is ready")
         started = self.clock()
+        record.state = CycleState()
         try:
             result = await self.pipeline.schedule(request, candidates, record.state)
         except NoCandidates as exc:
             raise NoEndpointAvailable(f"no endpoint can serve this request: {exc}") from None
         self.metrics.scheduling.observe(self.clock() - started)
+        if record.flow_ticket is not None:
+            record.flow_ticket.routed(result.endpoint.name, record.state, self.clock())
         if (fallback := record.state.get(PREDICTION_FALLBACK)) is not None:
             self.metrics.prediction_fallbacks.labels(fallback).inc()
         return self._routed(record, result)
@@ -204,8 +207,8 @@ class Director:
         if record.finished_at is not None:
             return
         record.finished_at = self.clock()
-        if self.flow_gate is not None and record.state is not None:
-            self.flow_gate.finished(record.state)
+        if record.flow_ticket is not None:
+            record.flow_ticket.finished()
         if record.result is None:
             return
         self.store.request_finished(record.result.endpoint.name)

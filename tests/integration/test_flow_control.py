@@ -2,9 +2,9 @@
 and releases them in band order; a client that hangs up while queued leaves the queue and its
 gauge; a request that waits past its band's TTL gets 429 with Retry-After, in the JSON error shape.
 
-The pool is one replica and a token-load detector with room for 200 booked tokens, so each
-request (prompt plus ``max_tokens``, over 100 tokens) saturates it alone: requests run one at a
-time, and finish in the order flow control dispatched them.
+The pool is one replica and a token-load detector with room for 60 booked tokens, so each
+request (prompt plus ``max_tokens``, at least 40 tokens) saturates it alone: requests run one at
+a time, and finish in the order flow control dispatched them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ CONFIG = """
 plugins:
 - type: queue-scorer
 - type: token-load-saturation-detector
-  parameters: {maxTokensPerEndpoint: 200}
+  parameters: {maxTokensPerEndpoint: 60}
 flowControl:
   saturationDetectors: [token-load-saturation-detector]
   retryAfterSeconds: 2
@@ -106,11 +106,11 @@ def test_a_request_that_waits_past_its_ttl_gets_429_with_retry_after(stack: Loca
 
 
 def test_a_saturated_pool_dispatches_held_requests_in_band_order(stack: LocalStack) -> None:
-    blocker = hold_the_pool(stack, max_tokens=200)
+    blocker = hold_the_pool(stack, max_tokens=500)
     finished: list[int] = []
 
     def request(priority: int) -> None:
-        response = post(stack, 100, priority=priority)
+        response = post(stack, 40, priority=priority)
         assert response.status_code == 200, response.text
         finished.append(priority)
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 import epp.plugins  # noqa: F401  (registers plugin types)
-from epp.flowcontrol.config import attach_flow_control
+from epp.flowcontrol.config import build_flow_control
 from epp.flowcontrol.fairness import LeastAttainedServiceFairness, RoundRobinFairness
 from epp.flowcontrol.ordering import EarliestDeadlineOrdering, FcfsOrdering
 from epp.flowcontrol.saturation import QueueKvSaturationDetector, TokenLoadSaturationDetector
 from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
-from epp.scheduling.framework import CycleState
 from epp.scheduling.types import ApiKind, LLMRequest
 
 BASE = "plugins:\n- type: queue-scorer\n"
@@ -19,22 +18,22 @@ BASE = "plugins:\n- type: queue-scorer\n"
 def attach(yaml_text: str, context):
     config = EndpointPickerConfig.from_yaml(yaml_text)
     pipeline = build_pipeline(config, context)
-    return attach_flow_control(config, pipeline, context), pipeline
+    return build_flow_control(config, pipeline, context), pipeline
 
 
 def test_flow_control_is_off_by_default(context):
-    flow_control, pipeline = attach(BASE, context)
+    flow_control, _ = attach(BASE, context)
     assert flow_control is None
-    assert not [p for p in pipeline.observers if p.type_name == "flow-control"]
 
 
 def test_the_feature_gate_alone_turns_it_on_with_the_defaults(context):
     flow_control, pipeline = attach("featureGates: [flowControl]\n" + BASE, context)
+    assert flow_control is not None
     controller = flow_control.controller
     assert isinstance(controller.fairness, RoundRobinFairness)
     assert isinstance(controller.ordering, FcfsOrdering)
     assert [type(d) for d in controller.detectors] == [QueueKvSaturationDetector, TokenLoadSaturationDetector]
-    assert flow_control in pipeline.pre_request and flow_control in pipeline.observers
+    assert pipeline.plugins["round-robin-fairness"] is controller.fairness
 
 
 def test_policies_and_detectors_are_plugins_by_reference(context):
@@ -83,7 +82,6 @@ def test_bad_flow_control_config_fails_naming_the_field(context, section, messag
 
 def test_flow_request_takes_band_flow_and_booking_from_the_request(context):
     flow_control, _ = attach(BASE + "flowControl: {defaultOutputTokens: 300}\n", context)
-    state = CycleState()
     request = LLMRequest(
         "r",
         "llama",
@@ -93,14 +91,13 @@ def test_flow_request_takes_band_flow_and_booking_from_the_request(context):
         slo_ttft_ms=250.0,
         headers={"x-gateway-inference-fairness-id": "tenant-b"},
     )
-    item = flow_control.flow_request(request, state, received_at=5.0)
-    assert (item.key, item.band, item.flow, item.tokens, item.slo_deadline) == (
-        state.key,
+    item = flow_control.flow_request(request, received_at=5.0)
+    assert (item.band, item.flow, item.tokens, item.slo_deadline) == (
         -1,
         "tenant-b",
         340,
         5.25,
     )
     request.headers, request.max_tokens = {}, 16
-    item = flow_control.flow_request(request, CycleState(), received_at=5.0)
-    assert (item.flow, item.tokens) == ("llama", 56)
+    second = flow_control.flow_request(request, received_at=5.0)
+    assert (second.flow, second.tokens) == ("llama", 56) and second.key != item.key

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from epp.errors import RequestShed
-from epp.flowcontrol.config import attach_flow_control
-from epp.flowcontrol.gate import FlowGate
+from epp.flowcontrol.config import build_flow_control
+from epp.flowcontrol.gate import FlowGate, FlowTicket
 from epp.flowcontrol.metrics import FlowMetrics
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext
@@ -36,7 +36,7 @@ flowControl:
 def make_gate() -> tuple[FlowGate, CollectorRegistry]:
     context = PluginContext(clock=time.monotonic)
     config = EndpointPickerConfig.from_yaml(CONFIG)
-    flow_control = attach_flow_control(config, build_pipeline(config, context), context)
+    flow_control = build_flow_control(config, build_pipeline(config, context), context)
     assert flow_control is not None
     registry = CollectorRegistry()
     metrics = FlowMetrics(registry, "pool", flow_control.controller)
@@ -66,32 +66,32 @@ async def until(condition) -> None:
         await asyncio.sleep(0.001)
 
 
-async def occupy(gate: FlowGate) -> CycleState:
-    """Dispatch one request into the idle pool, which saturates it."""
-    state = CycleState()
-    await gate.wait(llm_request(), state, time.monotonic())
-    return state
+async def occupy(gate: FlowGate) -> FlowTicket:
+    """Dispatch one request into the idle pool and route it, which saturates the pool."""
+    ticket = await gate.wait(llm_request(), time.monotonic())
+    ticket.routed("e0", CycleState(), time.monotonic())
+    return ticket
 
 
 async def test_waiters_are_released_in_band_order_as_requests_finish():
     gate, registry = make_gate()
     running = await occupy(gate)
     order: list[int] = []
-    states = {band: CycleState() for band in (0, 1, 3)}
+    tickets: dict[int, FlowTicket] = {}
 
     async def waiter(band: int) -> None:
-        await gate.wait(llm_request(priority=band), states[band], time.monotonic())
+        tickets[band] = await gate.wait(llm_request(priority=band), time.monotonic())
         order.append(band)
 
     tasks = [asyncio.create_task(waiter(band)) for band in (0, 1, 3)]
     await until(lambda: len(gate.controller) == 3)
     assert sample(registry, "inference_extension_flow_control_queue_size", priority="3", fairness_id="t") == 1
     assert sample(registry, "inference_extension_flow_control_pool_saturated") == 1
-    gate.finished(running)
+    running.finished()
     for band in (3, 1, 0):
         await until(lambda band=band: order[-1:] == [band])
         assert len(gate.controller) == {3: 2, 1: 1, 0: 0}[band]
-        gate.finished(states[band])
+        tickets[band].finished()
     await asyncio.gather(*tasks)
     assert order == [3, 1, 0]
     dispatched = {"fairness_id": "t", "outcome": "dispatched"}
@@ -105,7 +105,7 @@ async def test_an_expired_request_is_shed_with_retry_after():
     gate, registry = make_gate()
     await occupy(gate)
     with pytest.raises(RequestShed) as shed:
-        await gate.wait(llm_request(priority=-1), CycleState(), time.monotonic())
+        await gate.wait(llm_request(priority=-1), time.monotonic())
     assert shed.value.status == 429 and shed.value.headers()["retry-after"] == "2"
     assert "time limit" in shed.value.message
     assert len(gate.controller) == 0
@@ -121,7 +121,7 @@ async def test_an_expired_request_is_shed_with_retry_after():
 async def test_a_waiter_that_is_cancelled_leaves_the_queue_and_the_metrics():
     gate, registry = make_gate()
     await occupy(gate)
-    task = asyncio.create_task(gate.wait(llm_request(tenant="gone"), CycleState(), time.monotonic()))
+    task = asyncio.create_task(gate.wait(llm_request(tenant="gone"), time.monotonic()))
     await until(lambda: len(gate.controller) == 1)
     size = {"priority": "0", "fairness_id": "gone"}
     assert sample(registry, "inference_extension_flow_control_queue_size", **size) == 1
