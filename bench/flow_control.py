@@ -380,6 +380,7 @@ def _plot(out_dir: Path, runs: list[dict[str, Any]], settings: OverloadSettings)
         ax.set_xticks(x + width * (len(settings.variants) - 1) / 2, [f"{load:g}×" for load in settings.loads])
         ax.set_xlabel("offered load (× capacity)")
         ax.set_title(title)
-    axes[0].set_yscale("log")
+    if any(bar.get_height() > 0 for bar in axes[0].patches):
+        axes[0].set_yscale("log")
     axes[0].legend(fontsize=8)
     return save_figure(figure, out_dir, "flow-control.png")
