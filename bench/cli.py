@@ -49,6 +49,7 @@ from bench import (
     stack_overhead,
     sync_bench,
     sync_sweep,
+    tls_cost,
     tokenize_bench,
 )
 from bench.fleet_workloads import workload_names
@@ -94,6 +95,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "oversized": oversized_prompt.run,
     "tokenize": tokenize_bench.run,
     "sync": sync_bench.run,
+    "tls": tls_cost.run,
     "fleet": run_fleet_defaults,
 }
 

@@ -12,7 +12,7 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes_asyncio.client import ApiClient
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
@@ -31,6 +31,9 @@ from epp.k8s.source import ApiGroupVersion, KubernetesSource
 from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient
 from epp.metrics import EppMetrics
+from epp.observability.live import LiveData
+from epp.observability.recent import RecentDecisions
+from epp.observability.server import start_metrics_server
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
@@ -40,7 +43,9 @@ from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport, connect_options, default_replica_id
 from epp.sync.state import ReplicaSyncState, SyncTuning
+from epp.tls import server_credentials
 from epp.tokenization import ModelTokenizer
+from trainer.auth import read_token
 
 log = logging.getLogger(__name__)
 HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
@@ -82,6 +87,7 @@ class EppApp:
         rng = random.Random(settings.seed)
         self.predictor: PredictorClient | None = None
         if settings.predictor_url:
+            token_file = settings.trainer_token_file
             self.predictor = PredictorClient(
                 settings.predictor_url,
                 settings.trainer_url,
@@ -89,6 +95,7 @@ class EppApp:
                 self.metrics,
                 timeout_s=settings.prediction_timeout_ms / 1e3,
                 coalesce_window_s=settings.prediction_coalesce_ms / 1e3,
+                trainer_token=read_token(token_file) if token_file else None,
             )
         config = EndpointPickerConfig.from_file(config_path(settings.config))
         self.kv_index = PreciseIndex()
@@ -104,6 +111,15 @@ class EppApp:
             self.sync = self._replica_sync(context)
         if token_load is not None:
             self.metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
+        # The live page's recent decisions: called with the configured response observers.
+        self.recent = RecentDecisions(context)
+        self.pipeline.observers.append(self.recent)
+        trackers = (
+            [] if token_load is None else [token_load.tracker, *([token_load.peers] if self.sync else [])]
+        )
+        self.live = LiveData(
+            settings.pool_name, self.pipeline.profile.name, self.store, self.recent, self.clock, trackers
+        )
         tokenizer = load_tokenizer(
             settings.tokenizer_dir, settings.tokenizer_cache_bytes, settings.verify_tokenizer_cache
         )
@@ -191,13 +207,20 @@ class EppApp:
 
         self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(ExternalProcessor(self.director, s.max_body_bytes), self._grpc)
-        self.grpc_port = self._grpc.add_insecure_port(f"{s.host}:{s.grpc_port}")
+        tls = s.grpc_tls()
+        address = f"{s.host}:{s.grpc_port}"
+        self.grpc_port = (
+            self._grpc.add_secure_port(address, server_credentials(tls))
+            if tls is not None
+            else self._grpc.add_insecure_port(address)
+        )
+        # Plaintext, for kubelet's gRPC probes (they do not speak TLS); it serves health only.
         self._health_server = grpc.aio.server(options=GRPC_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         self.health_port = self._health_server.add_insecure_port(f"{s.host}:{s.health_port}")
         await self._grpc.start()
         await self._health_server.start()
-        self._metrics_server, _ = start_http_server(s.metrics_port, addr=s.host, registry=self.registry)
+        self._metrics_server = start_metrics_server(s.host, s.metrics_port, self.registry, self.live)
         self.metrics_port = self._metrics_server.server_port
         # Liveness at once; readiness (and the ext_proc service Envoy checks) once the endpoints
         # are known and, with leader election, only while this replica leads.
@@ -211,9 +234,10 @@ class EppApp:
                 else health_pb2.HealthCheckResponse.NOT_SERVING,
             )
         log.info(
-            "EPP serving ext_proc on %s:%d (health %d, metrics %d), %d endpoints, profile %r",
+            "EPP serving ext_proc on %s:%d (%s; health %d, metrics %d), %d endpoints, profile %r",
             s.host,
             self.grpc_port,
+            "plaintext" if tls is None else "mTLS" if tls.client_ca_file else "TLS",
             self.health_port,
             self.metrics_port,
             len(self.store.all()),

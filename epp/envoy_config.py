@@ -41,6 +41,10 @@ Failure mode (what happens when the EPP is down, slow, or errors):
 
 Without an EPP address the same gateway has no ext_proc filter at all and round-robins over
 the model servers: the baseline the overhead benchmark compares against.
+
+TLS to the EPP (:class:`EppTls`): Envoy verifies the EPP's certificate against a CA file and
+its name (SNI and a SAN match), and with a client certificate it can answer an EPP that
+requires mTLS. A handshake that fails is an unreachable EPP, so the failure mode decides.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -88,6 +93,44 @@ _ROUND_ROBIN = "type.googleapis.com/envoy.extensions.load_balancing_policies.rou
 _PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 _LOAD_ASSIGNMENT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 _EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+_UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+_RAW_BUFFER = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
+_PLAINTEXT_HEALTH = {"llm_epp_health": "plaintext"}
+"""Transport-socket match of the health checks: the EPP's health port is plaintext."""
+
+
+@dataclass(frozen=True)
+class EppTls:
+    """How the gateway connects to a TLS EPP."""
+
+    ca_file: Path
+    """PEM CA bundle the EPP's certificate must chain to."""
+    server_name: str
+    """Sent as SNI; the certificate must carry it as a DNS SAN."""
+    client_cert_file: Path | None = None
+    """The gateway's own certificate, for an EPP that requires client certificates (mTLS)."""
+    client_key_file: Path | None = None
+
+
+def _epp_transport_socket(tls: EppTls) -> dict[str, Any]:
+    context: dict[str, Any] = {
+        "alpn_protocols": ["h2"],
+        "validation_context": {
+            "trusted_ca": {"filename": str(tls.ca_file)},
+            "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": tls.server_name}}],
+        },
+    }
+    if tls.client_cert_file is not None and tls.client_key_file is not None:
+        context["tls_certificates"] = [
+            {
+                "certificate_chain": {"filename": str(tls.client_cert_file)},
+                "private_key": {"filename": str(tls.client_key_file)},
+            }
+        ]
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {"@type": _UPSTREAM_TLS, "sni": tls.server_name, "common_tls_context": context},
+    }
 
 
 def _socket(address: str, port: int) -> dict[str, Any]:
@@ -118,9 +161,10 @@ def write_cluster_endpoints(path: Path, endpoints: Sequence[tuple[str, int]]) ->
     return path
 
 
-def _epp_cluster(address: tuple[str, int]) -> dict[str, Any]:
+def _epp_cluster(address: tuple[str, int], tls: EppTls | None) -> dict[str, Any]:
     return {
         "name": "epp",
+        **({"transport_socket": _epp_transport_socket(tls)} if tls is not None else {}),
         "type": "STATIC",
         "connect_timeout": "1s",
         "load_assignment": _load_assignment("epp", [address]),
@@ -323,6 +367,7 @@ def gateway_bootstrap(
     api_paths: Sequence[str] = INFERENCE_API_PATHS,
     listen_address: str = "127.0.0.1",
     max_request_bytes: int = 16 << 20,
+    epp_tls: EppTls | None = None,
 ) -> dict[str, Any]:
     """An Envoy v3 bootstrap (as a dict, dump it to YAML or JSON) for the gateway; add ``admin`` to taste.
 
@@ -362,7 +407,7 @@ def gateway_bootstrap(
     }
     clusters = [model_servers_cluster(endpoints_file)]
     if epp_address is not None:
-        clusters.append(_epp_cluster(epp_address))
+        clusters.append(_epp_cluster(epp_address, epp_tls))
     return {
         # xDS (the endpoints file) needs a node identity.
         "node": {"id": "gateway", "cluster": "gateway"},
@@ -398,7 +443,8 @@ def with_epp_replicas(bootstrap: dict[str, Any], replicas: Sequence[tuple[str, i
     readiness, every 0.5 s, down after 2 failures) and ejects one whose streams fail (outlier
     detection: 2 local-origin failures, such as refused connections, or 3 gateway errors), so a
     dead or stopping replica gets no new streams within about a second. New streams are spread
-    round-robin; the replicas keep one view of the load through ``epp.sync``."""
+    round-robin; the replicas keep one view of the load through ``epp.sync``. With TLS to the
+    EPPs the health checks stay plaintext, as the health port is."""
     clusters = bootstrap["static_resources"]["clusters"]
     [epp] = [c for c in clusters if c["name"] == "epp"]
     epp = {
@@ -422,8 +468,29 @@ def with_epp_replicas(bootstrap: dict[str, Any], replicas: Sequence[tuple[str, i
                 "unhealthy_threshold": 2,
                 "healthy_threshold": 1,
                 "grpc_health_check": {"service_name": EXT_PROC_HEALTH_SERVICE},
+                **(
+                    {"transport_socket_match_criteria": _PLAINTEXT_HEALTH}
+                    if "transport_socket" in epp
+                    else {}
+                ),
             }
         ],
+        **(
+            {
+                "transport_socket_matches": [
+                    {
+                        "name": "plaintext-health",
+                        "match": _PLAINTEXT_HEALTH,
+                        "transport_socket": {
+                            "name": "envoy.transport_sockets.raw_buffer",
+                            "typed_config": {"@type": _RAW_BUFFER},
+                        },
+                    }
+                ]
+            }
+            if "transport_socket" in epp
+            else {}
+        ),
         "outlier_detection": {
             "split_external_local_origin_errors": True,
             "consecutive_local_origin_failure": 2,

@@ -14,6 +14,7 @@ from epp.app import EppApp
 from epp.datalayer.static_file import EndpointsFileError
 from epp.scheduling.config import ConfigError
 from epp.settings import EppSettings
+from trainer.auth import TokenFileError
 
 
 def _flag(name: str) -> str:
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         asyncio.run(serve(settings))
-    except (ConfigError, EndpointsFileError, FileNotFoundError) as exc:
+    except (ConfigError, EndpointsFileError, FileNotFoundError, TokenFileError) as exc:
         raise SystemExit(f"llm-epp: {exc}") from None
 
 

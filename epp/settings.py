@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from epp.tls import ServerTlsFiles
+
 # No default: tokenizing with any other model's vocabulary would silently skew every token
 # count and never match the engines' prefix-cache blocks.
 TOKENIZER_HELP = (
@@ -28,6 +30,13 @@ class EppSettings(BaseModel):
 
     host: str = Field("0.0.0.0", description="address every EPP server binds")
     grpc_port: int = Field(9002, ge=0, le=65535, description="ext_proc gRPC port")
+    grpc_tls_cert_file: Path | None = Field(
+        None, description="serve ext_proc over TLS with this PEM certificate chain (reloaded when it changes)"
+    )
+    grpc_tls_key_file: Path | None = Field(None, description="PEM private key of --grpc-tls-cert-file")
+    grpc_tls_client_ca_file: Path | None = Field(
+        None, description="mTLS: refuse ext_proc clients without a certificate signed by this PEM CA bundle"
+    )
     health_port: int = Field(9003, ge=0, le=65535, description="gRPC health port (liveness, readiness)")
     metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus /metrics port")
     pool_name: str = Field(
@@ -97,6 +106,9 @@ class EppSettings(BaseModel):
         default_factory=list, description="predictor sidecar base URLs (repeat the flag or comma-separate)"
     )
     trainer_url: str | None = Field(None, description="trainer sidecar base URL, for training samples")
+    trainer_token_file: Path | None = Field(
+        None, description="file holding the trainer's bearer token (a trainer exposed beyond the pod)"
+    )
     prediction_timeout_ms: float = Field(400.0, gt=0, le=10_000, description="time box of one prediction")
     prediction_coalesce_ms: float = Field(
         1.0, ge=0, le=100, description="window merging concurrent predictions"
@@ -149,6 +161,22 @@ class EppSettings(BaseModel):
                 "(active-active: every replica routes) exclude each other; choose one"
             )
         return self
+
+    @model_validator(mode="after")
+    def _tls_inputs(self) -> EppSettings:
+        if (self.grpc_tls_cert_file is None) != (self.grpc_tls_key_file is None):
+            raise ValueError("--grpc-tls-cert-file and --grpc-tls-key-file go together")
+        if self.grpc_tls_client_ca_file is not None and self.grpc_tls_cert_file is None:
+            raise ValueError(
+                "--grpc-tls-client-ca-file (mTLS) needs --grpc-tls-cert-file and --grpc-tls-key-file"
+            )
+        return self
+
+    def grpc_tls(self) -> ServerTlsFiles | None:
+        """The ext_proc server's TLS files, or None for plaintext (h2c)."""
+        if self.grpc_tls_cert_file is None or self.grpc_tls_key_file is None:
+            return None
+        return ServerTlsFiles(self.grpc_tls_cert_file, self.grpc_tls_key_file, self.grpc_tls_client_ca_file)
 
     @model_validator(mode="after")
     def _sync_inputs(self) -> EppSettings:

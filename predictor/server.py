@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings, log_level = parse_settings(
         PredictorSettings, argv, "llm-epp-predictor", "Prediction server of the latency models"
     )
-    serve(create_app(settings), settings.host, settings.port, log_level)
+    serve(create_app(settings), settings.host, settings.port, log_level, health_port=settings.health_port)
 
 
 if __name__ == "__main__":

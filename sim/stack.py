@@ -2,6 +2,9 @@
 simulated (default) or real (``--engine vllm``: the CPU build of vLLM serving a tiny model).
 With ``--epp-replicas N`` (N > 1) it runs N EPPs active-active: a nats-server, the EPPs synced
 through it, and Envoy with all of them in its ext_proc cluster (health-checked over gRPC).
+With ``--tls tls`` the EPP serves ext_proc over TLS with a certificate from a throwaway CA
+(:mod:`sim.certs`, in the workdir) that Envoy verifies; ``--tls mtls`` also makes the EPP
+require Envoy's client certificate.
 
 Every component is a separate process in its own process group, started in dependency order
 (replicas, EPP, Envoy) and each waited on until it answers; ``stop()`` ends them all, and they
@@ -22,16 +25,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from epp.envoy_config import (
     INFERENCE_API_PATHS,
+    EppTls,
     FailureMode,
     gateway_bootstrap,
     with_epp_replicas,
     write_cluster_endpoints,
 )
 from epp.tokenization import TINY_MODEL_DIR
+from sim.certs import LocalPki, write_local_pki
 from sim.nats_server import start_nats_server
 from sim.processes import (
     BIN,
@@ -74,6 +79,9 @@ class StackPorts:
         )
 
 
+TlsMode = Literal["off", "tls", "mtls"]
+
+
 @dataclass
 class StackConfig:
     replicas: int = 4
@@ -100,6 +108,9 @@ class StackConfig:
     epp_replicas: int = 1
     """EPP processes. More than one run active-active, synced through a nats-server the stack
     starts; the first uses the ``epp_*`` ports, the others free ports."""
+    tls: TlsMode = "off"
+    """ext_proc between Envoy and the EPPs: plaintext, TLS (Envoy verifies the EPP against a
+    throwaway CA) or mTLS (the EPPs also require Envoy's client certificate)."""
 
 
 def port_flag(name: str) -> str:
@@ -137,6 +148,8 @@ class LocalStack:
         self.epp: Component | None = None
         """The first EPP (the only one unless ``epp_replicas`` > 1)."""
         self.envoy: Component | None = None
+        self.pki: LocalPki | None = None
+        """The throwaway CA and certificates, with ``tls`` on (written by ``start()``)."""
 
     @property
     def gateway_url(self) -> str:
@@ -245,6 +258,47 @@ class LocalStack:
         """Replica ``index``'s KV-event publisher and replay sockets (``ipc://`` in the workdir)."""
         return f"ipc://{self.workdir}/kv-{index}.sock", f"ipc://{self.workdir}/kv-replay-{index}.sock"
 
+    def _epp_tls_args(self) -> list[str]:
+        """Make the throwaway PKI (with ``tls`` on) and return the EPP's TLS flags."""
+        if self.config.tls == "off":
+            return []
+        self.pki = write_local_pki(self.workdir / "tls")
+        args = ["--grpc-tls-cert-file", str(self.pki.server_cert_file)]
+        args += ["--grpc-tls-key-file", str(self.pki.server_key_file)]
+        if self.config.tls == "mtls":
+            args += ["--grpc-tls-client-ca-file", str(self.pki.ca_file)]
+        return args
+
+    @property
+    def epp_tls(self) -> EppTls | None:
+        """How Envoy reaches the EPPs: verifying them against the stack's CA, with its client
+        certificate under mTLS; None for plaintext."""
+        if self.pki is None:
+            return None
+        client = self.config.tls == "mtls"
+        return EppTls(
+            self.pki.ca_file,
+            self.pki.server_name,
+            self.pki.client_cert_file if client else None,
+            self.pki.client_key_file if client else None,
+        )
+
+    def gateway_config(
+        self, listen_port: int, epp_tls: EppTls | None, failure_mode: FailureMode | None = None
+    ) -> dict[str, Any]:
+        """The Envoy bootstrap of a gateway on ``listen_port`` in front of the stack's EPPs."""
+        bootstrap = gateway_bootstrap(
+            listen_port=listen_port,
+            epp_address=("127.0.0.1", self.config.ports.epp_grpc),
+            endpoints_file=self.cluster_endpoints_file,
+            failure_mode=failure_mode or self.config.failure_mode,
+            api_paths=self.config.api_paths,
+            epp_tls=epp_tls,
+        )
+        if self.config.epp_replicas > 1:
+            bootstrap = with_epp_replicas(bootstrap, [("127.0.0.1", g, h) for g, h, _ in self.epp_ports])
+        return bootstrap
+
     def start(self) -> None:
         try:
             self._start()
@@ -280,7 +334,7 @@ class LocalStack:
         latency_flags = self._start_latency_sidecars()
         default_config = "predicted-latency" if self.config.predictors else "gie-default"
         epp_config = self.config.epp_config or default_config
-        epp_args = ["--config", epp_config, *latency_flags, *self.config.epp_args]
+        epp_args = ["--config", epp_config, *latency_flags, *self._epp_tls_args(), *self.config.epp_args]
         if self.config.epp_replicas == 1:
             self.epp = start_epp(
                 self.workdir,
@@ -296,15 +350,7 @@ class LocalStack:
             self.epps = [self.epp]
         else:
             self._start_synced_epps(epp_args)
-        bootstrap = gateway_bootstrap(
-            listen_port=ports.gateway,
-            epp_address=("127.0.0.1", ports.epp_grpc),
-            endpoints_file=self.cluster_endpoints_file,
-            failure_mode=self.config.failure_mode,
-            api_paths=self.config.api_paths,
-        )
-        if self.config.epp_replicas > 1:
-            bootstrap = with_epp_replicas(bootstrap, [("127.0.0.1", g, h) for g, h, _ in self.epp_ports])
+        bootstrap = self.gateway_config(ports.gateway, self.epp_tls)
         self.envoy = start_envoy("envoy", bootstrap, self.workdir, admin_port=ports.envoy_admin)
 
     def _start_synced_epps(self, epp_args: list[str]) -> None:
@@ -420,6 +466,12 @@ def main(argv: list[str] | None = None) -> None:
         default=1,
         help="EPP processes; more than one run active-active, synced through a nats-server",
     )
+    parser.add_argument(
+        "--tls",
+        choices=["off", "tls", "mtls"],
+        default="off",
+        help="ext_proc over TLS that Envoy verifies (a throwaway CA in the logs directory), or mTLS",
+    )
     args = parser.parse_args(argv)
     if args.epp_replicas < 1:
         parser.error("--epp-replicas must be at least 1")
@@ -436,6 +488,7 @@ def main(argv: list[str] | None = None) -> None:
             failure_mode=args.failure_mode,
             api_paths=[*INFERENCE_API_PATHS, *args.api_path],
             epp_replicas=args.epp_replicas,
+            tls=args.tls,
         )
     )
     kind = "real vLLM (CPU, up to a few minutes)" if args.engine == "vllm" else "simulated"
@@ -452,6 +505,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, request_stop)
     try:
         stack.start()
+        if stack.pki is not None:
+            print(f"\next_proc is {args.tls.upper()}: Envoy verifies the EPP against {stack.pki.ca_file}")
         print(f"\nGateway ready on {stack.gateway_url} (EPP metrics: {stack.epp_metrics_url}). Try:\n")
         print(_try_it(stack) + "\n")
         print("Ctrl-C stops everything.")

@@ -16,6 +16,12 @@
 ``GET /healthz``, ``/readyz``,         liveness, readiness (accepting data), Prometheus
 ``/metrics``
 =====================================  ==========================================================
+
+It binds 127.0.0.1 by default: only its own pod reaches it. ``--health-port`` adds a listener on
+every interface that serves ``/healthz`` and ``/readyz`` and nothing else, for kubelet probes.
+Another ``--host`` needs ``--auth-token-file``; the mutating route (``POST
+/add_training_data_bulk``) then answers 401 without ``Authorization: Bearer <token>``, even
+on loopback.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from trainer.artifacts import MODEL_NAMES, ArtifactError, ModelName, sha256_hex
+from trainer.auth import BearerToken, TokenFileError, read_token
 from trainer.service import SamplesRejected, TrainerService
 from trainer.settings import TrainerSettings
 from trainer.webapp import (
@@ -39,6 +46,7 @@ from trainer.webapp import (
     parse_settings,
     read_json_body,
     serve,
+    unauthorized,
 )
 
 MAX_ERRORS_LISTED = 100
@@ -47,6 +55,7 @@ MAX_ERRORS_LISTED = 100
 def create_app(settings: TrainerSettings, service: TrainerService | None = None) -> FastAPI:
     """The training server's app; it retrains in the background while it runs (lifespan)."""
     service = service or TrainerService(settings)
+    token = BearerToken(read_token(settings.auth_token_file)) if settings.auth_token_file else None
     ready = False
 
     @contextlib.asynccontextmanager
@@ -69,6 +78,9 @@ def create_app(settings: TrainerSettings, service: TrainerService | None = None)
 
     @app.post("/add_training_data_bulk")
     async def add_training_data_bulk(request: Request) -> Response:
+        if token is not None and not token.allows(request.headers.get("authorization")):
+            metrics.rejected_requests.labels("unauthorized").inc()
+            return unauthorized()
         try:
             body = await read_json_body(request, settings.max_body_bytes)
         except BadBody as exc:
@@ -155,7 +167,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         app = create_app(settings)
     except ArtifactError as exc:
         raise SystemExit(f"llm-epp-trainer: cannot use model directory {settings.model_dir}: {exc}") from None
-    serve(app, settings.host, settings.port, log_level)
+    except TokenFileError as exc:
+        raise SystemExit(f"llm-epp-trainer: --auth-token-file: {exc}") from None
+    serve(app, settings.host, settings.port, log_level, health_port=settings.health_port)
 
 
 if __name__ == "__main__":

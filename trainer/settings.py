@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainer.auth import require_token_off_loopback
 
 Objective = Literal["mean", "quantile"]
 TargetTransform = Literal["log", "raw"]
@@ -38,14 +40,29 @@ class TrainingSettings(BaseModel):
 
 
 class TrainerSettings(TrainingSettings):
-    host: str = Field("0.0.0.0", description="address to bind")
+    host: str = Field(
+        "127.0.0.1",
+        description="address to bind; any but loopback exposes the training routes, so it needs "
+        "--auth-token-file",
+    )
     port: int = Field(8000, ge=0, le=65535, description="HTTP port")
+    health_port: int | None = Field(
+        None, ge=0, le=65535, description="also serve /healthz and /readyz alone on this port, all interfaces"
+    )
+    auth_token_file: Path | None = Field(
+        None, description="file holding the bearer token that every mutating route then requires"
+    )
     model_dir: Path = Field(Path("models"), description="where model artifacts and the manifest are written")
     retrain_interval_s: float = Field(10.0, gt=0.0, description="seconds between retraining attempts")
     min_samples: int = Field(100, ge=10, description="samples a model's window needs before it is trained")
     bucket_capacity: int = Field(500, ge=1, le=100_000, description="samples kept per window bucket")
     keep_versions: int = Field(3, ge=1, le=100, description="model versions kept on disk")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
+
+    @model_validator(mode="after")
+    def _exposed_needs_token(self) -> TrainerSettings:
+        require_token_off_loopback(self.host, self.auth_token_file)
+        return self
 
     def training(self) -> TrainingSettings:
         return TrainingSettings.model_validate(

@@ -77,6 +77,7 @@ class PredictorClient:
         max_training_rows_per_flush: int = 10_000,
         max_buffered_training_rows: int = 100_000,
         warmup_recheck_s: float = 0.5,
+        trainer_token: str | None = None,
     ) -> None:
         if not predictor_urls:
             raise ValueError("at least one predictor URL is needed")
@@ -90,6 +91,9 @@ class PredictorClient:
         self.flush_interval_s = flush_interval_s
         self.max_training_rows_per_flush = max_training_rows_per_flush
         self.trainer_url = trainer_url.rstrip("/") if trainer_url else None
+        self._trainer_headers = (
+            {**_JSON_HEADERS, "Authorization": f"Bearer {trainer_token}"} if trainer_token else _JSON_HEADERS
+        )
         self._instances = [_Instance(u, CircuitBreaker(clock)) for u in predictor_urls]
         self._next_instance = 0
         self._calls = asyncio.Semaphore(max_concurrent_calls)
@@ -246,7 +250,7 @@ class PredictorClient:
             async with self._session.post(
                 f"{self.trainer_url}/add_training_data_bulk",
                 data=_json({"entries": entries}),
-                headers=_JSON_HEADERS,
+                headers=self._trainer_headers,
                 timeout=aiohttp.ClientTimeout(total=5.0),
             ) as response:
                 accepted = response.status in (200, 202)

@@ -37,7 +37,7 @@ from tests.helm.render import (
 )
 from trainer.server import create_app as trainer_app
 from trainer.settings import TrainerSettings
-from trainer.webapp import parse_settings
+from trainer.webapp import parse_settings, probe_app
 
 if not HELM_PYTHON.exists():
     # A missing install step is an error to fix, not a reason to skip the chart tests.
@@ -140,11 +140,21 @@ def test_epp_arguments_are_valid_and_wired_to_the_sidecars(
     trainer_container = containers["training-server"]
     trainer, _ = parse_settings(TrainerSettings, trainer_container["args"], "t", "")
     assert urlparse(settings.trainer_url).port == trainer.port
-    assert trainer_container["ports"][0]["containerPort"] == trainer.port
+    trainer_ports = {p["name"]: p["containerPort"] for p in trainer_container["ports"]}
+    if trainer.host == "127.0.0.1":
+        # Loopback: the pod network reaches its probe-only listener, and the EPP needs no token.
+        assert trainer_ports == {"train-health": trainer.health_port}
+        assert trainer.auth_token_file is None and settings.trainer_token_file is None
+    else:
+        assert trainer_ports == {"train-health": trainer.health_port, "training": trainer.port}
+        assert trainer.auth_token_file is not None and settings.trainer_token_file == trainer.auth_token_file
     for i, port in enumerate(predictor_ports):
         sidecar = containers[f"prediction-server-{i + 1}"]
         predictor, _ = parse_settings(PredictorSettings, sidecar["args"], "p", "")
-        assert predictor.port == port == sidecar["ports"][0]["containerPort"]
+        assert predictor.port == port and predictor.host == "127.0.0.1"
+        assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {
+            f"pred-health-{i + 1}": predictor.health_port
+        }
         if predictor.trainer_url is not None:
             assert urlparse(predictor.trainer_url).port == trainer.port
         else:  # shared volume: the trainer's model directory, mounted read-only
@@ -168,16 +178,20 @@ def test_probes_hit_real_endpoints_of_our_processes(case: tuple[Rendered, int], 
         assert probe["grpc"]["service"] in HEALTH_SERVICES
     if not servers:
         return
-    trainer_routes = _routes(trainer_app(TrainerSettings(model_dir=tmp_path / "models")))
-    predictor_routes = _routes(predictor_app(PredictorSettings(trainer_url="http://127.0.0.1:1")))
+    # The probes reach the probe-only listener (every interface), never the loopback API port.
+    trainer_routes = _routes(probe_app(trainer_app(TrainerSettings(model_dir=tmp_path / "models"))))
+    predictor_routes = _routes(probe_app(predictor_app(PredictorSettings(trainer_url="http://127.0.0.1:1"))))
     for name, container in containers.items():
         if name == "epp":
             continue
-        routes = trainer_routes if name == "training-server" else predictor_routes
-        own_port = container["ports"][0]["containerPort"]
+        is_trainer = name == "training-server"
+        routes = trainer_routes if is_trainer else predictor_routes
+        model = TrainerSettings if is_trainer else PredictorSettings
+        sidecar, _ = parse_settings(model, container["args"], name, "")
+        assert sidecar.health_port is not None and sidecar.health_port != sidecar.port
         for probe in (container["livenessProbe"], container["readinessProbe"]):
             assert probe["httpGet"]["path"] in routes, (name, probe)
-            assert probe["httpGet"]["port"] == own_port
+            assert probe["httpGet"]["port"] == sidecar.health_port
 
 
 def test_config_map_holds_a_valid_endpoint_picker_config(case: tuple[Rendered, int]) -> None:

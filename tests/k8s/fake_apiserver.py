@@ -66,9 +66,12 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"),
     Resource("monitoring.googleapis.com", "v1", "podmonitorings", "PodMonitoring"),
     Resource("monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor"),
+    Resource("monitoring.coreos.com", "v1", "prometheusrules", "PrometheusRule"),
     Resource("networking.gke.io", "v1", "healthcheckpolicies", "HealthCheckPolicy"),
     Resource("networking.gke.io", "v1", "gcpbackendpolicies", "GCPBackendPolicy"),
     Resource("networking.istio.io", "v1", "destinationrules", "DestinationRule"),
+    Resource("gateway.networking.k8s.io", "v1", "backendtlspolicies", "BackendTLSPolicy"),
+    Resource("cert-manager.io", "v1", "certificates", "Certificate"),
 )
 
 

@@ -87,7 +87,8 @@ seccompProfile: {type: RuntimeDefault}
 {{/* The EPP's --sync-nats-url: sync.natsUrl, else the chart's NATS Service. */}}
 {{- define "llm-epp.natsUrl" -}}
 {{- $sync := .Values.inferenceExtension.sync -}}
-{{- $sync.natsUrl | default (printf "nats://%s.%s.svc:%d" (include "llm-epp.natsName" .) .Release.Namespace (int $sync.nats.port)) -}}
+{{- $scheme := ternary "tls" "nats" (eq (toString $sync.tls.enabled) "true") -}}
+{{- $sync.natsUrl | default (printf "%s://%s.%s.svc:%d" $scheme (include "llm-epp.natsName" .) .Release.Namespace (int $sync.nats.port)) -}}
 {{- end -}}
 
 {{/* The NATS secret from sync.auth as env vars named .token / .password (the EPP's and the NATS
@@ -100,4 +101,19 @@ config's names differ). */}}
 - name: {{ .password }}
   valueFrom: {secretKeyRef: {name: {{ .auth.secretName }}, key: {{ .auth.passwordKey }}}}
 {{- end -}}
+{{- end -}}
+
+{{/* ext_proc TLS: the Secret with the EPP's certificate, and the name gateways verify (a DNS
+SAN of the certificate, sent as SNI). */}}
+{{- define "llm-epp.tlsSecretName" -}}
+{{- .Values.inferenceExtension.tls.secretName | default (printf "%s-tls" (include "llm-epp.eppName" .)) -}}
+{{- end -}}
+
+{{- define "llm-epp.tlsServerName" -}}
+{{- printf "%s.%s.svc" (include "llm-epp.eppName" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* Where the pod mounts its Secrets (outside /etc/llm-epp, the config map's read-only mount). */}}
+{{- define "llm-epp.secretsDir" -}}
+/var/run/llm-epp
 {{- end -}}

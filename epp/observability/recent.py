@@ -1,0 +1,147 @@
+"""The last routing decisions and their outcomes, for the live ``/dashboard`` page.
+
+:class:`RecentDecisions` is a response observer: the request lifecycle calls ``on_finished``
+once per routed request, and it keeps a bounded ring of :class:`Decision` records plus running
+totals. It only appends (no I/O); the page's HTTP thread reads it with :meth:`snapshot`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from epp.latency.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK
+from epp.scheduling.framework import CycleState, NoParameters, PluginContext, RequestOutcome, ResponseObserver
+from epp.scheduling.types import LLMRequest, SchedulingResult
+
+CAPACITY = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One routed request: where it went, what was predicted there, what happened.
+
+    Latencies are in ms, None where not measured (a non-streaming response has no TTFT) or not
+    predicted. ``slo_met`` is None for a request without an SLO. ``trace`` is the decision as
+    the scheduler saw it (today the picker's scores and every candidate's prediction).
+    """
+
+    finished_at: float
+    request_id: str
+    model: str
+    endpoint: str
+    profile: str
+    status: int | None
+    completed: bool
+    predicted_ttft_ms: float | None
+    predicted_tpot_ms: float | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+    slo_met: bool | None
+    fallback: str | None
+    trace: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Counts since the EPP started."""
+
+    finished: int
+    slo_checked: int
+    slo_met: int
+    fallbacks: dict[str, int]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def slo_misses(request: LLMRequest, outcome: RequestOutcome) -> tuple[bool, bool]:
+    """Whether a completed request missed its TTFT and its TPOT objective (False where it set
+    none). A non-streaming client sees its first token when the whole response arrives."""
+    first_token_s = outcome.ttft_s if outcome.streaming else outcome.e2e_s
+    ttft = (
+        request.slo_ttft_ms is not None
+        and first_token_s is not None
+        and first_token_s * 1e3 > request.slo_ttft_ms
+    )
+    tpot_s = outcome.tpot_s if outcome.streaming else None
+    tpot = request.slo_tpot_ms is not None and tpot_s is not None and tpot_s * 1e3 > request.slo_tpot_ms
+    return ttft, tpot
+
+
+def _slo_met(request: LLMRequest, outcome: RequestOutcome) -> bool | None:
+    """None without an SLO; an unfinished or failed request missed it."""
+    if request.slo_ttft_ms is None and request.slo_tpot_ms is None:
+        return None
+    return outcome.completed and not any(slo_misses(request, outcome))
+
+
+def decision_trace(result: SchedulingResult, state: CycleState) -> dict[str, Any]:
+    """What the scheduler based the choice on: the picker's scores and each candidate's
+    predicted TTFT/TPOT (ms)."""
+    trace: dict[str, Any] = {"scores": {name: round(score, 4) for name, score in result.scores.items()}}
+    predictions = state.get(LATENCY_PREDICTIONS)
+    if predictions is not None:
+        trace["predicted_ms"] = {
+            name: {"ttft": round(p.ttft_ms, 2), "tpot": round(p.tpot_ms, 3)}
+            for name, p in predictions.by_endpoint.items()
+        }
+    return trace
+
+
+class RecentDecisions(ResponseObserver):
+    """Keeps the last ``capacity`` decisions and counts every finished request."""
+
+    type_name = "recent-decisions"
+
+    def __init__(self, context: PluginContext, capacity: int = CAPACITY) -> None:
+        super().__init__(self.type_name, NoParameters(), context)
+        self._decisions: deque[Decision] = deque(maxlen=capacity)
+        self._finished = 0
+        self._slo_checked = 0
+        self._slo_met = 0
+        self._fallbacks: Counter[str] = Counter()
+
+    def on_finished(
+        self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
+    ) -> None:
+        predictions = state.get(LATENCY_PREDICTIONS)
+        predicted = predictions.by_endpoint.get(outcome.endpoint.name) if predictions else None
+        fallback = state.get(PREDICTION_FALLBACK)
+        met = _slo_met(request, outcome)
+        self._finished += 1
+        if met is not None:
+            self._slo_checked += 1
+            self._slo_met += met
+        if fallback is not None:
+            self._fallbacks[fallback] += 1
+        self._decisions.append(
+            Decision(
+                finished_at=outcome.finished_at,
+                request_id=request.request_id,
+                model=request.model,
+                endpoint=outcome.endpoint.name,
+                profile=result.profile,
+                status=outcome.status,
+                completed=outcome.completed,
+                predicted_ttft_ms=predicted.ttft_ms if predicted else None,
+                predicted_tpot_ms=predicted.tpot_ms if predicted else None,
+                ttft_ms=_ms(outcome.ttft_s) if outcome.streaming else None,
+                tpot_ms=_ms(outcome.tpot_s),
+                slo_ttft_ms=request.slo_ttft_ms,
+                slo_tpot_ms=request.slo_tpot_ms,
+                slo_met=met,
+                fallback=fallback,
+                trace=decision_trace(result, state),
+            )
+        )
+
+    def snapshot(self) -> tuple[tuple[Decision, ...], Totals]:
+        """The decisions held, oldest first, and the totals. Safe from another thread: copying a
+        deque holds the GIL throughout."""
+        decisions = tuple(self._decisions)
+        return decisions, Totals(self._finished, self._slo_checked, self._slo_met, dict(self._fallbacks))
