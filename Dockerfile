@@ -14,6 +14,7 @@ COPY trainer trainer
 COPY predictor predictor
 COPY sim sim
 COPY bench bench
+COPY wire wire
 # A regular (non-editable) install, pinned by the same lock as `make install`: the final stage
 # needs only the virtual environment.
 RUN /opt/llm-epp/bin/pip install --no-cache-dir -c locks/venv.txt --upgrade pip \

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.fleet.simulator import FleetResult, RequestRecord
+from sim.fleet.simulator import FleetResult, SimulatedRequest
 from sim.fleet.workload import Workload
 
 PERCENTILES = (50, 90, 99)
@@ -35,7 +35,7 @@ def _percentiles(values: Sequence[float], scale: float = 1.0) -> dict[str, float
     return {f"p{p}": float(np.percentile(array, p)) for p in PERCENTILES}
 
 
-def meets_slo(record: RequestRecord, workload: Workload) -> bool:
+def meets_slo(record: SimulatedRequest, workload: Workload) -> bool:
     if not record.completed:
         return False
     ttft, tpot = record.ttft, record.tpot
@@ -54,7 +54,7 @@ def load_cv_series(result: FleetResult) -> list[float | None]:
     return series
 
 
-def _spans(records: Sequence[RequestRecord], key: str) -> list[float]:
+def _spans(records: Sequence[SimulatedRequest], key: str) -> list[float]:
     spans: dict[str, list[float]] = {}
     for record in records:
         name = getattr(record, key)

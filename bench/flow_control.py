@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from bench.report import cell, machine, markdown_table, save_figure, write_results
-from sim.fleet import FleetConfig, FleetSimulator, RequestRecord, Session, Turn, Workload
+from sim.fleet import FleetConfig, FleetSimulator, SimulatedRequest, Session, Turn, Workload
 from sim.fleet.flow_gate import flow_controlled_router
 
 SLO_TTFT_MS = 500.0
@@ -166,7 +166,7 @@ def _pct(values: Sequence[float], p: float, scale: float = 1e3) -> float | None:
 
 
 def tenant_metrics(
-    records: Sequence[RequestRecord], tenants: dict[str, str], queue_s: dict[str, float], span_s: float
+    records: Sequence[SimulatedRequest], tenants: dict[str, str], queue_s: dict[str, float], span_s: float
 ) -> dict[str, dict[str, Any]]:
     """Per tenant: TTFT p50/p99 (ms), SLO attainment, goodput (req/s), shed, queue time p50/p99 (ms)."""
     out = {}
@@ -246,7 +246,7 @@ def run(settings: OverloadSettings, out_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _offered(records: Sequence[RequestRecord], duration_s: float) -> float:
+def _offered(records: Sequence[SimulatedRequest], duration_s: float) -> float:
     """Interactive requests that arrived during the arrival window, per second (closed-loop turns
     arrive later when the pool is slow, so this is below the nominal rate under overload)."""
     return (

@@ -18,6 +18,7 @@ import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.kv_events import KVEventsSubscriber
+from epp.datalayer.objectives import ObjectivePriorities
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
@@ -26,14 +27,15 @@ from epp.flowcontrol.config import build_flow_control
 from epp.flowcontrol.gate import FlowGate
 from epp.flowcontrol.metrics import FlowMetrics
 from epp.k8s.client import api_client, default_identity, default_namespace
-from epp.k8s.leader import LeaseElector
-from epp.k8s.source import ApiGroupVersion, KubernetesSource
+from epp.k8s.leader import LeaseElector, LeaseSettings
+from epp.k8s.source import ApiGroupVersion, KubernetesSource, PoolWatch
 from epp.kvcache.precise_index import PreciseIndex
-from epp.latency.client import PredictorClient
+from epp.latency.client import PredictorClient, PredictorClientSettings
 from epp.metrics import EppMetrics
 from epp.observability.live import LiveData
 from epp.observability.recent import RecentDecisions
 from epp.observability.server import start_metrics_server
+from epp.pipeline_metrics import export_producer_failures
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
@@ -76,7 +78,7 @@ class EppApp:
         self.settings = settings
         self.clock = time.monotonic
         self.store = EndpointStore()
-        self.objective_priorities: dict[str, int] = {}
+        self.objective_priorities = ObjectivePriorities()
         self.source: StaticFileSource | None = None
         if settings.endpoints_file is not None and settings.endpoint_source == "file":
             self.source = StaticFileSource(settings.endpoints_file, self.store, settings.endpoints_poll_s)
@@ -88,15 +90,14 @@ class EppApp:
         self.predictor: PredictorClient | None = None
         if settings.predictor_url:
             token_file = settings.trainer_token_file
-            self.predictor = PredictorClient(
+            client_settings = PredictorClientSettings(
                 settings.predictor_url,
                 settings.trainer_url,
-                self.clock,
-                self.metrics,
                 timeout_s=settings.prediction_timeout_ms / 1e3,
                 coalesce_window_s=settings.prediction_coalesce_ms / 1e3,
                 trainer_token=read_token(token_file) if token_file else None,
             )
+            self.predictor = PredictorClient(client_settings, self.clock, self.metrics)
         config = EndpointPickerConfig.from_file(config_path(settings.config))
         self.kv_index = PreciseIndex()
         self.metrics.track_kv_index(self.kv_index)
@@ -105,6 +106,7 @@ class EppApp:
         )
         self.pipeline = build_pipeline(config, context)
         self.flow_gate = self._flow_gate(config, context)
+        export_producer_failures(self.registry, self.pipeline)
         token_load = find_token_load(self.pipeline.plugins.values())
         self.sync: NatsSyncTransport | None = None
         if settings.sync_nats_url:
@@ -248,20 +250,14 @@ class EppApp:
         s = self.settings
         namespace = s.pool_namespace or default_namespace()
         self._kube_api = await api_client(s.kubeconfig)
-        self.k8s_source = KubernetesSource(
-            self._kube_api,
-            self.store,
-            namespace,
-            s.pool_name,
-            self.objective_priorities,
-            objective_api=ApiGroupVersion.parse(s.objective_api_version),
-            resync_s=s.k8s_resync_s,
+        watch = PoolWatch(
+            namespace, s.pool_name, ApiGroupVersion.parse(s.objective_api_version), resync_s=s.k8s_resync_s
         )
+        self.k8s_source = KubernetesSource(self._kube_api, watch, self.store, self.objective_priorities)
         self._tasks.append(asyncio.create_task(self.k8s_source.run(), name="k8s-source"))
         if s.ha_enable_leader_election:
-            self.elector = LeaseElector(
-                self._kube_api, namespace, f"{s.pool_name}-epp-leader", default_identity(), self._leading
-            )
+            lease = LeaseSettings(namespace, f"{s.pool_name}-epp-leader", default_identity())
+            self.elector = LeaseElector(self._kube_api, lease, self._leading)
         self._tasks.append(asyncio.create_task(self._ready_when_synced(), name="k8s-readiness"))
 
     async def _ready_when_synced(self) -> None:

@@ -384,6 +384,8 @@ def gateway_bootstrap(
         "codec_type": "AUTO",
         "stream_idle_timeout": "600s",
         "max_request_headers_kb": MAX_REQUEST_HEADERS_KB,
+        # The client sees the request id the request was served under (the EPP's, if it replaced one).
+        "always_set_request_id_in_response": True,
         "local_reply_config": local_reply_config(),
         "route_config": {
             "virtual_hosts": [

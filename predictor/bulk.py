@@ -22,7 +22,7 @@ from predictor.metrics import PredictorMetrics
 from predictor.models import ModelSet
 from predictor.reload import ModelReloader
 from trainer.features import RowError, decode_feature_rows, decode_feature_rows_partial
-from trainer.webapp import JSON, BadBody, internal_error, json_error, read_json_body
+from wire.webapp import JSON, BadBody, internal_error, json_error, read_json_body
 
 
 class BulkPredictions:

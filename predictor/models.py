@@ -19,7 +19,9 @@ from trainer.training import latency_from_margin
 
 
 @dataclass(frozen=True, slots=True)
-class ServedModel:
+class LatencyModel:
+    """One loaded latency model (TTFT or TPOT) of a version: its manifest entry and its trees."""
+
     info: ModelInfo
     predictor: DensePredictor
 
@@ -34,8 +36,8 @@ class ModelSet:
     (non-streaming traffic has none); TPOT predictions are then 0."""
 
     version: int
-    ttft: ServedModel
-    tpot: ServedModel | None
+    ttft: LatencyModel
+    tpot: LatencyModel | None
     loaded_at: datetime
     source: str
 
@@ -64,13 +66,13 @@ def build_model_set(
     Raises :class:`ArtifactError` if the manifest has no TTFT model or any model fails
     verification; nothing of a version that fails is ever served.
     """
-    served: dict[ModelName, ServedModel] = {}
+    served: dict[ModelName, LatencyModel] = {}
     for name, info in manifest.models.items():
         if name not in blobs:
             raise ArtifactError("missing", f"no bytes for the {name} model of version {manifest.version}")
         booster = load_verified_booster(info, blobs[name])
         booster.set_param({"nthread": threads})
-        served[name] = ServedModel(info, DensePredictor(booster))
+        served[name] = LatencyModel(info, DensePredictor(booster))
     if "ttft" not in served:
         raise ArtifactError("missing", f"version {manifest.version} has no TTFT model")
     return ModelSet(manifest.version, served["ttft"], served.get("tpot"), loaded_at, source)

@@ -42,10 +42,10 @@ from starlette.types import Receive, Scope, Send
 
 from predictor.bulk import BulkPredictions
 from predictor.metrics import PredictorMetrics
-from predictor.models import ServedModel
+from predictor.models import LatencyModel
 from predictor.reload import DirectorySource, ModelReloader, ModelSource, TrainerSource
 from predictor.settings import PredictorSettings
-from trainer.webapp import add_common_routes, json_response, parse_settings, serve
+from wire.webapp import add_common_routes, json_response, parse_settings, serve
 
 
 class PredictorApp(FastAPI):
@@ -140,7 +140,7 @@ def create_app(settings: PredictorSettings, reloader: ModelReloader | None = Non
     return app
 
 
-def _describe(model: ServedModel) -> dict[str, Any]:
+def _describe(model: LatencyModel) -> dict[str, Any]:
     return model.info.model_dump(mode="json", exclude={"feature_columns"})
 
 

@@ -59,7 +59,7 @@ def request_tokens_buckets(max_model_len: int) -> list[int]:
         scale *= 10
 
 
-class EngineMetrics:
+class EngineMetricsExporter:
     """Metrics of one engine in registries of their own; ``record_step`` after every step.
 
     ``cpu`` is the CPU whose vLLM CPU build the cache config labels follow (default: this

@@ -44,7 +44,7 @@ from sim.driver import EngineDriver
 from sim.engine import Engine, EngineConfigError, Profile, ProfileError, RequestOutput, load_profile
 from sim.host_cpu import HostCpu
 from sim.kv_events import KVEventPublisher, KVEventsConfig
-from sim.metrics import EngineMetrics
+from sim.metrics import EngineMetricsExporter
 from sim.openai_api import (
     VLLM_VERSION,
     ApiError,
@@ -81,7 +81,7 @@ class ServerSettings:
     cpu: HostCpu | None = None
 
 
-class Replica:
+class SimulatedVllm:
     """One simulated vLLM server: its engine, the driver stepping it, its metrics, its KV-event
     publisher (when enabled; its sockets are bound here) and its app.
 
@@ -98,7 +98,7 @@ class Replica:
         config = dataclasses.replace(self.profile.engine, **overrides)
         self.model = model or load_served_model(settings)
         self.engine = Engine(config, self.profile.cost, self.model.output_vocab)
-        self.metrics = EngineMetrics(
+        self.metrics = EngineMetricsExporter(
             self.engine, self.model.name, histogram_refresh_s=settings.histogram_refresh_s, cpu=settings.cpu
         )
         self.kv_events = KVEventPublisher(kv_events) if kv_events.publishes else None
@@ -123,11 +123,11 @@ def load_served_model(settings: ServerSettings) -> ServedModel:
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
-    """The FastAPI app of a new replica; its Replica is ``app.state.replica``."""
-    return Replica(settings or ServerSettings()).app
+    """The FastAPI app of a new replica; its SimulatedVllm is ``app.state.replica``."""
+    return SimulatedVllm(settings or ServerSettings()).app
 
 
-def _create_app(replica: Replica) -> FastAPI:
+def _create_app(replica: SimulatedVllm) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         publisher = replica.kv_events
@@ -215,10 +215,10 @@ class ReplicaServer(uvicorn.Server):
         return contextlib.nullcontext()
 
 
-def build_replicas(settings: ServerSettings, count: int) -> list[Replica]:
+def build_replicas(settings: ServerSettings, count: int) -> list[SimulatedVllm]:
     """``count`` independent replicas sharing one loaded tokenizer."""
     model = load_served_model(settings)
-    return [Replica(settings, model, index) for index in range(count)]
+    return [SimulatedVllm(settings, model, index) for index in range(count)]
 
 
 def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
@@ -241,7 +241,7 @@ def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
 
 
 async def serve_replicas(
-    replicas: Sequence[Replica], sockets: Sequence[socket.socket], log_level: str = "info"
+    replicas: Sequence[SimulatedVllm], sockets: Sequence[socket.socket], log_level: str = "info"
 ) -> None:
     """Serve ``replicas[i]`` on ``sockets[i]`` until SIGINT or SIGTERM."""
     servers = [

@@ -1,14 +1,7 @@
-"""The latency model's features: wire schema shared by the EPP, the trainer and the predictors.
-
-Field names follow the public llm-d latency predictor, so its clients and dashboards work
-against ours. A *feature row* describes one request on one endpoint at the moment it was
-scheduled; a *training sample* adds what actually happened. ``feature_matrix`` and
-``decode_feature_rows`` turn rows into the model's input columns; both go through
-``matrix_from_columns``, the one place derived features are computed, so training and serving
-can never disagree.
-
-Types are strict (JSON integers for integer fields, numbers for float fields, one of the
-``PodType`` strings for ``pod_type``): a row that needs coercion is a wrong row.
+"""The latency model's input columns, from feature rows and training samples (their wire schema
+is :mod:`wire.latency`). ``feature_matrix`` and ``decode_feature_rows`` turn rows into the
+model's input columns; both go through ``matrix_from_columns``, the one place derived features
+are computed, so training and serving can never disagree.
 
 Validating rows one by one with pydantic costs several microseconds per row, too slow for the
 predictor's hot path (100 rows per call, 1,000 calls a second). :class:`ColumnDecoder` checks a
@@ -30,53 +23,9 @@ from typing import Any, Literal
 
 import annotated_types
 import numpy as np
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AllowInfNan, BaseModel, ValidationError
 
-PodType = Literal["", "prefill", "decode"]
-POD_TYPES: tuple[str, ...] = typing.get_args(PodType)
-MAX_TOKENS_FEATURE = 10_000_000
-MAX_LATENCY_MS = 3_600_000.0
-
-
-class FeatureRow(BaseModel):
-    """One (request, endpoint) pair as the scheduler saw it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    kv_cache_percentage: float = Field(
-        ge=0.0, le=1.0, allow_inf_nan=False, description="engine KV-cache usage, a fraction"
-    )
-    input_token_length: int = Field(ge=0, le=MAX_TOKENS_FEATURE, description="prompt tokens")
-    num_request_waiting: int = Field(ge=0, le=1_000_000, description="engine queue length")
-    num_request_running: int = Field(ge=0, le=1_000_000, description="requests in the engine's batch")
-    num_tokens_generated: int = Field(
-        default=0, ge=0, le=MAX_TOKENS_FEATURE, description="output tokens so far (0 when scheduling)"
-    )
-    prefix_cache_score: float = Field(
-        default=0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="fraction of prompt cached"
-    )
-    pod_type: PodType = Field(default="", description="role in prefill/decode disaggregation")
-    prefill_tokens_in_flight: int = Field(
-        default=0, ge=0, le=MAX_TOKENS_FEATURE, description="uncached prompt tokens routed, not yet prefilled"
-    )
-    decode_tokens_in_flight: int = Field(
-        default=0, ge=0, le=MAX_TOKENS_FEATURE, description="KV tokens of requests decoding"
-    )
-
-
-class TrainingSample(FeatureRow):
-    """A feature row plus the latencies the request actually saw."""
-
-    actual_ttft_ms: float = Field(
-        ge=0.0, le=MAX_LATENCY_MS, allow_inf_nan=False, description="0 when not measured"
-    )
-    actual_tpot_ms: float = Field(
-        ge=0.0, le=MAX_LATENCY_MS, allow_inf_nan=False, description="0 when not measured"
-    )
-    timestamp: float = Field(
-        ge=0.0, allow_inf_nan=False, description="seconds since the epoch when the request finished"
-    )
-
+from wire.latency import POD_TYPES, FeatureRow, TrainingSample
 
 FEATURE_COLUMNS = (
     "kv_cache_percentage",

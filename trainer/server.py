@@ -38,7 +38,7 @@ from trainer.artifacts import MODEL_NAMES, ArtifactError, ModelName, sha256_hex
 from trainer.auth import BearerToken, TokenFileError, read_token
 from trainer.service import SamplesRejected, TrainerService
 from trainer.settings import TrainerSettings
-from trainer.webapp import (
+from wire.webapp import (
     BadBody,
     add_common_routes,
     json_error,

@@ -16,8 +16,9 @@ import numpy as np
 import xgboost as xgb
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainer.features import FEATURE_COLUMNS, MAX_LATENCY_MS
+from trainer.features import FEATURE_COLUMNS
 from trainer.settings import TargetTransform, TrainingSettings
+from wire.latency import MAX_LATENCY_MS
 
 
 class TrainingError(RuntimeError):

@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,30 +36,38 @@ def _micro_time(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseSettings:
+    """The Lease to campaign for, this replica's name in it, and client-go's timings."""
+
+    namespace: str
+    name: str
+    identity: str
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.retry_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError("need retry_s < renew_deadline_s < lease_duration_s")
+
+
 class LeaseElector:
     def __init__(
         self,
         api: ApiClient,
-        namespace: str,
-        name: str,
-        identity: str,
+        lease: LeaseSettings,
         on_change: OnChange,
-        *,
-        lease_duration_s: float = 15.0,
-        renew_deadline_s: float = 10.0,
-        retry_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not retry_s < renew_deadline_s < lease_duration_s:
-            raise ValueError("need retry_s < renew_deadline_s < lease_duration_s")
         self._api = CoordinationV1Api(api)
-        self.namespace = namespace
-        self.name = name
-        self.identity = identity
+        self.namespace = lease.namespace
+        self.name = lease.name
+        self.identity = lease.identity
         self.on_change = on_change
-        self.lease_duration_s = lease_duration_s
-        self.renew_deadline_s = renew_deadline_s
-        self.retry_s = retry_s
+        self.lease_duration_s = lease.lease_duration_s
+        self.renew_deadline_s = lease.renew_deadline_s
+        self.retry_s = lease.retry_s
         self.clock = clock
         self.leading = False
         self._observed: tuple[Any, ...] | None = None

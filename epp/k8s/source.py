@@ -4,8 +4,9 @@ Three reflectors feed one :class:`EndpointStore` (the same store the static file
 
 * the ``InferencePool`` (``inference.networking.k8s.io/v1``): its selector and target ports;
 * the pods matching that selector, restarted whenever the selector changes;
-* the ``InferenceObjective`` objects, whose priorities for this pool land in ``priorities``
-  (name → priority; a negative priority marks sheddable traffic).
+* the ``InferenceObjective`` objects, whose priorities for this pool it publishes to an
+  :class:`~epp.datalayer.objectives.ObjectivePriorities` (a negative priority marks sheddable
+  traffic).
 
 Translation is in :mod:`epp.k8s.pool`; this module only wires reflectors to it.
 """
@@ -22,6 +23,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.objectives import ObjectivePriorities
 from epp.k8s.pool import PoolError, PoolSpec, label_selector, objective_priorities, parse_pool, pool_endpoints
 from epp.k8s.reflector import Backoff, Reflector
 
@@ -44,28 +46,35 @@ class ApiGroupVersion:
 POOL_API = ApiGroupVersion("inference.networking.k8s.io", "v1")
 
 
+@dataclass(frozen=True, slots=True)
+class PoolWatch:
+    """Which pool to follow and how to watch it."""
+
+    namespace: str
+    pool_name: str
+    objective_api: ApiGroupVersion
+    """The InferenceObjective API version the cluster serves."""
+    resync_s: float = 300.0
+    """Full relist period of every watch."""
+    backoff: Backoff | None = None
+    """Retry delays after a failed list or watch (the reflector's default if None)."""
+
+
 class KubernetesSource:
-    """Keeps ``store`` equal to the pool's Ready endpoints and ``priorities`` to its objectives."""
+    """Keeps ``store`` equal to the pool's Ready endpoints, and publishes its objectives'
+    priorities to ``priorities``."""
 
     def __init__(
-        self,
-        api: ApiClient,
-        store: EndpointStore,
-        namespace: str,
-        pool_name: str,
-        priorities: dict[str, int],
-        *,
-        objective_api: ApiGroupVersion,
-        resync_s: float = 300.0,
-        backoff: Backoff | None = None,
+        self, api: ApiClient, watch: PoolWatch, store: EndpointStore, priorities: ObjectivePriorities
     ) -> None:
         self.store = store
-        self.namespace = namespace
-        self.pool_name = pool_name
+        self.namespace = namespace = watch.namespace
+        self.pool_name = pool_name = watch.pool_name
         self.priorities = priorities
         self._core = CoreV1Api(api)
         self._custom = CustomObjectsApi(api)
-        self._reflector_options: dict[str, Any] = {"resync_s": resync_s, "backoff": backoff}
+        self._reflector_options: dict[str, Any] = {"resync_s": watch.resync_s, "backoff": watch.backoff}
+        objective_api = watch.objective_api
         self.pool: PoolSpec | None = None
         self.synced = asyncio.Event()
         """Set once the pool and its pods have been listed."""
@@ -165,6 +174,6 @@ class KubernetesSource:
             self.synced.set()
 
     def _objectives_changed(self) -> None:
-        priorities = objective_priorities(self._objective_reflector.objects.values(), self.pool_name)
-        self.priorities.clear()
-        self.priorities.update(priorities)
+        self.priorities.publish(
+            objective_priorities(self._objective_reflector.objects.values(), self.pool_name)
+        )

@@ -20,10 +20,6 @@ class CircuitBreaker:
         self._trial_in_flight = False
 
     @property
-    def is_open(self) -> bool:
-        return self._opened_at is not None
-
-    @property
     def available(self) -> bool:
         """Would :meth:`allow` let a call through now? (Does not consume the half-open trial.)"""
         if self._opened_at is None:

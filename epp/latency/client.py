@@ -36,6 +36,7 @@ import orjson
 from epp.latency.breaker import CircuitBreaker
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from epp.metrics import EppMetrics
+from wire.latency import FeatureRowDict, TrainingSampleDict
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def _json(body: dict[str, Any]) -> bytes:
 
 @dataclass(slots=True)
 class _Waiter:
-    rows: Sequence[dict[str, Any]]
+    rows: Sequence[FeatureRowDict]
     future: asyncio.Future[list[Prediction]]
 
 
@@ -61,46 +62,56 @@ class _Instance:
         """Until then (client clock) the instance is taken to have no model (it answered 503)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PredictorClientSettings:
+    """Where the sidecars are, and the client's time box and batching (see the module docstring)."""
+
+    predictor_urls: Sequence[str]
+    trainer_url: str | None = None
+    """Where training samples go; None: they are not collected."""
+    timeout_s: float = 0.4
+    coalesce_window_s: float = 0.001
+    max_rows_per_call: int = 10_000
+    max_concurrent_calls: int = 36
+    flush_interval_s: float = 1.0
+    max_training_rows_per_flush: int = 10_000
+    max_buffered_training_rows: int = 100_000
+    warmup_recheck_s: float = 0.5
+    trainer_token: str | None = None
+    """Bearer token for the trainer's sample intake (an exposed trainer requires one)."""
+
+    def __post_init__(self) -> None:
+        if not self.predictor_urls:
+            raise ValueError("at least one predictor URL is needed")
+
+
 class PredictorClient:
     def __init__(
-        self,
-        predictor_urls: Sequence[str],
-        trainer_url: str | None,
-        clock: Callable[[], float],
-        metrics: EppMetrics,
-        *,
-        timeout_s: float = 0.4,
-        coalesce_window_s: float = 0.001,
-        max_rows_per_call: int = 10_000,
-        max_concurrent_calls: int = 36,
-        flush_interval_s: float = 1.0,
-        max_training_rows_per_flush: int = 10_000,
-        max_buffered_training_rows: int = 100_000,
-        warmup_recheck_s: float = 0.5,
-        trainer_token: str | None = None,
+        self, settings: PredictorClientSettings, clock: Callable[[], float], metrics: EppMetrics
     ) -> None:
-        if not predictor_urls:
-            raise ValueError("at least one predictor URL is needed")
+        s = settings
         self.clock = clock
         self.metrics = metrics
-        self.timeout_s = timeout_s
-        self._call_timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.coalesce_window_s = coalesce_window_s
-        self.warmup_recheck_s = warmup_recheck_s
-        self.max_rows_per_call = max_rows_per_call
-        self.flush_interval_s = flush_interval_s
-        self.max_training_rows_per_flush = max_training_rows_per_flush
-        self.trainer_url = trainer_url.rstrip("/") if trainer_url else None
+        self.timeout_s = s.timeout_s
+        self._call_timeout = aiohttp.ClientTimeout(total=s.timeout_s)
+        self.coalesce_window_s = s.coalesce_window_s
+        self.warmup_recheck_s = s.warmup_recheck_s
+        self.max_rows_per_call = s.max_rows_per_call
+        self.flush_interval_s = s.flush_interval_s
+        self.max_training_rows_per_flush = s.max_training_rows_per_flush
+        self.trainer_url = s.trainer_url.rstrip("/") if s.trainer_url else None
         self._trainer_headers = (
-            {**_JSON_HEADERS, "Authorization": f"Bearer {trainer_token}"} if trainer_token else _JSON_HEADERS
+            {**_JSON_HEADERS, "Authorization": f"Bearer {s.trainer_token}"}
+            if s.trainer_token
+            else _JSON_HEADERS
         )
-        self._instances = [_Instance(u, CircuitBreaker(clock)) for u in predictor_urls]
+        self._instances = [_Instance(u, CircuitBreaker(clock)) for u in s.predictor_urls]
         self._next_instance = 0
-        self._calls = asyncio.Semaphore(max_concurrent_calls)
+        self._calls = asyncio.Semaphore(s.max_concurrent_calls)
         self._in_flight = 0
         self._waiting: list[_Waiter] = []
         self._dispatch_handle: asyncio.TimerHandle | None = None
-        self._training: deque[dict[str, Any]] = deque(maxlen=max_buffered_training_rows)
+        self._training: deque[TrainingSampleDict] = deque(maxlen=s.max_buffered_training_rows)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -123,7 +134,7 @@ class PredictorClient:
 
     # -- predictions ---------------------------------------------------------------------
 
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
+    async def predict(self, rows: Sequence[FeatureRowDict]) -> list[Prediction]:
         """Predictions for ``rows`` (feature dicts), in order, or :class:`PredictionUnavailable`."""
         if (reason := self._unavailable()) is not None:
             raise PredictionUnavailable(reason)
@@ -198,7 +209,7 @@ class PredictorClient:
                 waiter.future.set_result(predictions[offset : offset + len(waiter.rows)])
             offset += len(waiter.rows)
 
-    async def _post_predict(self, instance: _Instance, rows: list[dict[str, Any]]) -> list[Prediction]:
+    async def _post_predict(self, instance: _Instance, rows: list[FeatureRowDict]) -> list[Prediction]:
         assert self._session is not None, "start() first"
         url = f"{instance.url}/predict/bulk/strict"
         try:
@@ -228,7 +239,7 @@ class PredictorClient:
 
     # -- training ------------------------------------------------------------------------
 
-    def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
+    def add_training(self, samples: Sequence[TrainingSampleDict]) -> None:
         """Queue training samples; the oldest are dropped (and counted) when the buffer is full."""
         if self.trainer_url is None:
             return

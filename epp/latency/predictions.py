@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from epp.scheduling.framework import DataKey
+from wire.latency import FeatureRowDict, TrainingSampleDict
 
 
 class PredictionUnavailable(Exception):
@@ -31,9 +32,9 @@ class LatencyPredictor(Protocol):
     the model in process. ``predict`` raises :class:`PredictionUnavailable` when it cannot answer.
     """
 
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]: ...
+    async def predict(self, rows: Sequence[FeatureRowDict]) -> list[Prediction]: ...
 
-    def add_training(self, samples: Sequence[dict[str, Any]]) -> None: ...
+    def add_training(self, samples: Sequence[TrainingSampleDict]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,6 @@ class LatencyPredictions:
 LATENCY_PREDICTIONS: DataKey[LatencyPredictions] = DataKey("latency-predictions")
 PREDICTION_FALLBACK: DataKey[str] = DataKey("latency-prediction-fallback")
 """Why this request has no predictions (``disabled``, ``timeout``, ``breaker_open``, ...)."""
-FEATURE_ROWS: DataKey[dict[str, dict[str, Any]]] = DataKey("latency-feature-rows")
+FEATURE_ROWS: DataKey[dict[str, FeatureRowDict]] = DataKey("latency-feature-rows")
 """Each endpoint's feature row as it was at scheduling time (written even when predictions are
 off or fail), kept so the request can be trained on once it finishes."""

@@ -36,9 +36,9 @@ from pydantic import Field
 from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction
 from epp.plugins.kv_cache_utilization_scorer import free_kv_scores
 from epp.plugins.prefix_cache import prefix_scores
-from epp.plugins.queue_scorer import min_max_inverse
 from epp.scheduling.framework import CycleState, PluginParameters, Scorer
 from epp.scheduling.registry import register
+from epp.scheduling.scores import min_max_inverse
 from epp.scheduling.types import EndpointState, LLMRequest
 
 # Score bands when no endpoint meets the SLO: a better band always outranks a worse one.

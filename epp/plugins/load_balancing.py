@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 from epp.load.token_load import NO_LOAD
-from epp.plugins.queue_scorer import min_max_inverse
-from epp.plugins.token_load import TOKEN_LOAD
+from epp.scheduling.cycle_data import TOKEN_LOAD
 from epp.scheduling.framework import CycleState, Filter, PluginParameters, Scorer
 from epp.scheduling.registry import register
+from epp.scheduling.scores import min_max_inverse
 from epp.scheduling.types import EndpointState, LLMRequest
 
 

@@ -85,11 +85,12 @@ class PrecisePrefixCacheProducer(ApproximatePrefixCacheProducer):
         return [h for _, h in pairs]
 
     def matched_blocks(self, hashes: list[int], endpoints: Sequence[EndpointState]) -> dict[str, int]:
-        precise = self.precise.longest_prefix(hashes)
+        index = self.precise
+        precise = index.longest_prefix(hashes) if index is not None else {}
         approximate = self.index.longest_prefix(hashes)
         matched = {}
         for e in endpoints:
-            source = precise if self.precise.is_live(e.name) else approximate
+            source = precise if index is not None and index.is_live(e.name) else approximate
             if blocks := source.get(e.name, 0):
                 matched[e.name] = blocks
         return matched

@@ -44,9 +44,8 @@ from epp.latency.predictions import (
     PredictionUnavailable,
 )
 from epp.load.token_load import NO_LOAD, EndpointLoad
-from epp.plugins.prefix_cache import PREFIX_MATCH
-from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.config import ConfigError
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import (
     CycleState,
     DataProducer,
@@ -58,6 +57,7 @@ from epp.scheduling.framework import (
 )
 from epp.scheduling.registry import register_default_producer
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
+from wire.latency import FeatureRowDict, TrainingSampleDict
 
 
 class PredictedLatencyParameters(PluginParameters):
@@ -68,20 +68,20 @@ class PredictedLatencyParameters(PluginParameters):
 
 def feature_row(
     request: LLMRequest, endpoint: EndpointState, prefix_score: float, load: EndpointLoad
-) -> dict[str, Any]:
-    """The model's view of ``request`` on ``endpoint`` now (``trainer.features.FeatureRow`` fields)."""
+) -> FeatureRowDict:
+    """The model's view of ``request`` on ``endpoint`` now."""
     m = endpoint.metrics
-    return {
-        "kv_cache_percentage": m.kv_cache_usage,
-        "input_token_length": request.input_tokens,
-        "num_request_waiting": m.waiting,
-        "num_request_running": m.running,
-        "num_tokens_generated": 0,
-        "prefix_cache_score": prefix_score,
-        "pod_type": "",
-        "prefill_tokens_in_flight": load.prefill_tokens,
-        "decode_tokens_in_flight": load.decode_tokens,
-    }
+    return FeatureRowDict(
+        kv_cache_percentage=m.kv_cache_usage,
+        input_token_length=request.input_tokens,
+        num_request_waiting=m.waiting,
+        num_request_running=m.running,
+        num_tokens_generated=0,
+        prefix_cache_score=prefix_score,
+        pod_type="",
+        prefill_tokens_in_flight=load.prefill_tokens,
+        decode_tokens_in_flight=load.decode_tokens,
+    )
 
 
 @register_default_producer
@@ -121,7 +121,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
             return None
         return self._predict(request, rows, state)
 
-    async def _predict(self, request: LLMRequest, rows: dict[str, dict[str, Any]], state: CycleState) -> None:
+    async def _predict(self, request: LLMRequest, rows: dict[str, FeatureRowDict], state: CycleState) -> None:
         try:
             predictions = await self.predictor.predict(list(rows.values()))
         except PredictionUnavailable as exc:
@@ -163,13 +163,21 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
             return
         self.predictor.add_training(self._samples(row, outcome))
 
-    def _samples(self, row: dict[str, Any], outcome: RequestOutcome) -> list[dict[str, Any]]:
+    def _samples(self, row: FeatureRowDict, outcome: RequestOutcome) -> list[TrainingSampleDict]:
         now = self.context.wall_clock()
         if not self.params.streaming_mode:
-            return [{**row, "actual_ttft_ms": outcome.e2e_s * 1e3, "actual_tpot_ms": 0.0, "timestamp": now}]
+            return [
+                TrainingSampleDict(
+                    **row, actual_ttft_ms=outcome.e2e_s * 1e3, actual_tpot_ms=0.0, timestamp=now
+                )
+            ]
         samples = []
         if outcome.streaming and (ttft := outcome.ttft_s) is not None:
-            samples.append({**row, "actual_ttft_ms": ttft * 1e3, "actual_tpot_ms": 0.0, "timestamp": now})
+            samples.append(
+                TrainingSampleDict(**row, actual_ttft_ms=ttft * 1e3, actual_tpot_ms=0.0, timestamp=now)
+            )
         if outcome.streaming and (tpot := outcome.tpot_s) is not None:
-            samples.append({**row, "actual_ttft_ms": 0.0, "actual_tpot_ms": tpot * 1e3, "timestamp": now})
+            samples.append(
+                TrainingSampleDict(**row, actual_ttft_ms=0.0, actual_tpot_ms=tpot * 1e3, timestamp=now)
+            )
         return samples

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from epp.latency.predictions import LATENCY_PREDICTIONS
-from epp.plugins.prefix_cache import PREFIX_MATCH
+from epp.scheduling.cycle_data import PREFIX_MATCH
 from epp.scheduling.framework import CycleState, Filter, PluginParameters
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest

@@ -21,16 +21,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import Field
 
 from epp.kvcache.approximate_index import ApproximatePrefixIndex, prefix_block_hashes
 from epp.kvcache.block_chains import block_chains_of
+from epp.scheduling.cycle_data import PREFIX_MATCH, PrefixMatch
 from epp.scheduling.framework import (
     CycleState,
-    DataKey,
     DataProducer,
     PluginContext,
     PluginParameters,
@@ -41,28 +40,6 @@ from epp.scheduling.registry import register, register_default_producer
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
 
 DEFAULT_LRU_BLOCKS = 31_250
-
-
-@dataclass(slots=True)
-class PrefixMatch:
-    """How much of the request's prompt each endpoint holds, in whole blocks."""
-
-    total_blocks: int
-    matched_blocks: dict[str, int] = field(default_factory=dict)
-    block_hashes: list[int] = field(default_factory=list, repr=False)
-    block_size_tokens: int = 0
-
-    def fraction(self, endpoint: str) -> float:
-        if self.total_blocks == 0:
-            return 0.0
-        return self.matched_blocks.get(endpoint, 0) / self.total_blocks
-
-    def cached_tokens(self, endpoint: str, prompt_tokens: int) -> int:
-        """Prompt tokens likely cached on ``endpoint`` (an engine always recomputes the last one)."""
-        return min(self.matched_blocks.get(endpoint, 0) * self.block_size_tokens, max(0, prompt_tokens - 1))
-
-
-PREFIX_MATCH: DataKey[PrefixMatch] = DataKey("prefix-cache-match")
 
 
 class ApproximatePrefixParameters(PluginParameters):

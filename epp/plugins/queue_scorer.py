@@ -10,15 +10,8 @@ from collections.abc import Sequence
 
 from epp.scheduling.framework import CycleState, Scorer
 from epp.scheduling.registry import register
+from epp.scheduling.scores import min_max_inverse
 from epp.scheduling.types import EndpointState, LLMRequest
-
-
-def min_max_inverse(values: Sequence[float]) -> list[float]:
-    """Map the smallest value to 1 and the largest to 0, linearly; all 1.0 if they are equal."""
-    lo, hi = min(values), max(values)
-    if hi == lo:
-        return [1.0] * len(values)
-    return [(hi - v) / (hi - lo) for v in values]
 
 
 @register

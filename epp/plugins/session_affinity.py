@@ -35,7 +35,7 @@ import xxhash
 from pydantic import Field
 
 from epp.load.token_load import NO_LOAD, EndpointLoad
-from epp.plugins.token_load import TOKEN_LOAD
+from epp.scheduling.cycle_data import TOKEN_LOAD
 from epp.scheduling.framework import CycleState, Filter, PluginContext, PluginParameters
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest

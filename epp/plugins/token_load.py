@@ -25,10 +25,9 @@ from collections.abc import Iterable, Sequence
 from pydantic import Field
 
 from epp.load.token_load import EndpointLoad, TokenLoadTracker
-from epp.plugins.prefix_cache import PREFIX_MATCH
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import (
     CycleState,
-    DataKey,
     DataProducer,
     Plugin,
     PluginContext,
@@ -39,8 +38,6 @@ from epp.scheduling.framework import (
 )
 from epp.scheduling.registry import register_default_producer
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
-
-TOKEN_LOAD: DataKey[dict[str, EndpointLoad]] = DataKey("token-load")
 
 
 class TokenLoadParameters(PluginParameters):

@@ -30,11 +30,10 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from epp.load.token_load import NO_LOAD
-from epp.plugins.prefix_cache import PREFIX_MATCH
-from epp.plugins.queue_scorer import min_max_inverse
-from epp.plugins.token_load import TOKEN_LOAD
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import CycleState, PluginParameters, Scorer
 from epp.scheduling.registry import register
+from epp.scheduling.scores import min_max_inverse
 from epp.scheduling.types import EndpointState, LLMRequest
 
 

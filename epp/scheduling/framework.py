@@ -19,11 +19,10 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from epp.kvcache.precise_index import PreciseIndex
 from epp.scheduling.types import Endpoint, EndpointState, LLMRequest, SchedulingResult
 
 if TYPE_CHECKING:
@@ -63,6 +62,18 @@ class CycleState:
         return key in self._data
 
 
+class KVBlockIndex(Protocol):
+    """What the engines report holding, block by block (their KV events), as plugins read it."""
+
+    def longest_prefix(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Leading blocks of ``block_hashes`` each endpoint holds (endpoints holding none left out)."""
+        ...
+
+    def is_live(self, endpoint: str) -> bool:
+        """Whether ``endpoint``'s events are followed and current (else consumers fall back)."""
+        ...
+
+
 @dataclass(slots=True)
 class PluginContext:
     """What the framework hands every plugin: the clock and the random source to use, and the
@@ -73,9 +84,9 @@ class PluginContext:
     wall_clock: Callable[[], float] = time.time
     """Seconds since the epoch, for timestamps that leave the process (training samples)."""
     latency_predictor: LatencyPredictor | None = None
-    kv_index: PreciseIndex = field(default_factory=PreciseIndex)
-    """The engines' KV blocks from their KV events (the live EPP's is fed by its data layer; a
-    fresh one tracks no endpoint, so precise consumers fall back)."""
+    kv_index: KVBlockIndex | None = None
+    """The engines' KV blocks from their KV events (the live EPP's is fed by its data layer);
+    without one, precise consumers fall back as for an endpoint without KV events."""
 
 
 class NoParameters(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -74,7 +75,8 @@ class Pipeline:
     admitters: list[Admitter] = field(init=False)
     pre_request: list[PreRequest] = field(init=False)
     observers: list[ResponseObserver] = field(init=False)
-    producer_failures: int = 0
+    producer_failures: Counter[str] = field(default_factory=Counter)
+    """Exceptions each producer raised (and the pipeline swallowed), by plugin name."""
 
     def __post_init__(self) -> None:
         self.admitters = [p for p in self.plugins.values() if isinstance(p, Admitter)]
@@ -98,7 +100,7 @@ class Pipeline:
                 if pending is not None:
                     await pending
             except Exception:
-                self.producer_failures += 1
+                self.producer_failures[producer.name] += 1
                 log.exception("producer %s failed; its consumers fall back", producer.name)
         for admitter in self.admitters:
             admitter.admit(request, endpoints, state)

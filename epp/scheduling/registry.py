@@ -49,7 +49,3 @@ def plugin_class(type_name: str) -> type[Plugin]:
 
 def default_producer_type(key: DataKey[Any]) -> str | None:
     return _DEFAULT_PRODUCERS.get(key)
-
-
-def registered_types() -> list[str]:
-    return sorted(_TYPES)

@@ -15,8 +15,9 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from epp.plugins.predicted_latency import PredictedLatencyProducer
-from epp.plugins.prefix_cache import PREFIX_MATCH, ApproximatePrefixCacheProducer
+from epp.plugins.prefix_cache import ApproximatePrefixCacheProducer
 from epp.plugins.token_load import TokenLoadProducer, find_token_load
+from epp.scheduling.cycle_data import PREFIX_MATCH
 from epp.scheduling.framework import (
     CycleState,
     PluginContext,

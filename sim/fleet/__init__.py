@@ -9,7 +9,7 @@ together.
 """
 
 from sim.fleet.catalog import ORACLE, make_router, router_names
-from sim.fleet.simulator import FleetConfig, FleetResult, FleetSimulator, RequestRecord
+from sim.fleet.simulator import FleetConfig, FleetResult, FleetSimulator, SimulatedRequest
 from sim.fleet.workload import Session, Turn, Workload
 
 __all__ = [
@@ -17,8 +17,8 @@ __all__ = [
     "FleetConfig",
     "FleetResult",
     "FleetSimulator",
-    "RequestRecord",
     "Session",
+    "SimulatedRequest",
     "Turn",
     "Workload",
     "make_router",

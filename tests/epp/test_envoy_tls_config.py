@@ -9,7 +9,7 @@ import pytest
 
 from epp.envoy_config import EppTls, gateway_bootstrap, with_epp_replicas, write_cluster_endpoints
 from sim.certs import write_local_pki
-from tests.epp.test_envoy_config import _validate
+from tests.epp.envoy_check import validate_bootstrap
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def _epp_cluster(bootstrap: dict) -> dict:
 
 def test_the_epp_cluster_verifies_the_epps_certificate_and_name(tmp_path: Path, tls: EppTls) -> None:
     bootstrap = _bootstrap(tmp_path, tls)
-    _validate(tmp_path, bootstrap)
+    validate_bootstrap(tmp_path, bootstrap)
     socket = _epp_cluster(bootstrap)["transport_socket"]["typed_config"]
     assert socket["sni"] == tls.server_name
     context = socket["common_tls_context"]
@@ -48,7 +48,7 @@ def test_the_epp_cluster_verifies_the_epps_certificate_and_name(tmp_path: Path, 
 def test_without_a_client_certificate_the_gateway_presents_none(tmp_path: Path, tls: EppTls) -> None:
     tls = EppTls(tls.ca_file, tls.server_name)
     bootstrap = _bootstrap(tmp_path, tls)
-    _validate(tmp_path, bootstrap)
+    validate_bootstrap(tmp_path, bootstrap)
     assert (
         "tls_certificates"
         not in _epp_cluster(bootstrap)["transport_socket"]["typed_config"]["common_tls_context"]
@@ -59,7 +59,7 @@ def test_replicas_over_tls_are_health_checked_in_plaintext(tmp_path: Path, tls: 
     bootstrap = with_epp_replicas(
         _bootstrap(tmp_path, tls), [("127.0.0.1", 19002, 19003), ("127.0.0.1", 19012, 19013)]
     )
-    _validate(tmp_path, bootstrap)
+    validate_bootstrap(tmp_path, bootstrap)
     cluster = _epp_cluster(bootstrap)
     [check] = cluster["health_checks"]
     [match] = cluster["transport_socket_matches"]

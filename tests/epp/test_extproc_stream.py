@@ -6,132 +6,37 @@ import asyncio
 import itertools
 import json
 import logging
-import random
 
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
-    HttpBody,
-    HttpHeaders,
     HttpTrailers,
     ProcessingRequest,
-    ProtocolConfiguration,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
-from epp.configs import config_path
-from epp.datalayer.endpoints import EndpointStore
 from epp.extproc.messages import (
     BODY_CHUNK_BYTES,
     CONTINUE_RESPONSE_BODY,
     CONTINUE_RESPONSE_HEADERS,
-    DESTINATION_HEADER,
     LB_METADATA_NAMESPACE,
     header_dict,
 )
-from epp.extproc.stream import ExtProcStream, Phase
-from epp.metrics import EppMetrics
-from epp.plugins.token_load import find_tracker
-from epp.requestcontrol.director import Director
-from epp.scheduling.config import EndpointPickerConfig, build_pipeline
-from epp.scheduling.framework import PluginContext
-from epp.scheduling.types import Endpoint, EngineMetrics
-from epp.tokenization import ModelTokenizer
-from tests.epp.factories import FakeClock
-from tests.epp.test_context_window import TEN_MIB, CountingTokenizer
+from epp.extproc.stream import Phase
+from tests.epp.extproc_harness import (
+    Harness,
+    body_msg,
+    headers_msg,
+    response_body_msg,
+    response_headers_msg,
+    routed_destination,
+)
+from tests.epp.factories import TEN_MIB, CountingTokenizer
 from tests.hostile_bodies import HOSTILE, PATHS, request_bodies
 
 COMPLETION = {"model": "tiny", "prompt": "Hello world", "max_tokens": 4, "stream": True}
-
-
-def headers_msg(
-    path: str = "/v1/completions",
-    method: str = "POST",
-    eos: bool = False,
-    buffered: bool = False,
-    **extra: str,
-):
-    pairs = {":path": path, ":method": method, "content-type": "application/json", **extra}
-    hm = HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
-    mode = ProcessingMode.BUFFERED if buffered else ProcessingMode.FULL_DUPLEX_STREAMED
-    return ProcessingRequest(
-        request_headers=HttpHeaders(headers=hm, end_of_stream=eos),
-        protocol_config=ProtocolConfiguration(request_body_mode=mode),
-    )
-
-
-def body_msg(data: bytes, eos: bool) -> ProcessingRequest:
-    return ProcessingRequest(request_body=HttpBody(body=data, end_of_stream=eos))
-
-
-def response_headers_msg(status: int = 200, content_type: str = "text/event-stream") -> ProcessingRequest:
-    hm = HeaderMap(
-        headers=[
-            HeaderValue(key=":status", raw_value=str(status).encode()),
-            HeaderValue(key="content-type", raw_value=content_type.encode()),
-        ]
-    )
-    return ProcessingRequest(response_headers=HttpHeaders(headers=hm))
-
-
-def response_body_msg(data: bytes, eos: bool) -> ProcessingRequest:
-    return ProcessingRequest(response_body=HttpBody(body=data, end_of_stream=eos))
-
-
-class Harness:
-    def __init__(
-        self,
-        healthy: int = 2,
-        max_body: int = 1 << 20,
-        config: str = "gie-default",
-        tokenizer: ModelTokenizer | None = None,
-        default_max_model_len: int | None = None,
-    ) -> None:
-        self.clock = FakeClock()
-        self.store = EndpointStore()
-        self.store.replace([Endpoint(f"e{i}", "10.0.0.1", 8000 + i) for i in range(2)])
-        for i in range(healthy):
-            self.store.record_scrape(f"e{i}", EngineMetrics(updated_at=self.clock()))
-        context = PluginContext(clock=self.clock, rng=random.Random(1))
-        pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), context)
-        self.registry = CollectorRegistry()
-        metrics = EppMetrics(self.registry, "pool", self.store, self.clock)
-        self.tracker = find_tracker(pipeline.plugins.values())
-        if self.tracker is not None:
-            metrics.export_token_load(self.tracker)
-        self.director = Director(
-            pipeline,
-            self.store,
-            tokenizer or ModelTokenizer(),
-            metrics,
-            self.clock,
-            random.Random(1),
-            default_max_model_len=default_max_model_len,
-        )
-        self.max_body = max_body
-
-    def stream(self) -> ExtProcStream:
-        return ExtProcStream(self.director, self.max_body)
-
-    def metric(self, name: str, **labels: str) -> float:
-        return self.registry.get_sample_value(name, labels) or 0.0
-
-    def in_flight(self) -> int:
-        return sum(s.in_flight for s in self.store.all())
-
-
-def routed_destination(reply) -> str:
-    common = (
-        reply.request_headers.response if reply.HasField("request_headers") else reply.request_body.response
-    )
-    headers = {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
-    lb = reply.dynamic_metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[DESTINATION_HEADER]
-    assert common.clear_route_cache
-    assert lb.string_value.split(",")[0] == headers[DESTINATION_HEADER]
-    return headers[DESTINATION_HEADER]
 
 
 async def test_full_request_lifecycle() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,52 +15,19 @@ from epp.latency.predictions import (
     PREDICTION_FALLBACK,
     EndpointPrediction,
     LatencyPredictions,
-    Prediction,
-    PredictionUnavailable,
 )
 from epp.load.token_load import EndpointLoad
 from epp.plugins.latency_scorer import LatencyScorer, LatencyScorerParameters, composite_heuristic
 from epp.plugins.latency_slo_admitter import LatencySloAdmitter, LatencySloAdmitterParameters
 from epp.plugins.predicted_latency import PredictedLatencyParameters, PredictedLatencyProducer
 from epp.plugins.prefix_affinity_filter import PrefixAffinityParameters, PrefixCacheAffinityFilter
-from epp.plugins.prefix_cache import PREFIX_MATCH, PrefixMatch
 from epp.plugins.slo_headroom_tier_filter import SloHeadroomTierFilter, SloHeadroomTierParameters
-from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
-from tests.epp.factories import FakeClock, endpoint_state, make_request
-from trainer.features import FeatureRow
-
-
-class FakePredictor:
-    """TTFT grows with the queue, TPOT with the running batch; records training samples."""
-
-    def __init__(self, fail: str | None = None) -> None:
-        self.fail = fail
-        self.calls: list[list[dict[str, Any]]] = []
-        self.samples: list[dict[str, Any]] = []
-
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
-        self.calls.append(list(rows))
-        if self.fail:
-            raise PredictionUnavailable(self.fail)
-        return [
-            Prediction(100.0 + 100.0 * r["num_request_waiting"], 10.0 + 5.0 * r["num_request_running"])
-            for r in rows
-        ]
-
-    def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
-        self.samples.extend(samples)
-
-
-def run(coro: Any) -> Any:
-    """Drive a coroutine that never suspends (as the fleet simulator does)."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    raise AssertionError("coroutine suspended")
+from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
+from wire.latency import FeatureRow
 
 
 def producer(predictor: FakePredictor, **params: Any) -> PredictedLatencyProducer:

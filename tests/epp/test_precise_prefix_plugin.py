@@ -10,8 +10,8 @@ from epp.configs import config_path
 from epp.kvcache.block_hash import BlockHasher, chain_hashes, external_hash
 from epp.kvcache.precise_index import PreciseIndex
 from epp.plugins.precise_prefix_cache import PrecisePrefixCacheProducer, PrecisePrefixParameters
-from epp.plugins.prefix_cache import PREFIX_MATCH
 from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
+from epp.scheduling.cycle_data import PREFIX_MATCH
 from epp.scheduling.framework import CycleState, PluginContext
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, endpoint_state, make_request
@@ -85,6 +85,16 @@ def test_stale_and_untracked_endpoints_fall_back_to_routing_history(
     assert produce(producer, TOKENS)[2].get(PREFIX_MATCH).matched_blocks == {"e0": 5}
 
 
+def test_without_a_kv_index_every_endpoint_is_matched_from_routing_history() -> None:
+    producer = PrecisePrefixCacheProducer(
+        "p", PrecisePrefixParameters(), PluginContext(clock=FakeClock(), rng=random.Random(1))
+    )
+    request, endpoints, state = produce(producer, TOKENS)
+    assert state.get(PREFIX_MATCH).matched_blocks == {}
+    producer.pre_request(request, SchedulingResult((endpoints[2].endpoint,), "default"), state)
+    assert produce(producer, TOKENS)[2].get(PREFIX_MATCH).matched_blocks == {"e2": 5}
+
+
 def test_hash_algorithm_and_seed_are_the_engines() -> None:
     xx = BlockHasher("xxhash", "42")
     params = PrecisePrefixParameters.model_validate(
@@ -98,13 +108,14 @@ def test_hash_algorithm_and_seed_are_the_engines() -> None:
         PrecisePrefixParameters.model_validate({"hashAlgo": "sha256_cbor"})
 
 
-def test_shipped_precise_config_scores_with_the_engines_cache(context: PluginContext) -> None:
+def test_shipped_precise_config_scores_with_the_engines_cache(index: PreciseIndex) -> None:
+    context = PluginContext(clock=FakeClock(), rng=random.Random(7), kv_index=index)
     pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path("precise-prefix")), context)
     weights = {ws.scorer.type_name: ws.weight for ws in pipeline.profile.scorers}
     assert weights == {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, "precise-prefix-cache-scorer": 3}
     assert [p.type_name for p in pipeline.producers] == ["precise-prefix-cache-scorer"]
-    context.kv_index.add_endpoint("e2")
-    context.kv_index.store("e2", engine_hashes(TOKENS))
+    index.add_endpoint("e2")
+    index.store("e2", engine_hashes(TOKENS))
     request = make_request(TOKENS)
     endpoints = [endpoint_state(i) for i in range(3)]
     state = CycleState()

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from epp.datalayer.endpoints import EndpointStore
-from epp.latency.client import PredictorClient
 from epp.latency.predictions import Prediction, PredictionUnavailable
-from epp.metrics import EppMetrics
-from tests.epp.factories import FakeClock
+from tests.epp.factories import FakeClock, client_for
 
 
 @dataclass
@@ -60,15 +56,6 @@ async def servers() -> AsyncIterator[list[FakeServer]]:
     yield fakes
     for runner in runners:
         await runner.cleanup()
-
-
-async def client_for(
-    urls: list[str], trainer: str | None = None, clock: Callable[[], float] = time.monotonic, **kw: Any
-) -> PredictorClient:
-    metrics = EppMetrics(CollectorRegistry(), "pool", EndpointStore(), clock)
-    client = PredictorClient(urls, trainer, clock, metrics, **kw)
-    await client.start()
-    return client
 
 
 def rows(*lengths: int) -> list[dict[str, Any]]:

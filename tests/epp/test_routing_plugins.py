@@ -13,10 +13,9 @@ from epp.load.token_load import EndpointLoad
 from epp.plugins.kv_affinity import KVAffinityFilter, KVAffinityParameters
 from epp.plugins.load_balancing import LeastRequestScorer, PowerOfTwoFilter, PowerOfTwoParameters
 from epp.plugins.pickers import PickerParameters, RoundRobinPicker, SoftmaxPicker, SoftmaxPickerParameters
-from epp.plugins.prefix_cache import PREFIX_MATCH, PrefixMatch
 from epp.plugins.session_affinity import HashRing, SessionAffinityFilter, SessionAffinityParameters
-from epp.plugins.token_load import TOKEN_LOAD
 from epp.plugins.token_load_scorer import TokenLoadScorer, TokenLoadScorerParameters
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, NoParameters, PluginContext, ScoredEndpoint
 from tests.epp.factories import FakeClock, endpoint_state, make_request
 

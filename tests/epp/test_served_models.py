@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -16,6 +16,7 @@ from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.served_models import ModelsParseError, parse_max_model_len
 from epp.scheduling.types import Endpoint
 from sim.openai_api import models_response
+from tests.support import eventually
 
 METRICS = b"vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0.1\n"
 
@@ -85,13 +86,6 @@ async def engine() -> AsyncIterator[Engine]:
     fake.port = site._server.sockets[0].getsockname()[1]
     yield fake
     await runner.cleanup()
-
-
-async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def test_the_scraper_learns_each_engines_context_and_follows_changes(engine: Engine) -> None:

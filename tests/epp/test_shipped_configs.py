@@ -10,8 +10,7 @@ from epp.configs import CONFIG_DIR, config_path
 from epp.plugins.token_load import find_tracker
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
-from tests.epp.factories import FakeClock, endpoint_state, make_request
-from tests.epp.test_latency_plugins import FakePredictor
+from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 ROUTER_CONFIGS = {

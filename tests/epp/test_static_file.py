@@ -8,6 +8,7 @@ import pytest
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.static_file import EndpointsFileError, StaticFileSource, load_endpoints
+from tests.support import eventually
 
 
 def write(path: Path, text: str, bump: float = 0.0) -> None:
@@ -42,7 +43,9 @@ def test_invalid_files_are_rejected(tmp_path: Path, text: str) -> None:
         load_endpoints(path)
 
 
-async def test_reload_on_change_and_keep_last_good_set(tmp_path: Path) -> None:
+async def test_reload_on_change_and_keep_last_good_set(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "e.yaml"
     write(path, "endpoints: [{name: a, address: 10.0.0.1, port: 80}]")
     store = EndpointStore()
@@ -53,13 +56,11 @@ async def test_reload_on_change_and_keep_last_good_set(tmp_path: Path) -> None:
     watcher = asyncio.create_task(source.watch())
     try:
         write(path, "endpoints: [{name: b, address: 10.0.0.2, port: 80}]", bump=1)
-        for _ in range(200):
-            if [s.name for s in store.all()] == ["b"]:
-                break
-            await asyncio.sleep(0.01)
-        assert [s.name for s in store.all()] == ["b"] and removed == ["a"]
+        await eventually(lambda: [s.name for s in store.all()] == ["b"], what="the reload")
+        assert removed == ["a"]
         write(path, "endpoints: [{name: c, address: not-an-ip, port: 80}]", bump=2)
-        await asyncio.sleep(0.1)
+        # Evidence that the watcher read the bad file: it logs that it keeps the previous set.
+        await eventually(lambda: any("keeping the previous" in r.getMessage() for r in caplog.records))
         assert [s.name for s in store.all()] == ["b"]
     finally:
         watcher.cancel()

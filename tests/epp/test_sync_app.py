@@ -16,7 +16,8 @@ from epp.settings import EppSettings
 from epp.sync.messages import DeltaKind, MessageKind, SyncMessage, encode
 from epp.tokenization import TINY_MODEL_DIR
 from sim.processes import free_port, write_endpoints_file
-from tests.epp.test_sync_nats import Nats, eventually
+from tests.epp.sync_replicas import Nats
+from tests.support import eventually
 
 
 def settings(tmp_path: Path, nats_url: str) -> EppSettings:

@@ -8,15 +8,14 @@ from epp.configs import config_path
 from epp.latency.predictions import Prediction
 from epp.load.token_load import EndpointLoad
 from epp.plugins.predicted_latency import PredictedLatencyProducer
-from epp.plugins.prefix_cache import PREFIX_MATCH
-from epp.plugins.token_load import TOKEN_LOAD, find_token_load
+from epp.plugins.token_load import find_token_load
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.pipeline import Pipeline
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.state import ReplicaSyncState
-from tests.epp.factories import FakeClock, endpoint_state, make_request
-from tests.epp.test_latency_plugins import run
+from tests.epp.factories import FakeClock, endpoint_state, make_request, run
 
 
 class ConstantPredictor:

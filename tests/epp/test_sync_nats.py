@@ -20,33 +20,12 @@ from epp.settings import EppSettings
 from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport, connect_options
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
-from sim.nats_server import start_nats_server
-from sim.processes import Component, free_port
-from tests.epp.test_sync_state import ENDPOINTS, Replica
+from tests.epp.sync_replicas import ENDPOINTS, EppReplica, Nats
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 TUNING = SyncTuning(progress_interval_s=0.02, heartbeat_interval_s=0.1, peer_timeout_s=0.8)
 ROOT = "llm-epp-test.pool"
-
-
-class Nats:
-    """A nats-server on a free port that a test can stop and start again on the same port."""
-
-    def __init__(self, workdir: Path, args: tuple[str, ...] = ()) -> None:
-        self.workdir, self.args, self.port = workdir, args, free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
-        self.component: Component | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        self.component = start_nats_server(
-            self.workdir, self.port, name=f"nats-{self.starts}", args=self.args
-        )
-
-    def stop(self) -> None:
-        if self.component is not None:
-            self.component.stop()
 
 
 @pytest.fixture
@@ -57,7 +36,7 @@ def nats_server(tmp_path: Path) -> Iterator[Nats]:
     server.stop()
 
 
-class SyncedReplica(Replica):
+class SyncedReplica(EppReplica):
     transport: NatsSyncTransport
     registry: CollectorRegistry
 
@@ -93,14 +72,7 @@ async def started() -> AsyncIterator[Callable[..., SyncedReplica]]:
         await r.transport.close()
 
 
-async def eventually(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
-def converged(dst: Replica, *srcs: Replica) -> Callable[[], bool]:
+def converged(dst: EppReplica, *srcs: EppReplica) -> Callable[[], bool]:
     def check() -> bool:
         for e in ENDPOINTS:
             expected = EndpointLoad()
@@ -117,7 +89,7 @@ def connected(*replicas: SyncedReplica) -> Callable[[], bool]:
     return lambda: all(r.transport.connected for r in replicas)
 
 
-def peers_of(r: Replica, *names: str) -> Callable[[], bool]:
+def peers_of(r: EppReplica, *names: str) -> Callable[[], bool]:
     return lambda: sorted(r.sync.peers) == sorted(names)
 
 

@@ -6,7 +6,6 @@ so every test runs the decode and apply code the live EPP runs."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import msgpack
 from hypothesis import given, settings
@@ -17,53 +16,10 @@ from epp.load.token_load import EndpointLoad, TokenLoadTracker
 from epp.sync.messages import DeltaKind, MessageKind, SyncMessage, encode
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
 from tests.epp.factories import FakeClock
-
-ENDPOINTS = ("a", "b", "c")
-
-
-@dataclass
-class Replica:
-    """One EPP replica as far as sync goes: its own bookings and its sync state."""
-
-    sync: ReplicaSyncState
-    own: TokenLoadTracker = field(default_factory=TokenLoadTracker)
-    next_key: int = 0
-
-    @property
-    def peers_load(self) -> TokenLoadTracker:
-        assert self.sync.targets.token_load is not None
-        return self.sync.targets.token_load
-
-    def route(self, endpoint: str, prompt: int, cached: int, expected: int, slo: float | None = None) -> int:
-        key = self.next_key
-        self.next_key += 1
-        self.own.admit(key, endpoint, prompt, cached, expected)
-        terms = self.own.terms(key)
-        assert terms is not None
-        self.sync.routed(
-            key,
-            endpoint,
-            kv_tokens=terms.prompt_tokens,
-            uncached_tokens=terms.uncached_tokens,
-            expected_output=terms.expected_output,
-            tpot_slo_ms=slo,
-        )
-        return key
-
-    def first_token(self, key: int) -> None:
-        self.own.first_token(key)
-        self.sync.first_token(key)
-
-    def progress(self, key: int, generated: int) -> None:
-        self.own.progress(key, generated)
-        self.sync.progress(key, generated)
-
-    def release(self, key: int) -> None:
-        self.own.finish(key)
-        self.sync.released(key)
+from tests.epp.sync_replicas import ENDPOINTS, EppReplica
 
 
-def make_replica(name: str, clock: FakeClock, incarnation: int = 1, **targets) -> Replica:
+def make_replica(name: str, clock: FakeClock, incarnation: int = 1, **targets) -> EppReplica:
     targets.setdefault("token_load", TokenLoadTracker())
     sync = ReplicaSyncState(
         name,
@@ -72,21 +28,21 @@ def make_replica(name: str, clock: FakeClock, incarnation: int = 1, **targets) -
         tuning=SyncTuning(peer_timeout_s=3.0),
         incarnation=incarnation,
     )
-    return Replica(sync)
+    return EppReplica(sync)
 
 
-def send(src: Replica) -> list[bytes]:
+def send(src: EppReplica) -> list[bytes]:
     src.sync.flush_progress()
     return src.sync.take_messages()
 
 
-def deliver(messages: list[bytes], *dsts: Replica) -> None:
+def deliver(messages: list[bytes], *dsts: EppReplica) -> None:
     for data in messages:
         for dst in dsts:
             dst.sync.receive(data)
 
 
-def serve_snapshots(dst: Replica, replicas: dict[str, Replica]) -> None:
+def serve_snapshots(dst: EppReplica, replicas: dict[str, EppReplica]) -> None:
     for name in dst.sync.wanted_snapshots():
         reply = replicas[name].sync.answer(dst.sync.snapshot_request())
         assert reply is not None

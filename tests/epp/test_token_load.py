@@ -9,12 +9,11 @@ from hypothesis import strategies as st
 
 from epp.extproc.stream import ExtProcStream
 from epp.load.token_load import EndpointLoad, TokenLoadTracker
-from epp.plugins.prefix_cache import PREFIX_MATCH, PrefixMatch
-from epp.plugins.token_load import TOKEN_LOAD, TokenLoadParameters, TokenLoadProducer
+from epp.plugins.token_load import TokenLoadParameters, TokenLoadProducer
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
-from tests.epp.factories import FakeClock, endpoint_state, make_request
-from tests.epp.test_extproc_stream import (
+from tests.epp.extproc_harness import (
     Harness,
     body_msg,
     headers_msg,
@@ -22,6 +21,7 @@ from tests.epp.test_extproc_stream import (
     response_headers_msg,
     routed_destination,
 )
+from tests.epp.factories import FakeClock, endpoint_state, make_request
 
 
 def test_lifecycle_moves_tokens_between_accounts() -> None:

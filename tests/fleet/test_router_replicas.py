@@ -14,7 +14,7 @@ from sim.fleet import FleetConfig, FleetSimulator, Workload, make_router
 from sim.fleet.replica import Replica
 from sim.fleet.router_replicas import ReplicatedRouter
 from sim.fleet.routers import RoutingCall
-from tests.fleet.test_simulator import _fingerprint, _sessions
+from tests.fleet.sessions import fingerprint, random_sessions
 
 PROFILE = "llama-3.1-8b-h100"
 
@@ -31,18 +31,18 @@ def _run(router: str, workload: Workload, **replication: object):
 @pytest.mark.parametrize("router", ["gie-default", "ray-kv-aware", "predicted-latency-token-load"])
 @pytest.mark.parametrize("sync_delay_s", [0.05, None])
 def test_one_replica_routes_exactly_as_the_single_router(router: str, sync_delay_s: float | None) -> None:
-    workload = Workload("t", _sessions(30, 3, seed=4, spread_s=15.0), slo_ttft_ms=500, slo_tpot_ms=50)
+    workload = Workload("t", random_sessions(30, 3, seed=4, spread_s=15.0), slo_ttft_ms=500, slo_tpot_ms=50)
     single = _run(router, workload)
     replicated = _run(router, workload, router_replicas=1, sync_delay_s=sync_delay_s)
-    assert _fingerprint(replicated) == _fingerprint(single)
+    assert fingerprint(replicated) == fingerprint(single)
     assert replicated.retrains == single.retrains
 
 
 def test_four_synced_replicas_are_deterministic_and_sync_changes_their_routing() -> None:
-    workload = Workload("t", _sessions(40, 3, seed=5, spread_s=10.0))
-    synced = _fingerprint(_run("ray-kv-aware", workload, router_replicas=4, sync_delay_s=0.05))
-    assert synced == _fingerprint(_run("ray-kv-aware", workload, router_replicas=4, sync_delay_s=0.05))
-    unsynced = _fingerprint(_run("ray-kv-aware", workload, router_replicas=4, sync_delay_s=None))
+    workload = Workload("t", random_sessions(40, 3, seed=5, spread_s=10.0))
+    synced = fingerprint(_run("ray-kv-aware", workload, router_replicas=4, sync_delay_s=0.05))
+    assert synced == fingerprint(_run("ray-kv-aware", workload, router_replicas=4, sync_delay_s=0.05))
+    unsynced = fingerprint(_run("ray-kv-aware", workload, router_replicas=4, sync_delay_s=None))
     assert [row[1] for row in synced] != [row[1] for row in unsynced]  # different endpoints picked
 
 

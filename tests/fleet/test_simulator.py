@@ -9,24 +9,7 @@ import pytest
 from epp.kvcache.block_hash import chain_hashes
 from sim.fleet import FleetConfig, FleetSimulator, Session, Turn, Workload, make_router
 from sim.fleet.prompts import PromptBuilder
-
-
-def _sessions(count: int, turns: int, seed: int, *, spread_s: float = 10.0) -> list[Session]:
-    rng = random.Random(seed)
-    sessions = []
-    for index in range(count):
-        first = Turn(rng.randint(200, 3000), rng.randint(1, 300))
-        later = [
-            Turn(
-                first.input_tokens + 400 * k,
-                rng.randint(1, 300),
-                prefix="previous",
-                think_s=rng.uniform(0, 2),
-            )
-            for k in range(1, turns)
-        ]
-        sessions.append(Session(f"s{index}", rng.uniform(0, spread_s), (first, *later)))
-    return sessions
+from tests.fleet.sessions import fingerprint, random_sessions
 
 
 def _run(router: str, workload: Workload, **config: object):
@@ -34,26 +17,22 @@ def _run(router: str, workload: Workload, **config: object):
     return FleetSimulator(workload, lambda clock: make_router(router, clock, 7), settings).run()
 
 
-def _fingerprint(result) -> list[tuple]:
-    return [(r.request_id, r.replica, r.first_token, r.finish, r.cached_tokens) for r in result.records]
-
-
 @pytest.mark.parametrize("router", ["gie-default", "random", "oracle"])
 def test_same_seed_same_run(router: str) -> None:
-    workload = Workload("t", _sessions(12, 3, seed=1))
-    assert _fingerprint(_run(router, workload)) == _fingerprint(_run(router, workload))
+    workload = Workload("t", random_sessions(12, 3, seed=1))
+    assert fingerprint(_run(router, workload)) == fingerprint(_run(router, workload))
 
 
 def test_predicted_latency_retrains_in_virtual_time_and_stays_deterministic() -> None:
-    workload = Workload("t", _sessions(60, 3, seed=2, spread_s=20.0), slo_ttft_ms=500, slo_tpot_ms=50)
+    workload = Workload("t", random_sessions(60, 3, seed=2, spread_s=20.0), slo_ttft_ms=500, slo_tpot_ms=50)
     first = _run("predicted-latency", workload, retrain_interval_s=2.0)
     assert first.retrains >= 2
     assert any(r.predicted_ttft_ms is not None for r in first.records)
-    assert _fingerprint(first) == _fingerprint(_run("predicted-latency", workload, retrain_interval_s=2.0))
+    assert fingerprint(first) == fingerprint(_run("predicted-latency", workload, retrain_interval_s=2.0))
 
 
 def test_every_request_completes_or_is_rejected() -> None:
-    sessions = _sessions(20, 4, seed=3)
+    sessions = random_sessions(20, 4, seed=3)
     # one prompt longer than the model's context: the engine refuses it, the session goes on
     sessions.append(Session("huge", 1.0, (Turn(200_000, 10), Turn(100, 5, prefix="previous"))))
     result = _run("gie-default", Workload("t", sessions))

@@ -29,6 +29,8 @@ CHART = ROOT / "charts" / "llm-epp"
 HELM_PYTHON = ROOT / ".venv-helm" / "bin" / "python"
 RELEASE = "vllm-llama3-8b-instruct"
 NAMESPACE = "inference"
+KUBERNETES_VERSION = "1.33"
+"""The Kubernetes version whose schemas rendered objects are validated against."""
 
 
 @dataclass(frozen=True)

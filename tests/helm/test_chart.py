@@ -27,6 +27,7 @@ from predictor.settings import PredictorSettings
 from tests.helm.render import (
     CHART,
     HELM_PYTHON,
+    KUBERNETES_VERSION,
     NAMESPACE,
     RELEASE,
     HelmFailed,
@@ -37,13 +38,12 @@ from tests.helm.render import (
 )
 from trainer.server import create_app as trainer_app
 from trainer.settings import TrainerSettings
-from trainer.webapp import parse_settings, probe_app
+from wire.webapp import parse_settings, probe_app
 
 if not HELM_PYTHON.exists():
     # A missing install step is an error to fix, not a reason to skip the chart tests.
     raise RuntimeError(f"{HELM_PYTHON} is missing: run `make helm-env` (make test builds it)")
 
-KUBERNETES_VERSION = "1.33"
 CI_VALUES = ci_values()
 PREDICTOR_OFF = CI_VALUES["predictor-off"]
 # The README's command: --set inferencePool.modelServers.matchLabels.app=... --set provider.name=gke

@@ -19,10 +19,18 @@ from epp.sync.nats_transport import connect_options
 from sim.certs import write_local_pki
 from sim.nats_server import nats_server_binary, speaks_nats
 from sim.processes import free_port, spawn, wait_until
-from tests.helm.render import NAMESPACE, RELEASE, HelmFailed, Rendered, ci_values, merged, render
-from tests.helm.test_chart import KUBERNETES_VERSION
+from tests.helm.render import (
+    KUBERNETES_VERSION,
+    NAMESPACE,
+    RELEASE,
+    HelmFailed,
+    Rendered,
+    ci_values,
+    merged,
+    render,
+)
 from trainer.settings import TrainerSettings
-from trainer.webapp import parse_settings
+from wire.webapp import parse_settings
 
 EPP = f"{RELEASE}-epp"
 NATS = f"{RELEASE}-nats"

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from sim.nats_server import start_nats_server
-from tests.stacks import metric_sum, scrape, start_stack, wait_for
+from tests.stacks import start_stack
+from tests.support import metric_sum, scrape, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +42,7 @@ def stream_completion(url: str, i: int) -> int:
 
 
 def load_gauges(url: str) -> dict[str, float]:
-    return {k: v for k, v in scrape(url).items() if k.partition("{")[0] in LOAD_GAUGES}
+    return {f"{s.name}{s.labels}": s.value for s in scrape(url) if s.name in LOAD_GAUGES}
 
 
 def test_two_synced_epps_share_token_load_and_release_it(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ from epp.envoy_config import EppTls, FailureMode
 from sim.certs import write_ca
 from sim.processes import Component, free_port, start_envoy
 from sim.stack import LocalStack
-from tests.stacks import metric_sum, start_stack, wait_for
+from tests.stacks import start_stack
+from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
 BODY = {"model": "tiny", "prompt": "Hello", "max_tokens": 2}

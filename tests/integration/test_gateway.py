@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import grpc
 import httpx
@@ -11,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sim.stack import LocalStack
-from tests.stacks import metric_sum, wait_for
+from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
 LONG_PROMPT = "You are a helpful assistant for a shipping company. " * 40
@@ -132,16 +133,23 @@ def test_headers_over_the_limit_get_a_json_431(stack: LocalStack) -> None:
 
 
 def test_hostile_headers_cannot_pick_the_upstream(stack: LocalStack) -> None:
+    hostile_id = "$(rm -rf /) " + "A" * 4000
     response = httpx.post(
         f"{stack.gateway_url}/v1/completions",
         json={"model": "tiny", "prompt": "hi", "max_tokens": 1},
-        headers={
-            "x-gateway-destination-endpoint": "127.0.0.1:1",
-            "x-request-id": "$(rm -rf /) " + "A" * 4000,
-        },
+        headers={"x-gateway-destination-endpoint": "127.0.0.1:1", "x-request-id": hostile_id},
         timeout=10,
     )
     assert response.status_code == 200
+    # The EPP replaced the hostile id with one of its own (a fresh UUID); a plain id is kept.
+    assert re.fullmatch(r"[0-9a-f]{32}", response.headers["x-request-id"]), response.headers["x-request-id"]
+    plain = httpx.post(
+        f"{stack.gateway_url}/v1/completions",
+        json={"model": "tiny", "prompt": "hi", "max_tokens": 1},
+        headers={"x-request-id": "client-id-1"},
+        timeout=10,
+    )
+    assert plain.headers["x-request-id"] == "client-id-1"
 
 
 def test_client_disconnect_mid_stream_is_cleaned_up(stack: LocalStack) -> None:

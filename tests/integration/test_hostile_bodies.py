@@ -15,7 +15,8 @@ import pytest
 
 from sim.stack import LocalStack
 from tests.hostile_bodies import HOSTILE
-from tests.stacks import start_stack, wait_for
+from tests.stacks import start_stack
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 MAX_MODEL_LEN = 2048

@@ -13,7 +13,7 @@ import json
 import random
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from epp.kvcache.precise_index import PreciseIndex
 from epp.metrics import EppMetrics
 from epp.scheduling.types import Endpoint, EngineMetrics
 from sim.processes import BIN, Component, free_port, http_ok, spawn, wait_until
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 BLOCK_SIZE = 32
@@ -81,6 +82,7 @@ class DroppingProxy:
         self.drop_next = 0
         self.paused = False
         self.dropped: list[int] = []
+        self.forwarded: list[int] = []
 
     async def run(self) -> None:
         while True:
@@ -90,6 +92,7 @@ class DroppingProxy:
                 self.dropped.append(int.from_bytes(frames[1], "big"))
                 continue
             await self._pub.send_multipart(frames)
+            self.forwarded.append(int.from_bytes(frames[1], "big"))
 
     def close(self) -> None:
         self._sub.close(linger=0)
@@ -126,15 +129,6 @@ def prompt(blocks: int = 2) -> list[int]:
     """A fresh prompt of ``blocks`` full blocks and a partial one (shares no block with others)."""
     rng = random.Random(next(_seeds))
     return [rng.randrange(10, 2000) for _ in range(blocks * BLOCK_SIZE + 3)]
-
-
-async def eventually(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll until ``condition()`` holds; fails after ``timeout_s`` (a bound, not a measurement)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        assert loop.time() < deadline, "condition never held"
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -246,8 +240,11 @@ async def test_all_blocks_cleared_resets_the_endpoint(rig: Rig) -> None:
 
 async def test_silence_from_a_busy_engine_falls_back_until_events_resume(rig: Rig) -> None:
     rig.proxy.paused = True
-    # Idle, silence is no fault.
-    await asyncio.sleep(3 * STALENESS_S)
+    paused_at = asyncio.get_running_loop().time()
+    # Idle, silence is no fault: once silent for longer than the staleness bound, the check
+    # (run here, not left to the watchdog's timing) keeps the endpoint live.
+    await eventually(lambda: asyncio.get_running_loop().time() - paused_at > 2 * STALENESS_S)
+    rig.subscriber.check_staleness()
     assert rig.index.is_live(NAME)
     # Busy (per its metrics) and silent: stale.
     rig.store.record_scrape(NAME, EngineMetrics(running=2, updated_at=asyncio.get_running_loop().time()))
@@ -271,8 +268,15 @@ async def test_a_removed_endpoint_leaves_the_index(rig: Rig) -> None:
     await eventually(lambda: rig.matched(cached) == 2)
     rig.store.replace([])
     assert rig.index.endpoints() == [] and len(rig.index) == 0
+    received = rig.metric("llm_epp_kv_events_received_total", type="BlockStored")
+    forwarded = len(rig.proxy.forwarded)
     await rig.complete(prompt())
-    await asyncio.sleep(0.3)
+    # Evidence that its batch went out to subscribers; the next completion's HTTP round trip on this
+    # loop is the time a live subscription (a task on this loop) would have had to apply it.
+    await eventually(lambda: len(rig.proxy.forwarded) == forwarded + 1)
+    await rig.complete(prompt())
+    await eventually(lambda: len(rig.proxy.forwarded) == forwarded + 2)
     assert len(rig.index) == 0  # its subscription ended with it
+    assert rig.metric("llm_epp_kv_events_received_total", type="BlockStored") == received
     rig.store.replace([rig.endpoint])  # back: subscribed again, and caught up by replay
     await eventually(lambda: rig.matched(cached) == 2)

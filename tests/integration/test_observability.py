@@ -20,7 +20,8 @@ import yaml
 from bench.observed_stack import ObservedStack, observed_stack, run_chromium
 from epp.observability.panels import all_queries
 from tests.observability.prometheus import as_signal, exported_names, metric_names, query
-from tests.stacks import CheckedStack, wait_for
+from tests.stacks import CheckedStack
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 ALERTS = Path(__file__).resolve().parents[2] / "charts" / "llm-epp" / "files" / "alerts.yaml"

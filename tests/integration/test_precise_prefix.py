@@ -16,7 +16,8 @@ import pytest
 
 from epp.tokenization import ModelTokenizer
 from sim.stack import LocalStack
-from tests.stacks import metric_sum, start_stack, wait_for
+from tests.stacks import start_stack
+from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
 BLOCK_SIZE = 32

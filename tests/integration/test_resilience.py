@@ -24,7 +24,8 @@ import yaml
 
 from epp.envoy_config import write_cluster_endpoints
 from sim.stack import LocalStack
-from tests.stacks import metric_sum, start_stack, wait_for
+from tests.stacks import start_stack
+from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
 

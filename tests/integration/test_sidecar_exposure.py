@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from sim.processes import BIN, Component, free_port, http_ok, spawn, wait_until
-from tests.epp.test_predictor_client import client_for
+from tests.epp.factories import client_for
 from tests.trainer.synthetic import training_samples
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from sim.processes import (
     wait_until,
 )
 from sim.stack import LocalStack, StackConfig, StackPorts, port_flag
-from tests.stacks import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.integration
 

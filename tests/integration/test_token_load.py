@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from sim.stack import LocalStack
-from tests.stacks import metric_sum, scrape, start_stack, wait_for
+from tests.stacks import start_stack
+from tests.support import metric_sum, scrape, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ LOAD_GAUGES = (
 
 def endpoint_loads(stack: LocalStack) -> dict[str, float]:
     """Every per-endpoint load gauge the EPP exports, by ``name{labels}``."""
-    return {k: v for k, v in scrape(stack.epp_metrics_url).items() if k.partition("{")[0] in LOAD_GAUGES}
+    return {f"{s.name}{s.labels}": s.value for s in scrape(stack.epp_metrics_url) if s.name in LOAD_GAUGES}
 
 
 def completion(prompt: str, max_tokens: int, stream: bool) -> dict:

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from sim.stack import LocalStack
-from tests.stacks import metric_sum
+from tests.support import metric_sum
 
 pytestmark = pytest.mark.integration
 COUNTS = ("hits", "misses", "fallbacks", "cut_failures", "tokens_reused", "verified", "mismatches")

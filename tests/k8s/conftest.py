@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
@@ -23,11 +22,3 @@ async def kube_api(apiserver: FakeApiServer) -> AsyncIterator[ApiClient]:
     client = await new_client_from_config_dict(apiserver.kubeconfig())
     yield client
     await client.close()
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)

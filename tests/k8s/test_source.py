@@ -14,17 +14,20 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.objectives import ObjectivePriorities
 from epp.k8s.reflector import Backoff
-from epp.k8s.source import ApiGroupVersion, KubernetesSource
-from tests.k8s.conftest import eventually
+from epp.k8s.source import ApiGroupVersion, KubernetesSource, PoolWatch
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.k8s.shapes import NAMESPACE, POOL, inference_objective, inference_pool, pod, set_ready
+from tests.support import eventually
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
 
 
 class Running:
-    def __init__(self, source: KubernetesSource, store: EndpointStore, priorities: dict[str, int]) -> None:
+    def __init__(
+        self, source: KubernetesSource, store: EndpointStore, priorities: ObjectivePriorities
+    ) -> None:
         self.source, self.store, self.priorities = source, store, priorities
 
     def endpoints(self) -> dict[str, str]:
@@ -39,15 +42,10 @@ async def running(apiserver: FakeApiServer, kube_api: ApiClient) -> AsyncIterato
     apiserver.put(pod("vllm-2", "10.52.0.12", ready=False))
     apiserver.put(pod("unrelated", "10.52.0.99", labels={"app": "other"}))
     apiserver.put(inference_objective("batch", -1))
-    store, priorities = EndpointStore(), {}
+    store, priorities = EndpointStore(), ObjectivePriorities()
+    objective_api = ApiGroupVersion.parse("inference.networking.x-k8s.io/v1alpha2")
     source = KubernetesSource(
-        kube_api,
-        store,
-        NAMESPACE,
-        POOL,
-        priorities,
-        objective_api=ApiGroupVersion.parse("inference.networking.x-k8s.io/v1alpha2"),
-        backoff=FAST,
+        kube_api, PoolWatch(NAMESPACE, POOL, objective_api, backoff=FAST), store, priorities
     )
     task = asyncio.create_task(source.run())
     await asyncio.wait_for(source.synced.wait(), 5)
@@ -92,9 +90,14 @@ async def test_410_gone_relists(apiserver: FakeApiServer, running: Running) -> N
     assert apiserver.expired_watches >= expired + 3  # pool, pods and objectives
 
 
-async def test_api_server_outage(apiserver: FakeApiServer, running: Running) -> None:
+async def test_api_server_outage(
+    apiserver: FakeApiServer, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
     await apiserver.stop()
-    await asyncio.sleep(0.3)  # reconnects fail and back off
+    # Evidence that reconnecting ran and failed: each of the three watches logs a failed relist.
+    await eventually(
+        lambda: sum("relisting in" in r.getMessage() for r in caplog.records) >= 3, what="failed relists"
+    )
     assert set(running.endpoints()) == {"vllm-0", "vllm-1"}, "the last known pool stays while the API is down"
     apiserver.delete("Pod", NAMESPACE, "vllm-0")
     apiserver.put(pod("vllm-5", "10.52.0.15"))

@@ -19,7 +19,7 @@ from sim.engine.engine import RequestOutput, ScheduledStep
 from sim.host_cpu import HostCpu
 from sim.kv_events import KVEventsConfig
 from sim.openai_serving import ServedModel
-from sim.server import Replica, ReplicaServer, ServerSettings
+from sim.server import ReplicaServer, ServerSettings, SimulatedVllm
 
 # Milliseconds: a prefill step costs 1 + 0.01 per token, a decode step 1.
 TEST_COST = StepCostModel(PrefillTerms(base=1.0, per_token=0.01), DecodeTerms(base=1.0, min=1.0))
@@ -96,7 +96,7 @@ async def running_replica(
     index: int = 0,
     cpu: HostCpu | None = None,
     **engine_overrides: Any,
-) -> AsyncIterator[tuple[Replica, str]]:
+) -> AsyncIterator[tuple[SimulatedVllm, str]]:
     """Replica ``index`` of a server, served by uvicorn on a free loopback port, in this event loop.
 
     Histograms are re-rendered on every scrape, so tests see them current.
@@ -108,7 +108,7 @@ async def running_replica(
         kv_events=kv_events or KVEventsConfig(),
         cpu=cpu,
     )
-    replica = Replica(settings, served_model, index)
+    replica = SimulatedVllm(settings, served_model, index)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -124,15 +124,6 @@ async def running_replica(
         server.should_exit = True
         await task
         sock.close()
-
-
-async def wait_until(condition: Any, attempts: int = 500, interval: float = 0.01) -> None:
-    """Poll ``condition()`` until true; fails after ``attempts`` polls (a bound, not a timing)."""
-    for _ in range(attempts):
-        if condition():
-            return
-        await asyncio.sleep(interval)
-    raise AssertionError("condition never became true")
 
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-0.32"

@@ -16,8 +16,9 @@ import pytest
 from sim.driver import MAX_TIMELINE_LAG_S, timeline_time
 from sim.openai_serving import ServedModel
 from sim.server import build_parser, main, settings_from_args
+from tests.support import eventually, sample_value
 
-from .conftest import running_replica, wait_until
+from .conftest import running_replica
 
 
 async def test_disconnect_mid_stream_aborts_and_frees_blocks(served_model: ServedModel) -> None:
@@ -31,7 +32,7 @@ async def test_disconnect_mid_stream_aborts_and_frees_blocks(served_model: Serve
                 request = engine.get_request(first["id"])
                 assert request is not None and engine.kv_usage > 0
             # Leaving the block closed the connection mid-stream.
-            await wait_until(lambda: not engine.has_unfinished_requests())
+            await eventually(lambda: not engine.has_unfinished_requests())
         assert request.finish_reason == "abort"
         assert request.num_output_tokens < 2000
         assert engine.kv_usage == 0.0
@@ -43,7 +44,7 @@ async def test_disconnect_before_a_whole_response_aborts(served_model: ServedMod
         async with httpx.AsyncClient(base_url=url, timeout=0.3) as http:
             with pytest.raises(httpx.ReadTimeout):
                 await http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2000})
-        await wait_until(lambda: not engine.has_unfinished_requests())
+        await eventually(lambda: not engine.has_unfinished_requests())
         assert engine.kv_usage == 0.0
         assert engine.counters.generation_tokens < 2000
 
@@ -140,8 +141,8 @@ def test_cli_serves_replicas_and_stops_on_sigterm(tmp_path: Path) -> None:
         # Independent engines: each counted only its own request, each publishes KV events on its own
         # endpoint (the second one's derived from the flag's).
         for index, url in enumerate(urls):
-            lines = httpx.get(f"{url}/metrics").text.splitlines()
-            assert 'vllm:generation_tokens_total{engine="0",model_name="tiny"} 3.0' in lines
+            text = httpx.get(f"{url}/metrics").text
+            assert sample_value(text, "vllm:generation_tokens_total", engine="0", model_name="tiny") == 3.0
             endpoint = httpx.get(f"{url}/kv_event_sources").json()["0"]["endpoint"]
             assert endpoint == f"ipc://{tmp_path}/kv.sock" + ("_dp1" if index else "")
             assert Path(endpoint.removeprefix("ipc://")).is_socket()

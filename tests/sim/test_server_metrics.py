@@ -13,10 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sim.engine import Engine, EngineRequest, load_profile
 from sim.engine.profile import PROFILES_DIR
 from sim.host_cpu import HostCpu
-from sim.metrics import EngineMetrics
+from sim.metrics import EngineMetricsExporter
 from sim.openai_serving import ServedModel
+from tests.support import eventually
 
-from .conftest import FIXTURES, running_replica, wait_until
+from .conftest import FIXTURES, running_replica
 
 REQUIRED = {
     "vllm:num_requests_running": "gauge",
@@ -96,7 +97,7 @@ async def test_names_types_labels_and_buckets_match_vllm(served_model: ServedMod
 
 
 def cache_config(engine: Engine, cpu: HostCpu) -> dict[str, str]:
-    rendered = families(EngineMetrics(engine, "tiny", cpu=cpu).render().decode())
+    rendered = families(EngineMetricsExporter(engine, "tiny", cpu=cpu).render().decode())
     return rendered["vllm:cache_config_info"].samples[0].labels
 
 
@@ -156,7 +157,7 @@ async def test_gauges_show_running_waiting_and_kv_usage(served_model: ServedMode
             lines = first.aiter_lines()
             assert (await anext(lines)).startswith("data: ")
             second = asyncio.create_task(http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}))
-            await wait_until(lambda: replica.engine.num_waiting == 1)
+            await eventually(lambda: replica.engine.num_waiting == 1)
             parsed = await scrape(http)
             assert value(parsed, "vllm:num_requests_running") == 1
             assert value(parsed, "vllm:num_requests_waiting") == 1
@@ -185,7 +186,7 @@ async def test_histograms_may_lag_but_counters_do_not(served_model: ServedModel)
     now = [0.0]
     profile = load_profile("instant")
     engine = Engine(profile.engine, profile.cost, served_model.output_vocab)
-    metrics = EngineMetrics(engine, "tiny", histogram_refresh_s=1.0, clock=lambda: now[0])
+    metrics = EngineMetricsExporter(engine, "tiny", histogram_refresh_s=1.0, clock=lambda: now[0])
     first = families(metrics.render().decode())
     engine.add_request(EngineRequest("a", [1, 2, 3], 1), 0.0)
     step = engine.schedule(0.0)

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sim.driver import EngineDriver
 from sim.engine import EngineRequest
-from sim.metrics import EngineMetrics
+from sim.metrics import EngineMetricsExporter
 from sim.openai_serving import ServedModel
 
 from .conftest import make_engine, prompt, running_replica
@@ -42,7 +42,7 @@ async def test_every_step_of_a_served_request_is_counted(served_model: ServedMod
 
 async def test_a_blocked_event_loop_shows_as_step_lag() -> None:
     engine = make_engine()
-    metrics = EngineMetrics(engine, "tiny", histogram_refresh_s=0.0)
+    metrics = EngineMetricsExporter(engine, "tiny", histogram_refresh_s=0.0)
     driver = EngineDriver(engine, on_step=metrics.record_step, on_step_lag=metrics.record_step_lag)
     stream = driver.submit(EngineRequest("a", prompt(8), 4))
     # Queued behind the driver's first step: the loop is blocked for 0.2 s while the step runs

@@ -11,12 +11,13 @@ from pydantic import ValidationError
 
 from predictor.server import create_app as predictor_app
 from predictor.settings import PredictorSettings
+from tests.support import sample_value
+from tests.trainer.running import started
 from tests.trainer.synthetic import training_samples
-from tests.trainer.test_server import metric, started
 from trainer.auth import BearerToken, TokenFileError, is_loopback
 from trainer.server import create_app
 from trainer.settings import TrainerSettings
-from trainer.webapp import probe_app
+from wire.webapp import probe_app
 
 TOKEN = "s3cr3t-token"
 
@@ -69,7 +70,7 @@ async def test_the_mutating_route_needs_the_token(tmp_path: Path, token_file: Pa
         )
         assert (ok.status_code, ok.json()) == (202, {"accepted": 5})
         text = (await client.get("/metrics")).text
-        assert metric(text, 'trainer_rejected_requests_total{reason="unauthorized"}') == 2.0
+        assert sample_value(text, "trainer_rejected_requests_total", reason="unauthorized") == 2.0
         # Reads and probes stay open: what they give away is the model, not control of routing.
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.get("/data/status")).status_code == 200

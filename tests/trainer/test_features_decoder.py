@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import typing
 from typing import Any
 
 import numpy as np
@@ -17,13 +18,12 @@ from trainer.features import (
     FEATURE_ROW_DECODER,
     TRAINING_SAMPLE_DECODER,
     ColumnDecoder,
-    FeatureRow,
     RowError,
-    TrainingSample,
     decode_feature_rows,
     decode_feature_rows_partial,
     feature_matrix,
 )
+from wire.latency import FeatureRow, FeatureRowDict, TrainingSample, TrainingSampleDict
 
 # Values of every kind a JSON body can carry, valid or not for some field.
 ODD_VALUES = st.sampled_from(
@@ -227,3 +227,11 @@ def test_module_decoders_cover_every_field() -> None:
         FEATURE_ROW_DECODER.decode(feature_rows(1))["kv_cache_percentage"][0],
         feature_rows(1)[0]["kv_cache_percentage"],
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "sent"), [(FeatureRow, FeatureRowDict), (TrainingSample, TrainingSampleDict)]
+)
+def test_what_the_epp_sends_is_the_schema_the_servers_validate(model, sent) -> None:
+    hints = typing.get_type_hints(sent)
+    assert hints == {name: field.annotation for name, field in model.model_fields.items()}

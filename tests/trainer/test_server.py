@@ -9,25 +9,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
+from tests.support import sample_value
+from tests.trainer.running import Trainer, started
 from tests.trainer.synthetic import training_samples
 from trainer.artifacts import Manifest
-from trainer.server import create_app
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
-
-Trainer = tuple[httpx.AsyncClient, TrainerService]
-
-
-async def started(settings: TrainerSettings) -> AsyncIterator[Trainer]:
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://trainer") as client:
-            yield client, app.state.service
 
 
 @pytest.fixture
@@ -44,13 +34,6 @@ async def published(service: TrainerService, version: int = 1) -> Manifest:
         while (current := service.store.current) is None or current.version < version:
             await asyncio.sleep(0.01)
     return current
-
-
-def metric(text: str, name: str) -> float | None:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 async def test_health_and_readiness(trainer: Trainer) -> None:
@@ -74,8 +57,8 @@ async def test_valid_samples_are_accepted_into_their_windows(trainer: Trainer) -
     assert status["models"]["ttft"]["samples"] == 9
     assert sum(b["count"] for b in status["models"]["tpot"]["buckets"]) == 8
     text = (await client.get("/metrics")).text
-    assert metric(text, 'trainer_samples_total{destination="unused"}') == 1.0
-    assert metric(text, 'trainer_window_samples{model="ttft"}') == 9.0
+    assert sample_value(text, "trainer_samples_total", destination="unused") == 1.0
+    assert sample_value(text, "trainer_window_samples", model="ttft") == 9.0
 
 
 BAD_SAMPLES: list[tuple[str, str, Any, str]] = [
@@ -108,8 +91,8 @@ async def test_every_bad_sample_class_is_refused_and_counted(
     assert body["errors"] == [{"index": 2, "field": field, "error": body["errors"][0]["error"]}]
     assert len(service.windows["ttft"]) == 0  # all or nothing: the 4 good samples were refused too
     text = (await client.get("/metrics")).text
-    assert metric(text, f'trainer_rejected_samples_total{{reason="{reason}"}}') == 1.0
-    assert metric(text, 'trainer_rejected_samples_total{reason="batch_rejected"}') == 4.0
+    assert sample_value(text, "trainer_rejected_samples_total", reason=reason) == 1.0
+    assert sample_value(text, "trainer_rejected_samples_total", reason="batch_rejected") == 4.0
 
 
 async def test_missing_fields_and_non_objects_are_refused(trainer: Trainer) -> None:
@@ -122,8 +105,8 @@ async def test_missing_fields_and_non_objects_are_refused(trainer: Trainer) -> N
     assert [(e["index"], e["field"]) for e in response.json()["errors"]] == [(1, "actual_ttft_ms"), (3, "")]
     assert response.json()["error_count"] == 2
     text = (await client.get("/metrics")).text
-    assert metric(text, 'trainer_rejected_samples_total{reason="missing_field"}') == 1.0
-    assert metric(text, 'trainer_rejected_samples_total{reason="wrong_type"}') == 1.0
+    assert sample_value(text, "trainer_rejected_samples_total", reason="missing_field") == 1.0
+    assert sample_value(text, "trainer_rejected_samples_total", reason="wrong_type") == 1.0
     assert len(service.windows["ttft"]) == 0
 
 
@@ -155,7 +138,7 @@ async def test_an_oversized_body_gets_413(tmp_path: Path) -> None:
         assert response.status_code == 413
         assert "larger than 2048" in response.json()["detail"]
         text = (await client.get("/metrics")).text
-        assert metric(text, 'trainer_rejected_requests_total{reason="too_large"}') == 1.0
+        assert sample_value(text, "trainer_rejected_requests_total", reason="too_large") == 1.0
 
 
 async def test_model_endpoints_before_any_training(trainer: Trainer) -> None:
@@ -199,10 +182,10 @@ async def test_retraining_publishes_downloadable_models(trainer: Trainer) -> Non
     }
 
     text = (await client.get("/metrics")).text
-    assert metric(text, "trainer_model_version") == 1.0
-    assert 0 < metric(text, 'trainer_model_mape{model="ttft"}') < 0.05
-    assert metric(text, 'trainer_model_training_samples{model="tpot"}') == 1350.0
-    assert metric(text, 'trainer_retrain_duration_seconds_count{model="ttft"}') == 1.0
+    assert sample_value(text, "trainer_model_version") == 1.0
+    assert 0 < sample_value(text, "trainer_model_mape", model="ttft") < 0.05
+    assert sample_value(text, "trainer_model_training_samples", model="tpot") == 1350.0
+    assert sample_value(text, "trainer_retrain_duration_seconds_count", model="ttft") == 1.0
 
 
 async def test_retraining_waits_for_min_samples_and_new_data(trainer: Trainer) -> None:
@@ -241,7 +224,9 @@ async def test_a_first_model_no_better_than_a_constant_is_withheld(trainer: Trai
         sample["actual_ttft_ms"] = float(rng.uniform(1000, 10_000)) if rng.random() < 0.1 else 100.0
     await client.post("/add_training_data_bulk", json={"entries": samples})
     async with asyncio.timeout(60):
-        while not metric((await client.get("/metrics")).text, 'trainer_models_withheld_total{model="ttft"}'):
+        while not sample_value(
+            (await client.get("/metrics")).text, "trainer_models_withheld_total", model="ttft"
+        ):
             await asyncio.sleep(0.01)
     assert service.store.current is None  # the TPOT model alone is no version
     assert (await client.get("/model/download/info")).status_code == 404
@@ -281,8 +266,10 @@ async def test_quantile_models_report_pinball_loss_and_coverage(tmp_path: Path) 
         assert (info.objective, info.quantile) == ("quantile", 0.8)
         assert info.holdout.pinball_loss is not None and info.holdout.coverage is not None
         text = (await client.get("/metrics")).text
-        assert metric(text, 'trainer_model_coverage{model="ttft"}') == pytest.approx(info.holdout.coverage)
-        assert metric(text, 'trainer_model_mape{model="ttft"}') is None
+        assert sample_value(text, "trainer_model_coverage", model="ttft") == pytest.approx(
+            info.holdout.coverage
+        )
+        assert sample_value(text, "trainer_model_mape", model="ttft") is None
 
 
 async def test_a_restarted_trainer_keeps_serving_and_counting_versions(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from predictor.settings import PredictorSettings
 from trainer.settings import TrainerSettings
-from trainer.webapp import parse_settings
+from wire.webapp import parse_settings
 
 
 def test_trainer_defaults_follow_the_anchor_chart_but_for_model_size() -> None:

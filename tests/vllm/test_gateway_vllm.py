@@ -10,7 +10,8 @@ import openai
 import pytest
 
 from sim.stack import LocalStack
-from tests.stacks import metric_sum, scrape, start_stack, wait_for
+from tests.stacks import start_stack
+from tests.support import metric_sum, scrape, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 LONG_PROMPT = "def handler(event, context):\n    return {'status': 200, 'body': event['body']}\n" * 20

@@ -12,7 +12,7 @@ import json
 import os
 import random
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -28,6 +28,7 @@ from epp.scheduling.types import Endpoint
 from epp.tokenization import ModelTokenizer
 from sim.real_vllm import BLOCK_SIZE, vllm_python
 from sim.stack import LocalStack
+from tests.support import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 NAME = "replica-0"
@@ -75,14 +76,6 @@ def random_tokens(length: int, seed: int) -> list[int]:
     return [rng.randrange(10, 2000) for _ in range(length)]
 
 
-async def eventually(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        assert loop.time() < deadline, "condition never held"
-        await asyncio.sleep(0.05)
-
-
 @pytest.fixture
 async def follower(vllm_stack: LocalStack) -> AsyncIterator[Follower]:
     store, index, registry = EndpointStore(), PreciseIndex(), CollectorRegistry()
@@ -121,7 +114,7 @@ async def test_index_names_vllms_blocks_by_the_epps_hashes_and_follows_evictions
     assert blocks >= 8 and len(tokens) % BLOCK_SIZE
     usage = await follower.complete(prompt)
     assert usage["prompt_tokens"] == len(tokens)
-    await eventually(lambda: follower.matched(tokens) == blocks)
+    await eventually(lambda: follower.matched(tokens) == blocks, timeout_s=60)
     # The index predicts what vLLM reports as cached.
     assert (await follower.complete(prompt))["prompt_tokens_details"]["cached_tokens"] == blocks * BLOCK_SIZE
 

@@ -1,0 +1,3 @@
+"""Contracts between the project's own processes: what the EPP, the training server and the
+prediction servers send each other over HTTP, and the HTTP plumbing the two servers share.
+(Envoy's ext_proc types are not here: they come from the ``xds-protos`` package.)"""
