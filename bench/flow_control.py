@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from bench.report import cell, machine, markdown_table, save_figure, write_results
-from sim.fleet import FleetConfig, FleetSimulator, SimulatedRequest, Session, Turn, Workload
+from sim.fleet import FleetConfig, FleetSimulator, Session, SimulatedRequest, Turn, Workload
 from sim.fleet.flow_gate import flow_controlled_router
 
 SLO_TTFT_MS = 500.0
