@@ -81,10 +81,10 @@ VARIANTS: dict[str, tuple[str, str] | None] = {
 class OverloadSettings:
     loads: tuple[float, ...] = (0.5, 1.5, 2.0)
     variants: tuple[str, ...] = tuple(VARIANTS)
-    duration_s: float = 60.0
+    duration_s: float = 40.0
     replicas: int = 2
     profile: str = "llama-3.1-8b-h100"
-    max_tokens_per_endpoint: int = 150_000
+    max_tokens_per_endpoint: int = 250_000
     """The token-load detector's room per replica (booked prompt + expected output tokens)."""
     first_guess_rps: float = 40.0
     seed: int = 0
