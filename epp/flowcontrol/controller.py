@@ -6,7 +6,9 @@ once: dispatched, expired, rejected or evicted (both answered 429), or cancelled
 
 Dispatch is strict by band (a lower band waits while a higher one has requests), fair across a
 band's flows (the fairness policy), ordered inside a flow (the ordering policy), and only while
-no saturation detector objects to the request at the head. The controller books what it
+no saturation detector objects to the request at the head. When the detectors object to the
+chosen flow's head but not to another flow's (a smaller request), that one goes: no flow waits
+behind another flow's large request while the pool has room for its own. The controller books what it
 dispatches until the request finishes, so detectors see its load before the next scrape does.
 """
 
@@ -186,13 +188,11 @@ class FlowController:
         decisions = self._expire(now)
         while self._bands:
             band = max(self._bands)
-            flows = self._bands[band]
-            flow_id = self.fairness.pick(band, list(flows))
-            head = self._head(flows[flow_id])
-            view = self._view(now, endpoints)
-            self.saturated = any(d.saturated(view, head) for d in self.detectors)
-            if self.saturated:
+            chosen = self._fitting_head(band, now, endpoints)
+            self.saturated = chosen is None
+            if chosen is None:
                 break
+            flow_id, head = chosen
             self._remove(head)
             self.fairness.charged(band, flow_id, head.tokens)
             self._bookings[head.key] = Booking(head.tokens, now)
@@ -202,6 +202,24 @@ class FlowController:
         else:
             self.saturated = False
         return decisions
+
+    def _fitting_head(
+        self, band: int, now: float, endpoints: Sequence[EndpointState]
+    ) -> tuple[str, FlowRequest] | None:
+        """The head of the flow the fairness policy picks, or, when the pool has no room for that
+        request (a detector that weighs its size), of the next flow it would pick: a large
+        request at the head of one flow does not hold back a smaller one of another. None when
+        no flow's head fits."""
+        flows = self._bands[band]
+        candidates = list(flows)
+        view = self._view(now, endpoints)
+        while candidates:
+            flow_id = self.fairness.pick(band, candidates)
+            head = self._head(flows[flow_id])
+            if not any(d.saturated(view, head) for d in self.detectors):
+                return flow_id, head
+            candidates.remove(flow_id)
+        return None
 
     def _expire(self, now: float) -> list[Decision]:
         decisions = []

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from epp.flowcontrol.controller import BandLimits
-from epp.flowcontrol.fairness import LeastAttainedServiceFairness
-from epp.flowcontrol.ordering import EarliestDeadlineOrdering
+from epp.flowcontrol.controller import BandLimits, FlowController, FlowSettings
+from epp.flowcontrol.fairness import LeastAttainedServiceFairness, RoundRobinFairness
+from epp.flowcontrol.ordering import EarliestDeadlineOrdering, FcfsOrdering
+from epp.flowcontrol.saturation import TokenLoadSaturationDetector
 from epp.flowcontrol.types import Outcome
 from epp.scheduling.framework import CycleState
 from tests.epp.factories import endpoint_state
-from tests.epp.flowcontrol.helpers import controller, request
+from tests.epp.flowcontrol.helpers import controller, policy, request
 
 POOL = [endpoint_state(0)]
 
@@ -151,3 +152,19 @@ def test_cancellation_removes_a_queued_request_at_once():
     assert fc.cancel(a.key, 0.3) is None
     detector.capacity = 5
     assert dispatched(fc.poll(1.0, POOL)) == [b]
+
+
+def test_a_large_head_of_one_flow_does_not_hold_back_a_smaller_request_of_another():
+    detector = policy(TokenLoadSaturationDetector, maxTokensPerEndpoint=1000)
+    fc = FlowController(FlowSettings(), policy(RoundRobinFairness), policy(FcfsOrdering), [detector])
+    running = request(flow="c", tokens=700)
+    fc.enqueue(running, 0.0)
+    assert dispatched(fc.poll(0.0, POOL)) == [running]
+    big, small = request(flow="a", tokens=600), request(flow="b", tokens=200)
+    fc.enqueue(big, 0.1)
+    fc.enqueue(small, 0.2)
+    assert dispatched(fc.poll(0.3, POOL)) == [small]  # 300 tokens of room: a's 600 waits, b's 200 fits
+    assert big.key in fc
+    assert fc.poll(0.4, POOL) == [] and fc.saturated
+    fc.finished(running.key)
+    assert dispatched(fc.poll(0.5, POOL)) == [big]
