@@ -35,10 +35,10 @@ from rich.progress import Progress
 from bench.report import machine, markdown_table, write_results
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.kv_events import KVEventsSubscriber
+from epp.datalayer.metrics import KVEventMetrics
 from epp.kvcache.block_hash import BlockHasher
 from epp.kvcache.events import EventStream, decode_batch
 from epp.kvcache.precise_index import PreciseIndex
-from epp.metrics import EppMetrics
 from epp.plugins.precise_prefix_cache import PrecisePrefixCacheProducer, PrecisePrefixParameters
 from epp.scheduling.framework import CycleState, PluginContext
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
@@ -204,8 +204,7 @@ def _publish(endpoint: str, count: int, seed: int, go: Any, done: Any) -> None:
 
 async def _subscribe(endpoint: str, expected_blocks: int, go: Any, done: Any) -> float:
     store, index, registry = EndpointStore(), PreciseIndex(), CollectorRegistry()
-    metrics = EppMetrics(registry, "bench", store, time.monotonic)
-    subscriber = KVEventsSubscriber(store, index, time.monotonic, metrics)
+    subscriber = KVEventsSubscriber(store, index, time.monotonic, KVEventMetrics(registry))
     store.replace([Endpoint(NAME, "127.0.0.1", 1, kv_events_endpoint=endpoint)])
     subscriber.start()
     primed = {"model_server_pod": NAME, "type": "AllBlocksCleared"}

@@ -2,7 +2,7 @@
 
 Two arms share one set of upstreams and run in alternating rounds so that drift affects both:
 
-* **with EPP**: Envoy → ext_proc (headers, full-duplex body, response headers and body) → the
+* **with EPP**: Envoy → ext_proc (headers, buffered body, response headers and body) → the
   pick → upstream;
 * **without EPP**: Envoy → round-robin upstream, no ext_proc filter.
 

@@ -5,9 +5,14 @@
 the EPP with a shipped config, Envoy) plus a second Envoy straight to the same replicas, and
 reports for each config:
 
+* **idle**: each process's CPU per second with no traffic (the EPP scrapes every engine's
+  ``/metrics`` every 50 ms), so that CPU per request can be given net of it as well: at one
+  request at a time, the idle cost spread over a request's wall time is a large share of it;
 * **short requests** (a ~200-token completion) at concurrency 1 and 16: requests/s, p50/p99
   with and without the EPP, and CPU per request of every process (EPP, predictors, trainer,
   Envoy, replicas);
+* **streamed responses** (the same prompt, ``stream_tokens`` tokens streamed back) at
+  concurrency 16: every response chunk crosses ext_proc, so EPP CPU per streamed token;
 * **growing sessions**: a few chat sessions, interleaved one request at a time, whose prompts
   grow by a few hundred tokens a turn to 30k+ tokens, as coding agents' do. EPP CPU per
   request against turn number, to show whether the cost grows with the conversation; and a
@@ -65,6 +70,8 @@ class StackOverheadSettings:
     turns: int = 48
     words_per_turn: int = 450
     first_seen_words: int = 18_500
+    stream_tokens: int = 32
+    idle_s: float = 3.0
     flame_graphs: bool = True
 
 
@@ -146,35 +153,54 @@ def _per_request(cpu_delta: dict[str, float], requests: int) -> dict[str, float]
     return {name: round(seconds / max(1, requests) * 1e3, 3) for name, seconds in cpu_delta.items()}
 
 
-def measure_short(sut: StackUnderTest, settings: StackOverheadSettings) -> list[dict[str, Any]]:
+def measure_idle(sut: StackUnderTest, seconds: float) -> dict[str, float]:
+    """CPU ms per second of each process group with no traffic."""
+    before = sut.cpu()
+    time.sleep(seconds)
+    after = sut.cpu()
+    return {name: round((after[name] - before[name]) / seconds * 1e3, 2) for name in after}
+
+
+def _load_case(
+    sut: StackUnderTest, body: bytes, concurrency: int, seconds: float, idle: dict[str, float]
+) -> dict[str, Any]:
+    """Closed-loop load without, then with the EPP; CPU is counted over the measured part only."""
+    direct = asyncio.run(
+        closed_loop(sut.direct_url + "/v1/completions", body, concurrency=concurrency, duration_s=2.0)
+    )
+    url = sut.stack.gateway_url + "/v1/completions"
+    asyncio.run(closed_loop(url, body, concurrency=concurrency, duration_s=0.5, warmup_s=0.0))
+    before, started = sut.cpu(), time.perf_counter()
+    with_epp = asyncio.run(closed_loop(url, body, concurrency=concurrency, duration_s=seconds, warmup_s=0.0))
+    after, elapsed = sut.cpu(), time.perf_counter() - started
+    delta = {name: after[name] - before[name] for name in after}
+    idle_share = delta["epp"] - idle["epp"] / 1e3 * elapsed
+    return {
+        "concurrency": concurrency,
+        "with_epp": with_epp.summary(),
+        "without_epp": direct.summary(),
+        "added_p50_ms": round(with_epp.percentile_ms(50) - direct.percentile_ms(50), 3),
+        "added_p99_ms": round(with_epp.percentile_ms(99) - direct.percentile_ms(99), 3),
+        "cpu_ms_per_request": _per_request(delta, with_epp.requests),
+        "epp_net_of_idle_ms_per_request": round(idle_share / max(1, with_epp.requests) * 1e3, 3),
+    }
+
+
+def measure_short(
+    sut: StackUnderTest, settings: StackOverheadSettings, idle: dict[str, float]
+) -> list[dict[str, Any]]:
     body = json.dumps({"model": "tiny", "prompt": SHORT_PROMPT, "max_tokens": 1}).encode()
-    cases = []
-    for concurrency in settings.concurrencies:
-        direct = asyncio.run(
-            closed_loop(sut.direct_url + "/v1/completions", body, concurrency=concurrency, duration_s=2.0)
-        )
-        before = sut.cpu()
-        with_epp = asyncio.run(
-            closed_loop(
-                sut.stack.gateway_url + "/v1/completions",
-                body,
-                concurrency=concurrency,
-                duration_s=settings.short_s,
-            )
-        )
-        after = sut.cpu()
-        delta = {name: after[name] - before[name] for name in after}
-        cases.append(
-            {
-                "concurrency": concurrency,
-                "with_epp": with_epp.summary(),
-                "without_epp": direct.summary(),
-                "added_p50_ms": round(with_epp.percentile_ms(50) - direct.percentile_ms(50), 3),
-                "added_p99_ms": round(with_epp.percentile_ms(99) - direct.percentile_ms(99), 3),
-                "cpu_ms_per_request": _per_request(delta, with_epp.requests),
-            }
-        )
-    return cases
+    return [_load_case(sut, body, c, settings.short_s, idle) for c in settings.concurrencies]
+
+
+def measure_streamed(
+    sut: StackUnderTest, settings: StackOverheadSettings, idle: dict[str, float]
+) -> dict[str, Any]:
+    """Streamed ~200-token completions at the highest concurrency: EPP CPU per streamed token."""
+    request = {"model": "tiny", "prompt": SHORT_PROMPT, "max_tokens": settings.stream_tokens, "stream": True}
+    case = _load_case(sut, json.dumps(request).encode(), max(settings.concurrencies), settings.short_s, idle)
+    case["tokens_per_request"] = settings.stream_tokens
+    return case
 
 
 def _text(rng: random.Random, words: int) -> str:
@@ -186,7 +212,9 @@ class _Session:
     messages: list[dict[str, str]] = field(default_factory=list)
 
 
-def _turn(client: httpx.Client, url: str, epp_pid: int, messages: list[dict[str, str]]) -> dict[str, Any]:
+def _turn(
+    client: httpx.Client, url: str, epp_pid: int, epp_idle_ms_per_s: float, messages: list[dict[str, str]]
+) -> dict[str, Any]:
     before = task_cpu_seconds(epp_pid)
     start = time.perf_counter()
     response = client.post(url, json={"model": "tiny", "messages": messages, "max_tokens": 8})
@@ -198,16 +226,20 @@ def _turn(client: httpx.Client, url: str, epp_pid: int, messages: list[dict[str,
     return {
         "prompt_tokens": data["usage"]["prompt_tokens"],
         "epp_cpu_ms": round(cpu * 1e3, 3),
+        "epp_cpu_net_of_idle_ms": round(cpu * 1e3 - epp_idle_ms_per_s * latency, 3),
         "latency_ms": round(latency * 1e3, 2),
     }
 
 
-def measure_sessions(sut: StackUnderTest, settings: StackOverheadSettings) -> dict[str, Any]:
+def measure_sessions(
+    sut: StackUnderTest, settings: StackOverheadSettings, idle: dict[str, float]
+) -> dict[str, Any]:
     """Interleaved growing sessions, then a long prompt seen first and extended once."""
     assert sut.stack.epp is not None
     pid = sut.stack.epp.process.pid
     url = sut.stack.gateway_url + "/v1/chat/completions"
     rng = random.Random(7)
+    idle_rate = idle["epp"]
     sessions = [
         _Session([{"role": "system", "content": f"You are coding agent {i}."}])
         for i in range(settings.sessions)
@@ -217,31 +249,43 @@ def measure_sessions(sut: StackUnderTest, settings: StackOverheadSettings) -> di
         for turn in range(settings.turns):
             for index, session in enumerate(sessions):
                 session.messages.append({"role": "user", "content": _text(rng, settings.words_per_turn)})
-                turns.append({"turn": turn, "session": index, **_turn(client, url, pid, session.messages)})
+                turns.append(
+                    {"turn": turn, "session": index, **_turn(client, url, pid, idle_rate, session.messages)}
+                )
         fresh = [{"role": "user", "content": _text(rng, settings.first_seen_words)}]
-        first_seen = _turn(client, url, pid, fresh)
+        first_seen = _turn(client, url, pid, idle_rate, fresh)
         fresh.append({"role": "user", "content": _text(rng, settings.words_per_turn)})
-        extension = _turn(client, url, pid, fresh)
+        extension = _turn(client, url, pid, idle_rate, fresh)
     return {"turns": turns, "first_seen": first_seen, "extension": extension}
 
 
 def _measure(
     config: str, settings: StackOverheadSettings, out_dir: Path, progress: Progress
 ) -> dict[str, Any]:
-    task = progress.add_task(f"stack overhead: {config}", total=2)
+    task = progress.add_task(f"stack overhead: {config}", total=3)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _stack(config, settings) as sut:
         assert sut.stack.epp is not None
         pid = sut.stack.epp.process.pid
         if settings.predictors:
             time.sleep(3.0)  # let the first model train, as a user's stack would have
+        idle = measure_idle(sut, settings.idle_s)
         with _flame_graph(pid, out_dir / f"stack-{config}-short.svg", settings.flame_graphs):
-            short = measure_short(sut, settings)
+            short = measure_short(sut, settings, idle)
+        progress.advance(task)
+        with _flame_graph(pid, out_dir / f"stack-{config}-streamed.svg", settings.flame_graphs):
+            streamed = measure_streamed(sut, settings, idle)
         progress.advance(task)
         with _flame_graph(pid, out_dir / f"stack-{config}-sessions.svg", settings.flame_graphs):
-            sessions = measure_sessions(sut, settings)
+            sessions = measure_sessions(sut, settings, idle)
         progress.advance(task)
-    return {"config": config, "short": short, "sessions": sessions}
+    return {
+        "config": config,
+        "idle_cpu_ms_per_s": idle,
+        "short": short,
+        "streamed": streamed,
+        "sessions": sessions,
+    }
 
 
 def _plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -268,15 +312,39 @@ def _session_rows(result: dict[str, Any]) -> list[list[Any]]:
         band = [t for t in turns if low <= t["prompt_tokens"] < high and t["turn"] > 0]
         if band:
             cpu = sorted(t["epp_cpu_ms"] for t in band)
-            rows.append(
-                [result["config"], f"{low // 1000}k–{high // 1000}k", len(band), cpu[len(cpu) // 2], cpu[-1]]
-            )
+            net = sorted(t["epp_cpu_net_of_idle_ms"] for t in band)
+            label = f"{low // 1000}k–{high // 1000}k"
+            rows.append([result["config"], label, len(band), cpu[len(cpu) // 2], cpu[-1], net[len(net) // 2]])
     s = result["sessions"]
     for label in ("first_seen", "extension"):
+        turn = s[label]
         rows.append(
-            [result["config"], f"{label} ({s[label]['prompt_tokens']})", 1, s[label]["epp_cpu_ms"], ""]
+            [
+                result["config"],
+                f"{label} ({turn['prompt_tokens']})",
+                1,
+                turn["epp_cpu_ms"],
+                "",
+                turn["epp_cpu_net_of_idle_ms"],
+            ]
         )
     return rows
+
+
+def _streamed_row(result: dict[str, Any]) -> list[Any]:
+    case = result["streamed"]
+    per_token = case["epp_net_of_idle_ms_per_request"] / case["tokens_per_request"] * 1e3
+    return [
+        result["config"],
+        case["concurrency"],
+        case["tokens_per_request"],
+        case["without_epp"]["rps"],
+        case["with_epp"]["rps"],
+        case["added_p50_ms"],
+        case["cpu_ms_per_request"]["epp"],
+        round(per_token, 1),
+        case["cpu_ms_per_request"]["envoy"],
+    ]
 
 
 def _markdown(data: dict[str, Any]) -> str:
@@ -293,6 +361,7 @@ def _markdown(data: dict[str, Any]) -> str:
                     case["added_p50_ms"],
                     case["added_p99_ms"],
                     cpu["epp"],
+                    case["epp_net_of_idle_ms_per_request"],
                     cpu["predictors"],
                     cpu["trainer"],
                     cpu["envoy"],
@@ -301,11 +370,20 @@ def _markdown(data: dict[str, Any]) -> str:
             )
     short = markdown_table(
         ["config", "conc.", "rps w/o EPP", "rps with EPP", "added p50 ms", "added p99 ms", "EPP CPU ms/req",
-         "predictors", "trainer", "Envoy", "replicas"],
+         "EPP net of idle", "predictors", "trainer", "Envoy", "replicas"],
         short_rows,
     )  # fmt: skip
+    streamed = markdown_table(
+        ["config", "conc.", "tokens/req", "rps w/o EPP", "rps with EPP", "added p50 ms", "EPP CPU ms/req",
+         "EPP µs/token (net of idle)", "Envoy CPU ms/req"],
+        [_streamed_row(result) for result in data["results"]],
+    )  # fmt: skip
+    idle = markdown_table(
+        ["config", *data["results"][0]["idle_cpu_ms_per_s"]],
+        [[r["config"], *r["idle_cpu_ms_per_s"].values()] for r in data["results"]],
+    )
     sessions = markdown_table(
-        ["config", "prompt tokens", "requests", "EPP CPU ms p50", "max"],
+        ["config", "prompt tokens", "requests", "EPP CPU ms p50", "max", "p50 net of idle"],
         [row for result in data["results"] for row in _session_rows(result)],
     )
     m = data["machine"]
@@ -314,13 +392,20 @@ def _markdown(data: dict[str, Any]) -> str:
             "# Live stack overhead",
             f"Machine: {m['cpus']} CPUs, Python {m['python']}, Envoy {m['envoy']}, {m['date']}. The load "
             "generator, both Envoys, the EPP, predictors, trainer and simulated replicas share these CPUs.",
+            "## Idle (CPU ms per second, no traffic)",
+            idle,
             "## Short requests (~200-token completions, `instant` simulated replicas)",
-            "CPU columns are ms of CPU per request through the EPP gateway, per process group.",
+            "CPU columns are ms of CPU per request through the EPP gateway, per process group; "
+            "'net of idle' takes the EPP's idle CPU rate over the same time away.",
             short,
+            "## Streamed responses (every chunk crosses ext_proc)",
+            streamed,
             "## Growing chat sessions (one request at a time)",
+            "Net of idle: the EPP's idle CPU rate times the request's latency taken away.",
             sessions,
             "![EPP CPU per turn](stack-overhead.png)",
-            "Flame graphs of the EPP: `stack-<config>-short.svg`, `stack-<config>-sessions.svg`.",
+            "Flame graphs of the EPP (py-spy): `stack-<config>-short.svg`, `stack-<config>-streamed.svg`, "
+            "`stack-<config>-sessions.svg`.",
         ]
     )
 

@@ -18,6 +18,7 @@ import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.kv_events import KVEventsSubscriber
+from epp.datalayer.metrics import KVEventMetrics, PoolMetrics
 from epp.datalayer.objectives import ObjectivePriorities
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
@@ -31,13 +32,16 @@ from epp.k8s.leader import LeaseElector, LeaseSettings
 from epp.k8s.source import ApiGroupVersion, KubernetesSource, PoolWatch
 from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient, PredictorClientSettings
-from epp.metrics import EppMetrics
+from epp.latency.metrics import PredictionMetrics
+from epp.latency.report import PredictionReport
+from epp.metrics import ModelLabels, RequestMetrics, TokenizerCacheCollector
 from epp.observability.live import LiveData
 from epp.observability.recent import RecentDecisions
 from epp.observability.server import start_metrics_server
 from epp.pipeline_metrics import export_producer_failures
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
+from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
 from epp.settings import TOKENIZER_HELP, EppSettings
@@ -85,7 +89,9 @@ class EppApp:
         self.k8s_source: KubernetesSource | None = None
         self.elector: LeaseElector | None = None
         self.registry = CollectorRegistry()
-        self.metrics = EppMetrics(self.registry, settings.pool_name, self.store, self.clock)
+        labels = ModelLabels()
+        self.pool_metrics = PoolMetrics(self.registry, settings.pool_name, self.store, self.clock)
+        prediction_metrics = PredictionMetrics(self.registry, labels)
         rng = random.Random(settings.seed)
         self.predictor: PredictorClient | None = None
         if settings.predictor_url:
@@ -97,25 +103,26 @@ class EppApp:
                 coalesce_window_s=settings.prediction_coalesce_ms / 1e3,
                 trainer_token=read_token(token_file) if token_file else None,
             )
-            self.predictor = PredictorClient(client_settings, self.clock, self.metrics)
+            self.predictor = PredictorClient(client_settings, self.clock, prediction_metrics)
         config = EndpointPickerConfig.from_file(config_path(settings.config))
         self.kv_index = PreciseIndex()
-        self.metrics.track_kv_index(self.kv_index)
+        self.pool_metrics.track_kv_index(self.kv_index)
         context = PluginContext(
             clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
         )
         self.pipeline = build_pipeline(config, context)
         self.flow_gate = self._flow_gate(config, context)
         export_producer_failures(self.registry, self.pipeline)
+        self.lifecycle = RequestLifecycle(self.pipeline, [PredictionReport(prediction_metrics)])
         token_load = find_token_load(self.pipeline.plugins.values())
         self.sync: NatsSyncTransport | None = None
         if settings.sync_nats_url:
-            self.sync = self._replica_sync(context)
+            self.sync = self._replica_sync()
         if token_load is not None:
-            self.metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
-        # The live page's recent decisions: called with the configured response observers.
-        self.recent = RecentDecisions(context)
-        self.pipeline.observers.append(self.recent)
+            self.pool_metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
+        # The live page's recent decisions.
+        self.recent = RecentDecisions()
+        self.lifecycle.add_observer(self.recent)
         trackers = (
             [] if token_load is None else [token_load.tracker, *([token_load.peers] if self.sync else [])]
         )
@@ -126,12 +133,12 @@ class EppApp:
             settings.tokenizer_dir, settings.tokenizer_cache_bytes, settings.verify_tokenizer_cache
         )
         if tokenizer.cache is not None:
-            self.metrics.track_tokenizer_cache(tokenizer.cache)
+            self.registry.register(TokenizerCacheCollector(settings.pool_name, tokenizer.cache))
         self.director = Director(
-            self.pipeline,
+            self.lifecycle,
             self.store,
             tokenizer,
-            self.metrics,
+            RequestMetrics(self.registry, labels),
             self.clock,
             rng,
             objective_priorities=self.objective_priorities,
@@ -145,7 +152,7 @@ class EppApp:
             self.store,
             self.kv_index,
             self.clock,
-            self.metrics,
+            KVEventMetrics(self.registry),
             staleness_s=settings.kv_events_staleness_s,
             replay_timeout_s=settings.kv_events_replay_timeout_s,
         )
@@ -165,7 +172,7 @@ class EppApp:
         metrics = FlowMetrics(self.registry, self.settings.pool_name, flow_control.controller)
         return FlowGate(flow_control, self.store.candidates, self.clock, metrics)
 
-    def _replica_sync(self, context: PluginContext) -> NatsSyncTransport:
+    def _replica_sync(self) -> NatsSyncTransport:
         """Active-active: share this replica's bookings with its peers over NATS, apply theirs."""
         s = self.settings
         state = ReplicaSyncState(
@@ -179,7 +186,7 @@ class EppApp:
                 peer_timeout_s=s.sync_peer_timeout_s,
             ),
         )
-        attach_replica_sync(self.pipeline, state, context)
+        attach_replica_sync(self.lifecycle, state)
         metrics = SyncMetrics(
             self.registry, s.pool_name, self.store, state, find_token_load(self.pipeline.plugins.values())
         )

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import signal
 
+import uvloop
 from pydantic import ValidationError
 
 from epp.app import EppApp
@@ -82,7 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        asyncio.run(serve(settings))
+        # uvloop: about a fifth less CPU per ext_proc stream than asyncio's own loop, and less
+        # for the scraper's and predictor client's HTTP (``llm-epp-bench stack``).
+        uvloop.run(serve(settings))
     except (ConfigError, EndpointsFileError, FileNotFoundError, TokenFileError) as exc:
         raise SystemExit(f"llm-epp: {exc}") from None
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from epp.envoy_config import (
     INFERENCE_API_PATHS,
+    BodyMode,
     EppTls,
     FailureMode,
     gateway_bootstrap,
@@ -97,6 +98,8 @@ class StackConfig:
     """Prediction sidecars (plus one trainer) to run; 0 runs none."""
     trainer_args: Sequence[str] = ()
     failure_mode: FailureMode = "FailClose"
+    body_mode: BodyMode = "BUFFERED"
+    """How Envoy sends request bodies to the EPP (``epp.envoy_config``)."""
     model: str = "tiny"
     model_dir: Path = TINY_MODEL_DIR
     """The served model: the replicas serve it and the EPP tokenizes with its tokenizer."""
@@ -292,6 +295,7 @@ class LocalStack:
             epp_address=("127.0.0.1", self.config.ports.epp_grpc),
             endpoints_file=self.cluster_endpoints_file,
             failure_mode=failure_mode or self.config.failure_mode,
+            body_mode=self.config.body_mode,
             api_paths=self.config.api_paths,
             epp_tls=epp_tls,
         )

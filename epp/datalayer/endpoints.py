@@ -107,13 +107,3 @@ class EndpointStore:
     def by_name(self, name: str) -> EndpointState | None:
         entry = self._entries.get(name)
         return entry.state if entry else None
-
-    def request_started(self, name: str) -> None:
-        entry = self._entries.get(name)
-        if entry is not None:
-            entry.state.in_flight += 1
-
-    def request_finished(self, name: str) -> None:
-        entry = self._entries.get(name)
-        if entry is not None and entry.state.in_flight > 0:
-            entry.state.in_flight -= 1

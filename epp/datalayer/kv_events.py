@@ -29,6 +29,7 @@ import zmq
 import zmq.asyncio
 
 from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.metrics import KVEventMetrics
 from epp.kvcache.events import (
     END_SEQ,
     AllBlocksCleared,
@@ -41,7 +42,6 @@ from epp.kvcache.events import (
     decode_seq,
 )
 from epp.kvcache.precise_index import PreciseIndex
-from epp.metrics import EppMetrics
 from epp.scheduling.types import Endpoint
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class KVEventsSubscriber:
         store: EndpointStore,
         index: PreciseIndex,
         clock: Callable[[], float],
-        metrics: EppMetrics,
+        metrics: KVEventMetrics,
         *,
         staleness_s: float = 5.0,
         replay_timeout_s: float = 2.0,

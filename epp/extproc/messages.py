@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -13,6 +13,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     HeaderMutation,
     HeadersResponse,
     ImmediateResponse,
+    ProcessingRequest,
     ProcessingResponse,
     StreamedBodyResponse,
     TrailersResponse,
@@ -23,6 +24,12 @@ from google.protobuf.struct_pb2 import Struct, Value
 from epp.errors import RequestError
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SERVED_BY_HEADER = "x-llm-epp-served-by"
+"""Added by this project's Envoy config to the upstream's response headers: the ``ip:port`` that
+answered (after any retries), for the EPP to see; the EPP removes it from the response."""
+SERVED_METADATA_KEY = "x-gateway-destination-endpoint-served"
+"""Where a gateway that follows the endpoint picker protocol reports the ``ip:port`` that
+answered: in the ``envoy.lb`` namespace of the response's metadata."""
 LB_METADATA_NAMESPACE = "envoy.lb"
 # Envoy recommends body chunks of at most 64 KiB; the anchor re-chunks at 62,000 bytes.
 BODY_CHUNK_BYTES = 62_000
@@ -33,6 +40,17 @@ CONTINUE_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse
 CONTINUE_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
 CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
 CONTINUE_RESPONSE_TRAILERS = ProcessingResponse(response_trailers=TrailersResponse())
+
+
+def served_endpoint(message: ProcessingRequest, headers: Mapping[str, str]) -> str | None:
+    """The ``ip:port`` that answered this response, as the gateway reports it (protocol
+    metadata first, then this project's header), or None if it does not."""
+    lb = message.metadata_context.filter_metadata.get(LB_METADATA_NAMESPACE)
+    if lb is not None and SERVED_METADATA_KEY in lb.fields:
+        value = lb.fields[SERVED_METADATA_KEY]
+        if value.HasField("string_value") and value.string_value:
+            return value.string_value
+    return headers.get(SERVED_BY_HEADER)
 
 
 def header_dict(headers: HeaderMap) -> dict[str, str]:
@@ -88,11 +106,14 @@ def route_to(
     return reply
 
 
-def add_response_headers(headers: Mapping[str, str]) -> ProcessingResponse:
-    """Response-headers reply that adds ``headers`` to the response (continue otherwise)."""
-    if not headers:
+def add_response_headers(headers: Mapping[str, str], remove: Sequence[str] = ()) -> ProcessingResponse:
+    """Response-headers reply that adds ``headers`` to the response and removes the headers
+    named in ``remove`` (continue otherwise)."""
+    if not headers and not remove:
         return CONTINUE_RESPONSE_HEADERS
-    common = CommonResponse(header_mutation=_set_headers(headers))
+    mutation = _set_headers(headers)
+    mutation.remove_headers.extend(remove)
+    common = CommonResponse(header_mutation=mutation)
     return ProcessingResponse(response_headers=HeadersResponse(response=common))
 
 

@@ -12,10 +12,10 @@ and a STREAMED response body. The machine's phases::
 
 The request body arrives in one of two modes, announced by Envoy's ``protocol_config``:
 
-* FULL_DUPLEX_STREAMED (fail-closed gateways): nothing is answered until the body ends; then
+* BUFFERED (the local gateway's, ``epp.envoy_config``): the headers are answered at once, the
+  body comes whole in one message, and the body reply carries the destination.
+* FULL_DUPLEX_STREAMED (the anchor's gateways): nothing is answered until the body ends; then
   the headers reply carries the destination and content-length, and the body is re-emitted.
-* BUFFERED (fail-open gateways, since Envoy can only fail open while it still holds the
-  body): the headers are answered at once, and the body reply carries the destination.
 
 Errors while the request is still ours become an immediate response (400/413/429/503 with a
 JSON body). An unexpected exception (a bug) is one log line and, while the request is still ours,
@@ -124,7 +124,8 @@ class ExtProcStream:
                 PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
             )
         self._body.append(chunk)
-        return await self._route_body() if end_of_stream else []
+        # A BUFFERED body comes whole in one message (end_of_stream is false when trailers follow).
+        return await self._route_body() if end_of_stream or not self._duplex else []
 
     async def _request_trailers(self) -> list[ProcessingResponse]:
         # Trailers end a body whose last chunk did not carry end_of_stream.
@@ -167,8 +168,12 @@ class ExtProcStream:
         except ValueError:
             status = 0
         body_follows = self._watch_response_body and not message.response_headers.end_of_stream
-        self.director.response_headers(record, status, headers.get("content-type", ""), body_follows)
-        reply = messages.add_response_headers(self.director.debug_headers(record))
+        served_by = messages.served_endpoint(message, headers)
+        self.director.response_headers(
+            record, status, headers.get("content-type", ""), body_follows, served_by
+        )
+        remove = (messages.SERVED_BY_HEADER,) if messages.SERVED_BY_HEADER in headers else ()
+        reply = messages.add_response_headers(self.director.debug_headers(record), remove)
         self.phase = Phase.RESPONSE
         if not body_follows:
             self._finish()

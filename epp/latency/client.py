@@ -34,8 +34,8 @@ import aiohttp
 import orjson
 
 from epp.latency.breaker import CircuitBreaker
+from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import Prediction, PredictionUnavailable
-from epp.metrics import EppMetrics
 from wire.latency import FeatureRowDict, TrainingSampleDict
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class PredictorClientSettings:
 
 class PredictorClient:
     def __init__(
-        self, settings: PredictorClientSettings, clock: Callable[[], float], metrics: EppMetrics
+        self, settings: PredictorClientSettings, clock: Callable[[], float], metrics: PredictionMetrics
     ) -> None:
         s = settings
         self.clock = clock

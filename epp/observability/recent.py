@@ -1,8 +1,9 @@
 """The last routing decisions and their outcomes, for the live ``/dashboard`` page.
 
-:class:`RecentDecisions` is a response observer: the request lifecycle calls ``on_finished``
-once per routed request, and it keeps a bounded ring of :class:`Decision` records plus running
-totals. It only appends (no I/O); the page's HTTP thread reads it with :meth:`snapshot`.
+:class:`RecentDecisions` is a lifecycle observer (``epp.scheduling.observers``): the request
+lifecycle calls ``on_finished`` once per routed request, and it keeps a bounded ring of
+:class:`Decision` records plus running totals. It only appends (no I/O); the page's HTTP thread
+reads it with :meth:`snapshot`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.latency.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK
-from epp.scheduling.framework import CycleState, NoParameters, PluginContext, RequestOutcome, ResponseObserver
+from epp.scheduling.framework import CycleState, RequestOutcome
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.types import LLMRequest, SchedulingResult
 
 CAPACITY = 500
@@ -93,22 +95,18 @@ def decision_trace(result: SchedulingResult, state: CycleState) -> dict[str, Any
     return trace
 
 
-class RecentDecisions(ResponseObserver):
+class RecentDecisions(LifecycleObserver):
     """Keeps the last ``capacity`` decisions and counts every finished request."""
 
-    type_name = "recent-decisions"
-
-    def __init__(self, context: PluginContext, capacity: int = CAPACITY) -> None:
-        super().__init__(self.type_name, NoParameters(), context)
+    def __init__(self, capacity: int = CAPACITY) -> None:
         self._decisions: deque[Decision] = deque(maxlen=capacity)
         self._finished = 0
         self._slo_checked = 0
         self._slo_met = 0
         self._fallbacks: Counter[str] = Counter()
 
-    def on_finished(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
-    ) -> None:
+    def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
+        request, result, state = routed.request, routed.result, routed.state
         predictions = state.get(LATENCY_PREDICTIONS)
         predicted = predictions.by_endpoint.get(outcome.endpoint.name) if predictions else None
         fallback = state.get(PREDICTION_FALLBACK)

@@ -1,10 +1,11 @@
-"""Request control: one request's path through the EPP, from parse to last response byte.
+"""Request control: the ext_proc side of one request's path, from parse to last response byte.
 
 The ext_proc adapter calls, in order: :meth:`Director.schedule` (or
 :meth:`Director.schedule_bodyless`), :meth:`Director.response_headers`,
 :meth:`Director.response_body` for each chunk, and always :meth:`Director.finish` once,
-however the stream ended. The director owns the bookkeeping around the pure scheduling
-core: candidates, in-flight counts, latency measurements and metrics.
+however the stream ended. The director parses the request, reads the response's progress and
+status, and hands each step to the request lifecycle (``epp.requestcontrol.lifecycle``), which
+owns the bookings and the observers; it keeps the request metrics through a lifecycle observer.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 from epp.datalayer.endpoints import EndpointStore
 from epp.errors import NoEndpointAvailable, RequestError
 from epp.flowcontrol.gate import FlowGate, FlowTicket
-from epp.latency.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK
-from epp.metrics import EppMetrics, ModelSeries
+from epp.metrics import ModelSeries, RequestMetrics
+from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.requestcontrol.response_meter import ResponseMeter
-from epp.scheduling.framework import CycleState, RequestOutcome
-from epp.scheduling.pipeline import NoCandidates, Pipeline
+from epp.scheduling.framework import RequestOutcome
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
+from epp.scheduling.pipeline import NoCandidates
 from epp.scheduling.types import LLMRequest, SchedulingResult
 from epp.tokenization import ModelTokenizer
 
@@ -40,33 +42,38 @@ OFFLOAD_BODY_BYTES = 64 << 10
 
 @dataclass(slots=True)
 class RequestRecord:
-    """What the EPP knows about one request; times are from the director's clock."""
+    """What the director knows about one ext_proc stream's request; times are from its clock."""
 
     request_id: str
     received_at: float
     request: LLMRequest | None = None
-    result: SchedulingResult | None = None
+    routed: RoutedRequest | None = None
+    """Set once the lifecycle routed the request (requests with a body)."""
+    bodyless_endpoint: str | None = None
+    """Where a request without a body (e.g. ``GET /v1/models``) went; it is not booked."""
     status: int | None = None
     meter: ResponseMeter | None = None
-    first_token_at: float | None = None
     response_complete: bool = False
-    finished_at: float | None = None
+    finished: bool = False
     series: ModelSeries | None = None
-    state: CycleState | None = None
     flow_ticket: FlowTicket | None = None
+    """Held from flow control's dispatch to the finish (with flow control on)."""
 
     @property
     def endpoint_name(self) -> str | None:
-        return self.result.endpoint.name if self.result else None
+        return self.routed.endpoint_name if self.routed is not None else self.bodyless_endpoint
 
 
 class Director:
+    """The ext_proc driver of the request lifecycle: parses requests, reads the response
+    stream's progress, and measures what it sees (:class:`RequestMetrics`)."""
+
     def __init__(
         self,
-        pipeline: Pipeline,
+        lifecycle: RequestLifecycle,
         store: EndpointStore,
         tokenizer: ModelTokenizer,
-        metrics: EppMetrics,
+        metrics: RequestMetrics,
         clock: Callable[[], float],
         rng: random.Random | None = None,
         objective_priorities: Mapping[str, int] | None = None,
@@ -76,7 +83,7 @@ class Director:
         """``default_max_model_len`` is the context length while no engine has reported its own;
         ``flow_gate`` holds requests while the pool is saturated (flow control, off without it)."""
         self.flow_gate = flow_gate
-        self.pipeline = pipeline
+        self.lifecycle = lifecycle
         self.default_max_model_len = default_max_model_len
         self.objective_priorities = objective_priorities if objective_priorities is not None else {}
         self.store = store
@@ -84,6 +91,7 @@ class Director:
         self.metrics = metrics
         self.clock = clock
         self.rng = rng or random.Random()
+        lifecycle.add_observer(_MetricsObserver(metrics))
 
     def new_record(self, headers: Mapping[str, str]) -> RequestRecord:
         request_id = headers.get(REQUEST_ID_HEADER, "")
@@ -119,32 +127,23 @@ class Director:
         if not candidates:
             raise NoEndpointAvailable("no model server endpoint is ready")
         started = self.clock()
-        record.state = CycleState()
         try:
-            result = await self.pipeline.schedule(request, candidates, record.state)
+            record.routed = await self.lifecycle.route(request, candidates, record.received_at, started)
         except NoCandidates as exc:
             raise NoEndpointAvailable(f"no endpoint can serve this request: {exc}") from None
         self.metrics.scheduling.observe(self.clock() - started)
         if record.flow_ticket is not None:
-            record.flow_ticket.routed(result.endpoint.name, record.state, self.clock())
-        if (fallback := record.state.get(PREDICTION_FALLBACK)) is not None:
-            self.metrics.prediction_fallbacks.labels(fallback).inc()
-        return self._routed(record, result)
+            record.flow_ticket.routed(record.routed.endpoint_name, record.routed.state, self.clock())
+        return record.routed.result
 
     def schedule_bodyless(self, record: RequestRecord) -> SchedulingResult:
         """Route a request without a body (e.g. ``GET /v1/models``) to any ready endpoint."""
         candidates = self.store.candidates()
         if not candidates:
             raise NoEndpointAvailable("no model server endpoint is ready")
-        chosen = self.rng.choice(candidates)
-        return self._routed(record, SchedulingResult(targets=(chosen.endpoint,), profile="bodyless"))
-
-    def _routed(self, record: RequestRecord, result: SchedulingResult) -> SchedulingResult:
-        record.result = result
-        self.store.request_started(result.endpoint.name)
-        if record.series is not None:
-            record.series.running.inc()
-        return result
+        chosen = self.rng.choice(candidates).endpoint
+        record.bodyless_endpoint = chosen.name
+        return SchedulingResult(targets=(chosen,), profile="bodyless")
 
     def reject(self, record: RequestRecord, error: RequestError) -> None:
         """The EPP answered the request itself with ``error``: one log line, one error count."""
@@ -156,89 +155,93 @@ class Director:
 
     def debug_headers(self, record: RequestRecord) -> dict[str, str]:
         """The routing decision, for requests that asked for it with ``x-llm-epp-debug``."""
-        request, result, state = record.request, record.result, record.state
-        if request is None or not request.debug or result is None or state is None:
+        routed = record.routed
+        if routed is None or not routed.request.debug:
             return {}
-        headers = {"x-llm-epp-endpoint": result.endpoint.name}
-        predictions = state.get(LATENCY_PREDICTIONS)
-        predicted = predictions.by_endpoint.get(result.endpoint.name) if predictions else None
-        if predicted is not None:
-            headers["x-llm-epp-predicted-ttft-ms"] = f"{predicted.ttft_ms:.3f}"
-            headers["x-llm-epp-predicted-tpot-ms"] = f"{predicted.tpot_ms:.3f}"
-        if predictions is not None:
-            headers["x-llm-epp-candidates-ttft-ms"] = ",".join(
-                f"{name}={p.ttft_ms:.1f}" for name, p in predictions.by_endpoint.items()
-            )
-        if (fallback := state.get(PREDICTION_FALLBACK)) is not None:
-            headers["x-llm-epp-prediction-fallback"] = fallback
-        return headers
+        return self.lifecycle.debug_headers(routed)
 
     def response_headers(
-        self, record: RequestRecord, status: int, content_type: str, body_follows: bool
+        self,
+        record: RequestRecord,
+        status: int,
+        content_type: str,
+        body_follows: bool,
+        served_by: str | None = None,
     ) -> None:
-        """The response started. Without a body to watch, the request is complete now."""
+        """The response started. Without a body to watch, the request is complete now.
+
+        ``served_by``: the ``ip:port`` that answered, as Envoy reports it (``SERVED_BY_HEADER``);
+        when Envoy retried the request on a fallback, the booking moves there."""
         record.status = status
+        routed = record.routed
+        if served_by and routed is not None and served_by != routed.result.endpoint.hostport:
+            actual = next((s for s in self.store.all() if s.endpoint.hostport == served_by), None)
+            if actual is not None:
+                self.lifecycle.rebooked(routed, actual, self.clock())
         if body_follows:
             record.meter = ResponseMeter(streaming=content_type.startswith("text/event-stream"))
         else:
             record.response_complete = True
         if status >= 500 and record.endpoint_name:
-            self._upstream_failed(record, f"HTTP {status}")
+            self._upstream_failed(record.endpoint_name, f"HTTP {status}")
 
     def response_body(self, record: RequestRecord, chunk: bytes, end_of_stream: bool) -> None:
         meter = record.meter
         if meter is None:
             return
-        if meter.feed(chunk):
+        routed = record.routed
+        if meter.feed(chunk) and routed is not None:
             now = self.clock()
-            first = record.first_token_at is None
-            if first:
-                record.first_token_at = now
-            if record.request is not None and record.result is not None and record.state is not None:
-                for observer in self.pipeline.observers:
-                    if first:
-                        observer.on_first_token(record.request, record.result, record.state, now)
-                    observer.on_progress(record.request, record.result, record.state, meter.tokens, now)
+            self.lifecycle.first_token(routed, now)
+            self.lifecycle.progress(routed, meter.tokens, now)
         if end_of_stream:
             record.response_complete = True
 
     def finish(self, record: RequestRecord) -> None:
         """The stream is over, completed or not. Idempotent."""
-        if record.finished_at is not None:
+        if record.finished:
             return
-        record.finished_at = self.clock()
+        record.finished = True
         if record.flow_ticket is not None:
             record.flow_ticket.finished()
-        if record.result is None:
+        routed = record.routed
+        if routed is None:  # refused, or body-less: routed, not metered
             return
-        self.store.request_finished(record.result.endpoint.name)
-        series, request, state = record.series, record.request, record.state
-        if series is None or request is None or state is None:  # body-less: routed, not metered
-            return
-        series.running.dec()
         meter = record.meter
         if meter is not None:
             meter.finish()
         completed = record.response_complete and record.status is not None and record.status < 400
-        outcome = RequestOutcome(
-            endpoint=record.result.endpoint,
-            received_at=record.received_at,
-            finished_at=record.finished_at,
+        outcome = self.lifecycle.finished(
+            routed,
+            self.clock(),
             status=record.status,
-            streaming=meter is not None and meter.streaming,
             completed=completed,
-            first_token_at=record.first_token_at,
+            streaming=meter is not None and meter.streaming,
             completion_tokens=meter.completion_tokens if meter is not None else None,
         )
-        for observer in self.pipeline.observers:
-            observer.on_finished(request, record.result, state, outcome)
-        if not completed:
-            self.metrics.error(series, str(record.status) if record.response_complete else "aborted")
-            return
-        self._observe_latency(request, outcome, series)
-        self._observe_slo(request, state, outcome, series)
+        if not outcome.completed and record.series is not None:
+            self.metrics.error(record.series, str(record.status) if record.response_complete else "aborted")
 
-    def _observe_latency(self, request: LLMRequest, outcome: RequestOutcome, series: ModelSeries) -> None:
+    def _upstream_failed(self, name: str, why: str) -> None:
+        self.metrics.upstream_failures.labels(name).inc()
+        self.store.record_failure(name, why)
+
+
+class _MetricsObserver(LifecycleObserver):
+    """The director's request metrics, kept from the lifecycle's events."""
+
+    def __init__(self, metrics: RequestMetrics) -> None:
+        self.metrics = metrics
+
+    def on_routed(self, routed: RoutedRequest, now: float) -> None:
+        self.metrics.for_model(routed.request.model).running.inc()
+
+    def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
+        request = routed.request
+        series = self.metrics.for_model(request.model)
+        series.running.dec()
+        if not outcome.completed:
+            return
         series.duration.observe(outcome.e2e_s)
         series.input_tokens.observe(request.input_tokens)
         if outcome.completion_tokens is not None:
@@ -247,15 +250,6 @@ class Director:
             series.ttft.observe(ttft)
             if (tpot := outcome.tpot_s) is not None:
                 series.tpot.observe(tpot)
-
-    def _observe_slo(
-        self, request: LLMRequest, state: CycleState, outcome: RequestOutcome, series: ModelSeries
-    ) -> None:
-        predictions = state.get(LATENCY_PREDICTIONS)
-        predicted = predictions.by_endpoint.get(outcome.endpoint.name) if predictions else None
-        if predicted is not None:
-            series.predicted_ttft.observe(predicted.ttft_ms / 1e3)
-            series.predicted_tpot.observe(predicted.tpot_ms / 1e3)
         # A non-streaming client sees its first token when the whole response arrives.
         first_token_s = outcome.ttft_s if outcome.streaming else outcome.e2e_s
         if (
@@ -272,10 +266,3 @@ class Director:
             and tpot * 1e3 > request.slo_tpot_ms
         ):
             series.tpot_slo_violations.inc()
-
-    def _upstream_failed(self, record: RequestRecord, why: str) -> None:
-        name = record.endpoint_name
-        if name is None:
-            return
-        self.metrics.upstream_failures.labels(name).inc()
-        self.store.record_failure(name, why)

@@ -3,7 +3,8 @@
 A request is scheduled in this order (see ``epp.scheduling.pipeline``):
 data producers (ordered by what they produce and consume; they may await, e.g. a remote
 predictor) → admitters → filters → scorers (weighted sum of [0, 1] scores) → picker →
-pre-request hooks. Response observers then follow the request's lifecycle.
+pre-request hooks. Response observers then follow the request's lifecycle, as the request
+lifecycle (``epp.requestcontrol.lifecycle``) reports it.
 
 Plugins are plain classes registered by kebab-case type name. They receive everything they
 need through arguments and a :class:`PluginContext` (injected clock and RNG), never by

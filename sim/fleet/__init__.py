@@ -2,10 +2,11 @@
 
 ``workload`` says what is replayed (sessions of turns), ``prompts`` turns each turn into token ids
 with real shared prefixes, ``replica`` advances one engine, ``routers`` wraps an
-EndpointPickerConfig pipeline (or the clairvoyant ``oracle``), ``router_replicas`` runs K EPP
-replicas of one config synced through ``epp.sync`` with a virtual-time delay, ``predictor`` runs
-the trainer and predictor in process, and ``simulator`` is the discrete-event loop that ties them
-together.
+EndpointPickerConfig pipeline and drives the live EPP's request lifecycle
+(``epp.requestcontrol.lifecycle``) in virtual time (or is the clairvoyant ``oracle``),
+``router_replicas`` runs K EPP replicas of one config synced through ``epp.sync`` with a
+virtual-time delay, ``predictor`` runs the trainer and predictor in process, and ``simulator`` is
+the discrete-event loop that drives time and ties them together.
 """
 
 from sim.fleet.catalog import ORACLE, make_router, router_names

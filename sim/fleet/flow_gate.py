@@ -19,7 +19,6 @@ from epp.configs import config_path
 from epp.flowcontrol.config import FlowControl, build_flow_control
 from epp.flowcontrol.types import Decision, Outcome
 from epp.scheduling.config import EndpointPickerConfig
-from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.types import EndpointState
 from sim.fleet.replica import Replica
 from sim.fleet.routers import PipelineRouter, Router, RoutingCall, RoutingRejected
@@ -73,8 +72,8 @@ class FleetFlowGate:
 
     def routed(self, request_id: str, endpoint: str, call: RoutingCall, now: float) -> None:
         key = self.keys.get(request_id)
-        if key is not None and call.state is not None:
-            self.controller.routed(key, endpoint, call.state, now)
+        if key is not None and call.routed is not None:
+            self.controller.routed(key, endpoint, call.routed.state, now)
 
     def finished(self, request_id: str) -> None:
         key = self.keys.pop(request_id, None)
@@ -128,8 +127,8 @@ class FlowControlledRouter(Router):
     def on_progress(self, call: RoutingCall, tokens: int, now: float) -> None:
         self.inner.on_progress(call, tokens, now)
 
-    def on_finished(self, call: RoutingCall, outcome: RequestOutcome) -> None:
-        self.inner.on_finished(call, outcome)
+    def on_finished(self, call: RoutingCall, now: float, *, completed: bool, completion_tokens: int) -> None:
+        self.inner.on_finished(call, now, completed=completed, completion_tokens=completion_tokens)
         self.flow_gate.finished(call.request.request_id)
 
     def tick(self, now: float) -> None:

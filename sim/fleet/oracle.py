@@ -38,7 +38,7 @@ class OracleRouter(Router):
     def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
         return min(
             replicas,
-            key=lambda r: (self.cost(r, call, now), r.state.in_flight, r.index),
+            key=lambda r: (self.cost(r, call, now), r.outstanding(), r.index),
         )
 
     def cost(self, replica: Replica, call: RoutingCall, now: float) -> float:

@@ -56,6 +56,11 @@ class Replica:
         if self.step is None:
             self.step = self.engine.schedule(now)
 
+    def outstanding(self) -> int:
+        """Requests routed here and not finished: in the front end, waiting or running."""
+        engine = self.engine
+        return len(self.arriving) + engine.num_waiting + engine.num_running
+
     def scrape(self, now: float) -> None:
         """Record the engine's gauges as the EPP's metrics scraper would read them now."""
         metrics = self.state.metrics

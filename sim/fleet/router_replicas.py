@@ -8,7 +8,7 @@ own running TPOT SLOs, own RNG), and all of them ask one latency predictor, as l
 the predictor sidecars.
 
 With a sync delay ``d`` every replica has a :class:`~epp.sync.state.ReplicaSyncState` hooked into
-its pipeline (``epp.sync.hook``); the bytes its ``take_messages()`` hands out at time t are
+its request lifecycle (``epp.sync.hook``); the bytes its ``take_messages()`` hands out at time t are
 given to every peer's ``receive()`` at t + d, in the order they were sent, so the peers' deltas go
 through the same decode and apply code as the live EPP. Decode progress is flushed every
 ``SyncTuning.progress_interval_s``. Snapshots a replica asks for are served in process at once.
@@ -28,12 +28,11 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
-from epp.scheduling.framework import RequestOutcome
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.state import ReplicaSyncState, SyncTuning
 from sim.fleet.predictor import InProcessPredictor
 from sim.fleet.replica import Replica
-from sim.fleet.routers import EPOCH, PipelineRouter, Router, RoutingCall, wants_progress
+from sim.fleet.routers import EPOCH, PipelineRouter, Router, RoutingCall
 
 
 class ReplicatedRouter(Router):
@@ -75,10 +74,10 @@ class ReplicatedRouter(Router):
                     tuning=self.tuning,
                     incarnation=1,
                 )
-                attach_replica_sync(member.pipeline, state, member.context)
+                attach_replica_sync(member.lifecycle, state)
                 self.sync.append(state)
         self._by_id = {state.replica_id: state for state in self.sync}
-        self.wants_progress = any(wants_progress(member.pipeline) for member in self.members)
+        self.wants_progress = any(member.lifecycle.wants_progress for member in self.members)
         self._turn = 0
         self._owner: dict[str, int] = {}
         self._wire: list[tuple[float, int, int, bytes]] = []
@@ -103,10 +102,10 @@ class ReplicatedRouter(Router):
     def on_progress(self, call: RoutingCall, tokens: int, now: float) -> None:
         self.members[self._owner[call.request.request_id]].on_progress(call, tokens, now)
 
-    def on_finished(self, call: RoutingCall, outcome: RequestOutcome) -> None:
+    def on_finished(self, call: RoutingCall, now: float, *, completed: bool, completion_tokens: int) -> None:
         index = self._owner.pop(call.request.request_id)
-        self.members[index].on_finished(call, outcome)
-        self._publish(index, outcome.finished_at)
+        self.members[index].on_finished(call, now, completed=completed, completion_tokens=completion_tokens)
+        self._publish(index, now)
 
     def tick(self, now: float) -> None:
         self.members[0].tick(now)  # the shared predictor retrains once

@@ -1,8 +1,9 @@
 """The router interface of the fleet simulator, and the router that runs an EPP pipeline.
 
 A pipeline router runs the real scheduling core and plugins of an EndpointPickerConfig with a
-virtual clock, a seeded RNG and an in-process latency predictor, and gets the lifecycle calls the
-live director makes: first token, progress, finish.
+virtual clock, a seeded RNG and an in-process latency predictor, and drives the same request
+lifecycle as the live director (``epp.requestcontrol.lifecycle``): routed, first token,
+progress, finished, each at the engine's event time.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
 from epp.errors import RequestError
-from epp.latency.predictions import LATENCY_PREDICTIONS
+from epp.latency.report import chosen_prediction
+from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
-from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome, ResponseObserver
-from epp.scheduling.pipeline import NoCandidates, Pipeline
-from epp.scheduling.types import LLMRequest, SchedulingResult
+from epp.scheduling.framework import PluginContext
+from epp.scheduling.observers import RoutedRequest
+from epp.scheduling.pipeline import NoCandidates
+from epp.scheduling.types import LLMRequest
 from sim.fleet.predictor import InProcessPredictor
 from sim.fleet.replica import Replica
 
@@ -47,8 +50,8 @@ class RoutingCall:
     output_tokens: int
     block_digests: list[bytes]
     """The engine's names of the prompt's full KV blocks."""
-    result: SchedulingResult | None = None
-    state: CycleState | None = None
+    routed: RoutedRequest | None = None
+    """Set by a pipeline router: the request as its lifecycle follows it."""
 
 
 class Router:
@@ -70,8 +73,8 @@ class Router:
     def on_progress(self, call: RoutingCall, tokens: int, now: float) -> None:
         """``tokens`` output tokens have streamed."""
 
-    def on_finished(self, call: RoutingCall, outcome: RequestOutcome) -> None:
-        """The request is over (completed, or refused by the engine)."""
+    def on_finished(self, call: RoutingCall, now: float, *, completed: bool, completion_tokens: int) -> None:
+        """The request is over: completed with ``completion_tokens``, or refused by the engine."""
 
     def tick(self, now: float) -> None:
         """Periodic work in virtual time (retraining)."""
@@ -118,54 +121,49 @@ class PipelineRouter(Router):
             latency_predictor=self.predictor,
         )
         self.pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), self.context)
-        self.wants_progress = wants_progress(self.pipeline)
+        self.lifecycle = RequestLifecycle(self.pipeline)
+        self.wants_progress = self.lifecycle.wants_progress
         self._by_name: dict[str, Replica] = {}
 
     def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
         if len(self._by_name) != len(replicas):
             self._by_name = {replica.name: replica for replica in replicas}
-        state = CycleState()
+        candidates = [replica.state for replica in replicas]
         try:
-            result = run_to_completion(
-                self.pipeline.schedule(call.request, [replica.state for replica in replicas], state)
-            )
+            routed = run_to_completion(self.lifecycle.route(call.request, candidates, now, now))
         except NoCandidates:
             raise RoutingRejected("no_candidates") from None
         except RequestError as error:
             raise RoutingRejected(error.dropped_reason or type(error).__name__) from None
-        call.result, call.state = result, state
-        return self._by_name[result.endpoint.name]
+        call.routed = routed
+        return self._by_name[routed.endpoint_name]
 
     def on_first_token(self, call: RoutingCall, now: float) -> None:
-        for observer in self.pipeline.observers:
-            observer.on_first_token(call.request, call.result, call.state, now)  # type: ignore[arg-type]
+        self.lifecycle.first_token(call.routed, now)  # type: ignore[arg-type]  (set by route)
 
     def on_progress(self, call: RoutingCall, tokens: int, now: float) -> None:
-        for observer in self.pipeline.observers:
-            observer.on_progress(call.request, call.result, call.state, tokens, now)  # type: ignore[arg-type]
+        self.lifecycle.progress(call.routed, tokens, now)  # type: ignore[arg-type]
 
-    def on_finished(self, call: RoutingCall, outcome: RequestOutcome) -> None:
-        for observer in self.pipeline.observers:
-            observer.on_finished(call.request, call.result, call.state, outcome)  # type: ignore[arg-type]
+    def on_finished(self, call: RoutingCall, now: float, *, completed: bool, completion_tokens: int) -> None:
+        # An engine's refusal reaches the client as a 400 before any token.
+        self.lifecycle.finished(
+            call.routed,  # type: ignore[arg-type]
+            now,
+            status=200 if completed else 400,
+            completed=completed,
+            streaming=True,
+            completion_tokens=completion_tokens if completed else None,
+        )
 
     def tick(self, now: float) -> None:
         if self.predictor.service.windows["ttft"].added_total:
             self.predictor.retrain()
 
     def predicted(self, call: RoutingCall) -> tuple[float, float] | None:
-        predictions = call.state.get(LATENCY_PREDICTIONS) if call.state is not None else None
-        if predictions is None or call.result is None:
-            return None
-        chosen = predictions.by_endpoint.get(call.result.endpoint.name)
+        routed = call.routed
+        chosen = chosen_prediction(routed.state, routed.endpoint_name) if routed is not None else None
         return None if chosen is None else (chosen.ttft_ms, chosen.tpot_ms)
 
     def close(self) -> None:
         if self._owns_predictor:
             self.predictor.close()
-
-
-def wants_progress(pipeline: Pipeline) -> bool:
-    """Whether any of ``pipeline``'s observers does something with decode progress."""
-    return any(
-        type(observer).on_progress is not ResponseObserver.on_progress for observer in pipeline.observers
-    )

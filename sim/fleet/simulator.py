@@ -5,9 +5,14 @@ front end's delay, samples of the fleet's load (every ``sample_interval_s``) and
 ticks (every ``retrain_interval_s``). Engine steps are not events: before handling an event at
 time ``t`` every replica completes the steps that end by ``t`` (``Replica.advance``), and the
 first tokens and finishes they produced are handed to the router in time order, as the live
-director would (token load, training samples). Closed-loop sessions create arrivals when a turn
-finishes, so the loop never jumps past the earliest time any engine could finish a request plus
-the shortest think time.
+director would (token load, training samples), each at the engine's event time, not the time
+the loop synced to. Closed-loop sessions create arrivals when a turn finishes (its think time
+counts from the finish), so the loop never jumps past the earliest time any engine could finish a
+request plus the shortest think time.
+
+The simulator only drives time: the request lifecycle around routing (bookings, observers,
+outcomes) is the router's, the same one the live director drives
+(``epp.requestcontrol.lifecycle``).
 
 The EPP sees each engine as its metrics scraper would: the gauges (queue, batch, KV usage) as
 they were at the last scrape tick (every ``scrape_interval_s``) before the decision, and its own
@@ -27,7 +32,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from epp.flowcontrol.types import Outcome
-from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.types import ApiKind, LLMRequest
 from sim.engine import EngineRequest, Profile, RequestOutput, RequestRejectedError, load_profile
 from sim.fleet.flow_gate import FleetFlowGate, shed_reason
@@ -251,7 +255,7 @@ class FleetSimulator:
 
     def _sync(self, until: float) -> None:
         """Advance every engine to ``until``, scraping at the last tick before it, then hand the
-        lifecycle events to the router in time order."""
+        lifecycle events to the router in time order, each at its own time."""
         interval = self.config.scrape_interval_s
         tick = min(until, math.floor(until / interval) * interval)
         sink = self._collect
@@ -262,12 +266,13 @@ class FleetSimulator:
             self._scraped_at = tick
         for replica in self.replicas:
             replica.advance(until, sink)
-        self.now = until
         if self._lifecycle:
             events, self._lifecycle = self._lifecycle, []
             events.sort(key=lambda event: event[:3])
             for when, _, _, output in events:
+                self.now = when  # what the router's clock reads while it hears the event
                 self._lifecycle_event(when, output)
+        self.now = until
 
     def _collect(self, when: float, replica: Replica, output: RequestOutput) -> None:
         self._lifecycle.append((when, replica.index, len(self._lifecycle), output))
@@ -341,7 +346,6 @@ class FleetSimulator:
         predicted = router.predicted(call)
         if predicted is not None:
             record.predicted_ttft_ms, record.predicted_tpot_ms = predicted
-        replica.state.in_flight += 1
         engine_request = EngineRequest(
             request_id, tokens, record.output_tokens, arrival_time=now, prompt_block_hashes=digests
         )
@@ -355,19 +359,20 @@ class FleetSimulator:
             self._enter_engine(flight)
 
     def _enter_engine(self, flight: _InFlight) -> None:
+        now = self.now
         try:
-            flight.replica.add(flight.engine_request, self.now)
+            flight.replica.add(flight.engine_request, now)
         except RequestRejectedError:
             del self._in_flight[flight.record.request_id]
-            flight.replica.state.in_flight -= 1
-            self.router.on_finished(flight.call, self._outcome(flight, completed=False))
+            self.router.on_finished(flight.call, now, completed=False, completion_tokens=0)
             self._reject(flight.record, flight.session, "engine_refused")
 
     def _reject(self, record: SimulatedRequest, state: _SessionState, reason: str) -> None:
+        """The request ended without being served, at the current (event) time."""
         record.rejected = reason
         record.finish = self.now
         self._on_done()
-        self._next_turn(state, record.turn)
+        self._next_turn(state, record.turn, self.now)
 
     def _lifecycle_event(self, when: float, output: RequestOutput) -> None:
         flight = self._in_flight.get(output.request.request_id)
@@ -381,49 +386,36 @@ class FleetSimulator:
         if output.finish_reason is not None:
             record.finish = when
             del self._in_flight[record.request_id]
-            flight.replica.state.in_flight -= 1
-            self.router.on_finished(flight.call, self._outcome(flight, completed=True))
+            generated = len(flight.engine_request.output_token_ids)
+            self.router.on_finished(flight.call, when, completed=True, completion_tokens=generated)
             state = flight.session
             if state.next_turn == record.turn + 1:  # still the session's latest turn
                 state.remember(output.request.all_token_ids, output.request.block_hashes)
             self._on_done()
-            self._next_turn(state, record.turn)
+            self._next_turn(state, record.turn, when)
 
-    def _next_turn(self, state: _SessionState, ended: int) -> None:
-        """Turn ``ended`` is over: issue the next one if it waits for it (closed loop)."""
+    def _next_turn(self, state: _SessionState, ended: int, when: float) -> None:
+        """Turn ``ended`` ended at ``when``: issue the next one if it waits for it (closed loop)."""
         turns = state.session.turns
         if state.next_turn != ended + 1:
             return  # a later turn already arrived (open loop)
         if state.next_turn >= len(turns):
             state.tokens, state.digests = None, []
-            self._session_ended(state.session)
+            self._session_ended(state.session, when)
             return
         turn = turns[state.next_turn]
         if turn.offset_s is None:
-            self._push(self.now + turn.think_s, _ARRIVAL, state)
+            self._push(when + turn.think_s, _ARRIVAL, state)
 
-    def _session_ended(self, session: Session) -> None:
-        """Start the sessions that waited for the last of ``session``'s group."""
+    def _session_ended(self, session: Session, when: float) -> None:
+        """``session`` ended at ``when``: start the sessions that waited for the last of its group."""
         group = session.group
         if not group:
             return
         self._group_open[group] -= 1
         if self._group_open[group] == 0:
             for state in self._waiting_for.pop(group, []):
-                self._push(self.now + state.session.start_s, _ARRIVAL, state)
-
-    def _outcome(self, flight: _InFlight, *, completed: bool) -> RequestOutcome:
-        record = flight.record
-        return RequestOutcome(
-            endpoint=flight.replica.state.endpoint,
-            received_at=record.arrival,
-            finished_at=self.now,
-            status=200 if completed else 400,
-            streaming=True,
-            completed=completed,
-            first_token_at=record.first_token,
-            completion_tokens=len(flight.engine_request.output_token_ids) if completed else None,
-        )
+                self._push(when + state.session.start_s, _ARRIVAL, state)
 
     def _report_progress(self) -> None:
         """Tell the router how many tokens each decoding request has streamed so far."""

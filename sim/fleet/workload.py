@@ -80,8 +80,11 @@ class Workload:
 
     @property
     def min_think_s(self) -> float | None:
-        """Shortest think time of a closed-loop turn; None when every arrival time is fixed."""
+        """Shortest wait from a request's finish to an arrival it causes: a closed-loop turn's
+        think time, or the start offset of a session that waits for a group. None when every
+        arrival time is fixed."""
         thinks = [t.think_s for s in self.sessions for t in s.turns[1:] if t.offset_s is None]
+        thinks += [s.start_s for s in self.sessions if s.after is not None]
         return min(thinks) if thinks else None
 
 

@@ -16,14 +16,18 @@ from prometheus_client import CollectorRegistry
 
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.metrics import PoolMetrics
 from epp.extproc.messages import (
     DESTINATION_HEADER,
     LB_METADATA_NAMESPACE,
 )
 from epp.extproc.stream import ExtProcStream
-from epp.metrics import EppMetrics
+from epp.latency.metrics import PredictionMetrics
+from epp.latency.report import PredictionReport
+from epp.metrics import ModelLabels, RequestMetrics
 from epp.plugins.token_load import find_tracker
 from epp.requestcontrol.director import Director
+from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
 from epp.scheduling.types import Endpoint, EngineMetrics
@@ -51,14 +55,18 @@ def body_msg(data: bytes, eos: bool) -> ProcessingRequest:
     return ProcessingRequest(request_body=HttpBody(body=data, end_of_stream=eos))
 
 
-def response_headers_msg(status: int = 200, content_type: str = "text/event-stream") -> ProcessingRequest:
-    hm = HeaderMap(
-        headers=[
-            HeaderValue(key=":status", raw_value=str(status).encode()),
-            HeaderValue(key="content-type", raw_value=content_type.encode()),
-        ]
-    )
-    return ProcessingRequest(response_headers=HttpHeaders(headers=hm))
+def response_headers_msg(
+    status: int = 200,
+    content_type: str = "text/event-stream",
+    extra: dict[str, str] | None = None,
+    metadata: dict[str, str] | None = None,
+) -> ProcessingRequest:
+    fields = {":status": str(status), "content-type": content_type, **(extra or {})}
+    hm = HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in fields.items()])
+    message = ProcessingRequest(response_headers=HttpHeaders(headers=hm))
+    if metadata is not None:
+        message.metadata_context.filter_metadata[LB_METADATA_NAMESPACE].update(metadata)
+    return message
 
 
 def response_body_msg(data: bytes, eos: bool) -> ProcessingRequest:
@@ -82,15 +90,17 @@ class Harness:
         context = PluginContext(clock=self.clock, rng=random.Random(1))
         pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), context)
         self.registry = CollectorRegistry()
-        metrics = EppMetrics(self.registry, "pool", self.store, self.clock)
+        labels = ModelLabels()
+        pool = PoolMetrics(self.registry, "pool", self.store, self.clock)
         self.tracker = find_tracker(pipeline.plugins.values())
         if self.tracker is not None:
-            metrics.export_token_load(self.tracker)
+            pool.export_token_load(self.tracker)
+        lifecycle = RequestLifecycle(pipeline, [PredictionReport(PredictionMetrics(self.registry, labels))])
         self.director = Director(
-            pipeline,
+            lifecycle,
             self.store,
             tokenizer or ModelTokenizer(),
-            metrics,
+            RequestMetrics(self.registry, labels),
             self.clock,
             random.Random(1),
             default_max_model_len=default_max_model_len,

@@ -8,10 +8,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from epp.datalayer.endpoints import EndpointStore
 from epp.latency.client import PredictorClient, PredictorClientSettings
+from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import Prediction, PredictionUnavailable
-from epp.metrics import EppMetrics
+from epp.metrics import ModelLabels
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
 from epp.tokenization import ModelTokenizer
 from wire.latency import FeatureRowDict, TrainingSampleDict
@@ -87,7 +87,7 @@ def run(coro: Any) -> Any:
 async def client_for(
     urls: list[str], trainer: str | None = None, clock: Callable[[], float] = time.monotonic, **kw: Any
 ) -> PredictorClient:
-    metrics = EppMetrics(CollectorRegistry(), "pool", EndpointStore(), clock)
+    metrics = PredictionMetrics(CollectorRegistry(), ModelLabels())
     client = PredictorClient(PredictorClientSettings(urls, trainer, **kw), clock, metrics)
     await client.start()
     return client

@@ -35,6 +35,29 @@ def test_envoy_validates_the_bootstrap(tmp_path: Path, mode: str) -> None:
     assert [ext_proc["name"] in r.get("typed_per_filter_config", {}) for r in routes] == [True, True, False]
 
 
+@pytest.mark.parametrize(("body_mode", "trailers"), [("BUFFERED", "SKIP"), ("FULL_DUPLEX_STREAMED", "SEND")])
+def test_envoy_validates_each_request_body_mode(tmp_path: Path, body_mode: str, trailers: str) -> None:
+    endpoints = write_cluster_endpoints(tmp_path / "eds" / "endpoints.json", [("127.0.0.1", 18100)])
+    bootstrap = gateway_bootstrap(
+        listen_port=18081, epp_address=("127.0.0.1", 19002), endpoints_file=endpoints, body_mode=body_mode
+    )
+    validate_bootstrap(tmp_path, bootstrap)
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    mode = hcm["http_filters"][1]["typed_config"]["processing_mode"]
+    assert (mode["request_body_mode"], mode["request_trailer_mode"]) == (body_mode, trailers)
+
+
+def test_fail_open_refuses_streamed_request_bodies(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="BUFFERED"):
+        gateway_bootstrap(
+            listen_port=1,
+            epp_address=("127.0.0.1", 2),
+            endpoints_file=tmp_path / "e.json",
+            failure_mode="FailOpen",
+            body_mode="FULL_DUPLEX_STREAMED",
+        )
+
+
 def test_envoy_validates_the_bootstrap_without_an_epp(tmp_path: Path) -> None:
     endpoints = write_cluster_endpoints(tmp_path / "eds" / "endpoints.json", [("127.0.0.1", 18100)])
     validate_bootstrap(

@@ -22,6 +22,8 @@ from epp.extproc.messages import (
     CONTINUE_RESPONSE_BODY,
     CONTINUE_RESPONSE_HEADERS,
     LB_METADATA_NAMESPACE,
+    SERVED_BY_HEADER,
+    SERVED_METADATA_KEY,
     header_dict,
 )
 from epp.extproc.stream import Phase
@@ -67,6 +69,33 @@ async def test_full_request_lifecycle() -> None:
     labels = {"model_name": "tiny", "target_model_name": "tiny"}
     assert h.metric("inference_objective_request_ttft_seconds_sum", **labels) == pytest.approx(0.1)
     assert h.metric("inference_objective_request_tpot_seconds_sum", **labels) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("reported", ["header", "metadata"])
+async def test_a_request_the_gateway_served_elsewhere_is_rebooked_there(reported: str) -> None:
+    h = Harness(config="ray-kv-aware")
+    s = h.stream()
+    await s.on_message(headers_msg(**{"x-llm-epp-debug": "true"}))
+    replies = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    picked = routed_destination(replies[0])
+    other = next(e for e in h.store.all() if e.endpoint.hostport != picked)
+    assert other.in_flight == 0 and h.tracker is not None and h.tracker.load(other.name).requests == 0
+    served = {SERVED_BY_HEADER: other.endpoint.hostport}
+    message = (
+        response_headers_msg(extra=served)
+        if reported == "header"
+        else response_headers_msg(metadata={SERVED_METADATA_KEY: other.endpoint.hostport})
+    )
+    (reply,) = await s.on_message(message)
+    mutation = reply.response_headers.response.header_mutation
+    added = {o.header.key: o.header.raw_value.decode() for o in mutation.set_headers}
+    assert added["x-llm-epp-endpoint"] == other.name
+    assert list(mutation.remove_headers) == ([SERVED_BY_HEADER] if reported == "header" else [])
+    assert other.in_flight == 1 and h.in_flight() == 1
+    assert h.tracker.load(other.name).requests == 1 and h.tracker.in_flight() == 1
+    await s.on_message(response_body_msg(b"data: [DONE]\n\n", eos=True))
+    s.close()
+    assert h.in_flight() == 0 and h.tracker.in_flight() == 0
 
 
 async def test_large_body_is_re_emitted_in_chunks_and_oversized_body_is_413() -> None:
@@ -190,6 +219,16 @@ async def test_buffered_body_mode_routes_in_the_body_reply() -> None:
     assert reply.HasField("request_body") and routed_destination(reply).startswith("10.0.0.1:")
     # The body is left as Envoy buffered it: no body mutation, no content-length rewrite.
     assert not reply.request_body.response.HasField("body_mutation")
+    assert h.in_flight() == 1
+
+
+async def test_buffered_body_followed_by_trailers_is_routed_at_once() -> None:
+    # A buffered body is whole in one message; with trailers to follow it has no end_of_stream.
+    h = Harness()
+    s = h.stream()
+    await s.on_message(headers_msg(buffered=True))
+    (reply,) = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=False))
+    assert reply.HasField("request_body") and routed_destination(reply).startswith("10.0.0.1:")
     assert h.in_flight() == 1
 
 

@@ -21,7 +21,8 @@ from epp.load.token_load import TokenLoadTracker
 from epp.observability.live import LiveData
 from epp.observability.recent import RecentDecisions
 from epp.observability.server import metrics_app
-from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
+from epp.scheduling.framework import CycleState, RequestOutcome
+from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.types import EngineMetrics, SchedulingResult
 from tests.epp.factories import FakeClock, endpoint_state, make_request
 
@@ -51,11 +52,11 @@ def _finish(recent: RecentDecisions, *, slo_ttft_ms: float | None = None, fallba
     result = SchedulingResult(
         targets=(ends.endpoint,), profile="predicted-latency", scores={"e0": 0.9, "e1": 0.1}
     )
-    recent.on_finished(request, result, state, ends)
+    recent.on_finished(RoutedRequest(request, result, state, endpoint_state(0), 100.0), ends)
 
 
 def test_decisions_keep_prediction_outcome_slo_and_trace() -> None:
-    recent = RecentDecisions(PluginContext(clock=FakeClock()))
+    recent = RecentDecisions()
     _finish(recent, slo_ttft_ms=500, predicted_ttft_ms=180.0, ttft_s=0.2)
     _finish(recent, slo_ttft_ms=100, predicted_ttft_ms=50.0, ttft_s=0.2)
     _finish(recent, fallback="unavailable", ttft_s=0.2)
@@ -75,7 +76,7 @@ def test_decisions_keep_prediction_outcome_slo_and_trace() -> None:
 
 
 def test_the_ring_keeps_the_newest_and_the_totals_keep_counting() -> None:
-    recent = RecentDecisions(PluginContext(clock=FakeClock()), capacity=3)
+    recent = RecentDecisions(capacity=3)
     for _ in range(5):
         _finish(recent)
     decisions, totals = recent.snapshot()
@@ -87,7 +88,7 @@ def _live(clock: FakeClock) -> tuple[LiveData, RecentDecisions, TokenLoadTracker
     store = EndpointStore()
     store.replace([endpoint_state(0).endpoint, endpoint_state(1).endpoint])
     store.record_scrape("e0", EngineMetrics(waiting=3, running=2, kv_cache_usage=0.5, updated_at=clock()))
-    recent = RecentDecisions(PluginContext(clock=clock))
+    recent = RecentDecisions()
     tracker = TokenLoadTracker()
     tracker.admit("b1", "e0", prompt_tokens=100, cached_tokens=60, expected_output=10)
     return LiveData("pool", "predicted-latency", store, recent, clock, [tracker]), recent, tracker

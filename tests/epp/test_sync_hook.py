@@ -9,9 +9,11 @@ from epp.latency.predictions import Prediction
 from epp.load.token_load import EndpointLoad
 from epp.plugins.predicted_latency import PredictedLatencyProducer
 from epp.plugins.token_load import find_token_load
+from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
-from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
+from epp.scheduling.framework import PluginContext
+from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.pipeline import Pipeline
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.state import ReplicaSyncState
@@ -31,29 +33,23 @@ class SyncedReplica:
         context = PluginContext(clock=clock, latency_predictor=ConstantPredictor())  # type: ignore[arg-type]
         self.pipeline: Pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), context)
         self.sync = ReplicaSyncState(name, sync_targets(self.pipeline), clock=clock)
-        attach_replica_sync(self.pipeline, self.sync, context)
+        self.lifecycle = RequestLifecycle(self.pipeline)
+        attach_replica_sync(self.lifecycle, self.sync)
         self.token_load = find_token_load(self.pipeline.plugins.values())
 
-    def route(self, tokens: list[int], **fields: Any):
+    def route(self, tokens: list[int], **fields: Any) -> RoutedRequest:
         request = make_request(tokens)
         for name, value in fields.items():
             setattr(request, name, value)
-        state = CycleState()
-        result = run(self.pipeline.schedule(request, [endpoint_state(0), endpoint_state(1)], state))
-        return request, result, state
+        return run(self.lifecycle.route(request, [endpoint_state(0), endpoint_state(1)], 0.0, 0.0))
 
-    def stream(self, routed, tokens: int) -> None:
-        request, result, state = routed
-        for observer in self.pipeline.observers:
-            if tokens == 1:
-                observer.on_first_token(request, result, state, 0.0)
-            observer.on_progress(request, result, state, tokens, 0.0)
+    def stream(self, routed: RoutedRequest, tokens: int) -> None:
+        if tokens == 1:
+            self.lifecycle.first_token(routed, 0.5)
+        self.lifecycle.progress(routed, tokens, 0.5)
 
-    def finish(self, routed) -> None:
-        request, result, state = routed
-        outcome = RequestOutcome(result.endpoint, 0.0, 1.0, 200, True, True, 0.5, 3)
-        for observer in self.pipeline.observers:
-            observer.on_finished(request, result, state, outcome)
+    def finish(self, routed: RoutedRequest) -> None:
+        self.lifecycle.finished(routed, 1.0, status=200, completed=True, streaming=True, completion_tokens=3)
 
     def send_to(self, other: SyncedReplica) -> None:
         self.sync.flush_progress()
@@ -66,14 +62,14 @@ def test_a_peers_booking_shows_in_the_token_load_that_scoring_reads() -> None:
     a, b = SyncedReplica("a", "ray-kv-aware", clock), SyncedReplica("b", "ray-kv-aware", clock)
     prompt = list(range(200))
     routed = a.route(prompt, max_tokens=30)
-    target = routed[1].endpoint.name
+    target = routed.endpoint_name
     a.send_to(b)
     assert a.token_load is not None and b.token_load is not None
     own = a.token_load.tracker.load(target)
     assert own.requests == 1 and b.token_load.load(target) == own
     assert b.token_load.tracker.in_flight() == 0  # nothing of b's own
     # b's next request sees a's booking in its token load and a's blocks in its prefix match.
-    _, _, state = b.route(prompt, max_tokens=30)
+    state = b.route(prompt, max_tokens=30).state
     assert state.get(TOKEN_LOAD)[target] == own
     match = state.get(PREFIX_MATCH)
     assert match is not None and match.matched_blocks.get(target) == len(prompt) // 16
@@ -93,7 +89,7 @@ def test_a_peers_running_tpot_slo_binds_on_its_endpoint() -> None:
     config = "predicted-latency-token-load"
     a, b = SyncedReplica("a", config, clock), SyncedReplica("b", config, clock)
     routed = a.route(list(range(64)), stream=True, slo_tpot_ms=25.0, max_tokens=8)
-    target = routed[1].endpoint.name
+    target = routed.endpoint_name
     a.send_to(b)
     b_latency = next(p for p in b.pipeline.plugins.values() if isinstance(p, PredictedLatencyProducer))
     assert list(b_latency.running_tpot_slos[target].values()) == [25.0]

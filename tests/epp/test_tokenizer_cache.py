@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer
 
-from epp.datalayer.endpoints import EndpointStore
 from epp.kvcache.block_chains import block_chains_of
-from epp.metrics import EppMetrics
+from epp.metrics import TokenizerCacheCollector
 from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
 from epp.tokenizer_cache import FIRST_CHUNK_BYTES, TokenizerCache, agreed_length, chunk_keys
 from epp.tokenizer_cuts import cut_points
@@ -224,8 +223,7 @@ def test_ids_carry_block_chains_only_from_the_cache() -> None:
 def test_metrics_export_the_counts_and_size() -> None:
     tokenizer = cached_tokenizer()
     registry = CollectorRegistry()
-    metrics = EppMetrics(registry, "pool", EndpointStore(), lambda: 0.0)
-    metrics.track_tokenizer_cache(tokenizer.cache)
+    registry.register(TokenizerCacheCollector("pool", tokenizer.cache))
     text = "metrics are read at scrape time " * 20
     tokenizer.encode(text)
     tokenizer.encode(text + "and more")

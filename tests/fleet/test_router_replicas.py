@@ -7,7 +7,6 @@ import pytest
 
 from epp.load.token_load import EndpointLoad
 from epp.plugins.token_load import find_token_load
-from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.types import ApiKind, LLMRequest
 from sim.engine import load_profile
 from sim.fleet import FleetConfig, FleetSimulator, Workload, make_router
@@ -58,19 +57,6 @@ def _call(index: int, prompt: int) -> RoutingCall:
     return RoutingCall(request, 200, [])
 
 
-def _outcome(endpoint: Replica, now: float) -> RequestOutcome:
-    return RequestOutcome(
-        endpoint=endpoint.state.endpoint,
-        received_at=0.0,
-        finished_at=now,
-        status=200,
-        streaming=True,
-        completed=True,
-        first_token_at=now,
-        completion_tokens=5,
-    )
-
-
 class _Drive:
     """Routes requests through a ReplicatedRouter by hand, on a virtual clock."""
 
@@ -111,8 +97,8 @@ class _Drive:
         self.router.on_progress(self.routed[request_id][0], tokens, self.now)
 
     def finish(self, request_id: str) -> None:
-        call, endpoint = self.routed.pop(request_id)
-        self.router.on_finished(call, _outcome(endpoint, self.now))
+        call, _ = self.routed.pop(request_id)
+        self.router.on_finished(call, self.now, completed=True, completion_tokens=5)
 
 
 def _traffic(drive: _Drive) -> None:

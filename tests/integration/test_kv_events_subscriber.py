@@ -25,9 +25,9 @@ from prometheus_client import CollectorRegistry
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.kv_events import KVEventsSubscriber
+from epp.datalayer.metrics import KVEventMetrics, PoolMetrics
 from epp.kvcache.block_hash import chain_hashes, external_hash
 from epp.kvcache.precise_index import PreciseIndex
-from epp.metrics import EppMetrics
 from epp.scheduling.types import Endpoint, EngineMetrics
 from sim.processes import BIN, Component, free_port, http_ok, spawn, wait_until
 from tests.support import eventually
@@ -138,10 +138,14 @@ async def rig(server: Server, tmp_path: Path) -> AsyncIterator[Rig]:
     proxy = DroppingProxy(context, server.events, downstream)
     proxy_task = asyncio.create_task(proxy.run())
     store, index, registry = EndpointStore(), PreciseIndex(), CollectorRegistry()
-    metrics = EppMetrics(registry, "pool", store, asyncio.get_running_loop().time)
-    metrics.track_kv_index(index)
+    PoolMetrics(registry, "pool", store, asyncio.get_running_loop().time).track_kv_index(index)
     subscriber = KVEventsSubscriber(
-        store, index, asyncio.get_running_loop().time, metrics, staleness_s=STALENESS_S, replay_timeout_s=2.0
+        store,
+        index,
+        asyncio.get_running_loop().time,
+        KVEventMetrics(registry),
+        staleness_s=STALENESS_S,
+        replay_timeout_s=2.0,
     )
     endpoint = Endpoint(
         NAME, "127.0.0.1", 1, kv_events_endpoint=downstream, kv_events_replay_endpoint=server.replay

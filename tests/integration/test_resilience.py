@@ -162,7 +162,8 @@ class _ResettingEngine(BaseHTTPRequestHandler):
 def test_a_request_reset_before_any_byte_is_retried_on_the_epps_next_pick(tmp_path: Path) -> None:
     """The EPP picks round-robin over ``engine-a`` (which resets every inference request) and
     the two replicas, listing two endpoints per request: a request whose first pick is
-    ``engine-a`` must be served by its second, ``replica-0``, not by any other endpoint."""
+    ``engine-a`` must be served by its second, ``replica-0``, not by any other endpoint, and the
+    EPP, told by Envoy which endpoint answered, books it there (its debug header names it)."""
     config = tmp_path / "round-robin-2.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -199,13 +200,15 @@ def test_a_request_reset_before_any_byte_is_retried_on_the_epps_next_pick(tmp_pa
         for _ in range(30):
             response = httpx.post(f"{stack.gateway_url}/v1/completions", json=body, headers=DEBUG, timeout=10)
             assert response.status_code == 200, response.text
+            assert "x-llm-epp-served-by" not in response.headers  # for the EPP only
             picks.append(response.headers["x-llm-epp-endpoint"])
         retried = envoy_stat(stack, "cluster.model_servers.upstream_rq_retry")
         now = [metric_sum(stack.replica_url(i) + "/metrics", "vllm:request_success_total") for i in (0, 1)]
     finally:
         engine.shutdown()
         stack.stop()
-    assert picks.count("engine-a") == 10
+    assert picks.count("engine-a") == 0  # every request is booked where it was served
+    assert (picks.count("replica-0"), picks.count("replica-1")) == (20, 10)
     assert retried == 10
     assert now[0] - served[0] == picks.count("replica-0") + picks.count("engine-a")
     assert now[1] - served[1] == picks.count("replica-1")

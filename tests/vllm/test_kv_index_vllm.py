@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.kv_events import KVEventsSubscriber
+from epp.datalayer.metrics import KVEventMetrics
 from epp.kvcache.block_hash import BlockHasher
 from epp.kvcache.precise_index import PreciseIndex
-from epp.metrics import EppMetrics
 from epp.scheduling.types import Endpoint
 from epp.tokenization import ModelTokenizer
 from sim.real_vllm import BLOCK_SIZE, vllm_python
@@ -80,8 +80,7 @@ def random_tokens(length: int, seed: int) -> list[int]:
 async def follower(vllm_stack: LocalStack) -> AsyncIterator[Follower]:
     store, index, registry = EndpointStore(), PreciseIndex(), CollectorRegistry()
     clock = asyncio.get_running_loop().time
-    metrics = EppMetrics(registry, "pool", store, clock)
-    subscriber = KVEventsSubscriber(store, index, clock, metrics)
+    subscriber = KVEventsSubscriber(store, index, clock, KVEventMetrics(registry))
     spec = vllm_stack.vllm_spec(0)
     store.replace([Endpoint(NAME, "127.0.0.1", spec.port, kv_events_endpoint=spec.kv_events_endpoint)])
     subscriber.start()
