@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from sim.stack import LocalStack
-from tests.stacks import metric_sum, start_stack, wait_for
+from tests.stacks import start_stack
+from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
 
