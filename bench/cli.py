@@ -151,6 +151,9 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default="default", help="simulated engine profile, name or YAML path")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--predictors", type=int, default=2, help="for the configs that predict latency")
+    p.add_argument(
+        "--side-by-side", action="store_true", help="run the configs at the same time, each on its own stack"
+    )
     p.add_argument("--out", type=Path, default=Path("results"))
 
 
@@ -300,6 +303,7 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         profile=args.profile,
         replicas=args.replicas,
         predictors=args.predictors,
+        side_by_side=args.side_by_side,
     )
     try:
         for config in configs:

@@ -36,6 +36,7 @@ import asyncio
 import re
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,11 +64,16 @@ from sim.stack import LocalStack, StackConfig, StackPorts
 DEFAULT_CONFIGS = ("gie-default", "predicted-latency", "predicted-latency-token-load")
 PERCENTILES = (50, 90, 99)
 STEP_LAG = "llm_epp_sim_step_lag_seconds"
+SCHEDULING = "inference_extension_scheduler_e2e_duration_seconds"
+PREDICTION_CALL = "llm_epp_prediction_call_duration_seconds"
+PREDICTION_BATCH = "llm_epp_prediction_batch_requests"
 HISTOGRAM_SETTLE_S = 1.5
 """The replicas re-render their histograms at most every second: wait that long before the last scrape."""
 MODEL = "tiny"
 DEBUG_HEADER = "x-llm-epp-debug"
 FALLBACK_HEADER = "x-llm-epp-prediction-fallback"
+ENDPOINT_HEADER = "x-llm-epp-endpoint"
+PREDICTED_TTFT_HEADER = "x-llm-epp-predicted-ttft-ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +91,10 @@ class ReplaySettings:
     predictors: int = 2
     """Predictor sidecars for the configs that predict latency (the others run none)."""
     request_timeout_s: float = 600.0
+    side_by_side: bool = False
+    """Replay every config at the same time, each on its own stack, instead of one after another:
+    on a machine whose other load changes from minute to minute, the configs then share the same
+    conditions (and each other's CPU use, the predictor sidecars' included)."""
 
 
 @dataclass(slots=True)
@@ -107,6 +117,10 @@ class RequestResult:
     completion_tokens: int | None = None
     fallback: str | None = None
     """Why the EPP routed this request without predictions (its debug header); None if it did not."""
+    endpoint: str | None = None
+    """The endpoint the EPP picked (its debug header)."""
+    predicted_ttft_ms: float | None = None
+    """The EPP's predicted TTFT on that endpoint (its debug header); None without a prediction."""
 
     @property
     def ok(self) -> bool:
@@ -158,6 +172,9 @@ async def send_turn(
         async with client.stream("POST", url, content=body, headers=headers) as response:
             result.status = response.status_code
             result.fallback = response.headers.get(FALLBACK_HEADER)
+            result.endpoint = response.headers.get(ENDPOINT_HEADER)
+            if (predicted := response.headers.get(PREDICTED_TTFT_HEADER)) is not None:
+                result.predicted_ttft_ms = float(predicted)
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 result.error = f"HTTP {response.status_code}: {text[:200]}"
@@ -309,10 +326,10 @@ def run_config(
     try:
         stack.start()
         before = snapshot(stack)
-        client_cpu = time.process_time()
+        client_cpu = time.thread_time()  # this config's client alone, also when configs run side by side
         task = progress.add_task(f"replay {config}", total=None) if progress is not None else None
         results, wall_s = asyncio.run(replay(stack.gateway_url, sessions, workload, settings))
-        client_cpu = time.process_time() - client_cpu
+        client_cpu = time.thread_time() - client_cpu
         if progress is not None and task is not None:
             progress.update(task, description=f"replay {config}: {len(results)} requests in {wall_s:.0f} s")
         time.sleep(HISTOGRAM_SETTLE_S)
@@ -351,6 +368,50 @@ def _step_lag(buckets: list[tuple[float, float]]) -> dict[str, Any]:
     }
 
 
+def _prediction_error(ok: list[RequestResult]) -> dict[str, Any]:
+    """How far the EPP's TTFT prediction for the picked endpoint was from the client's TTFT
+    (relative error; the client's TTFT also holds Envoy's and the EPP's time)."""
+    errors = [
+        abs(r.predicted_ttft_ms - r.ttft_s * 1e3) / (r.ttft_s * 1e3)
+        for r in ok
+        if r.predicted_ttft_ms is not None and r.ttft_s
+    ]
+    if not errors:
+        return {"requests": 0, "p50": None, "p90": None, "mean": None}
+    return {
+        "requests": len(errors),
+        "p50": round(float(np.percentile(errors, 50)), 4),
+        "p90": round(float(np.percentile(errors, 90)), 4),
+        "mean": round(float(np.mean(errors)), 4),
+    }
+
+
+def _histogram_ms(samples: prom.Samples, name: str) -> dict[str, float | None]:
+    """Count, p50 and p99 (ms) of a seconds histogram."""
+    buckets = prom.histogram(samples, name)
+    p50, p99 = prom.quantile(buckets, 0.5), prom.quantile(buckets, 0.99)
+    return {
+        "count": buckets[-1][1] if buckets else 0.0,
+        "p50_ms": None if p50 is None else round(p50 * 1e3, 3),
+        "p99_ms": None if p99 is None else round(p99 * 1e3, 3),
+    }
+
+
+def _session_moves(results: list[RequestResult]) -> dict[str, int]:
+    """Turns after a session's first sent to another endpoint than the session's previous turn."""
+    last: dict[str, str] = {}
+    moved = stayed = 0
+    for r in sorted(results, key=lambda r: (r.session_id, r.turn)):
+        if r.endpoint is None:
+            continue
+        previous = last.get(r.session_id)
+        if previous is not None:
+            moved += previous != r.endpoint
+            stayed += previous == r.endpoint
+        last[r.session_id] = r.endpoint
+    return {"moved": moved, "stayed": stayed}
+
+
 def summarize(
     config: str,
     predicted: bool,
@@ -382,6 +443,11 @@ def summarize(
         "errors": dict(Counter(_error_kind(r.error) for r in results if r.error is not None)),
         "error_samples": sorted({r.error for r in results if r.error is not None})[:5],
         "ttft_ms": _percentiles_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "ttft_ms_by_turn": {
+            "first": _percentiles_ms([r.ttft_s for r in ok if r.ttft_s is not None and r.turn == 0]),
+            "later": _percentiles_ms([r.ttft_s for r in ok if r.ttft_s is not None and r.turn > 0]),
+        },
+        "session_moves": _session_moves(results),
         "tpot_ms": _percentiles_ms([r.tpot_s for r in ok if r.tpot_s is not None]),
         "e2e_ms": _percentiles_ms([r.e2e_s for r in ok if r.e2e_s is not None]),
         "send_lag_ms": _percentiles_ms([max(0.0, r.sent_s - r.due_s) for r in results]),
@@ -400,6 +466,15 @@ def summarize(
             ),
             "first_predicted_s": (
                 min((r.sent_s for r in ok if r.fallback is None), default=None) if predicted else None
+            ),
+            "ttft_prediction_error": _prediction_error(ok),
+            "scheduling": _histogram_ms(epp, SCHEDULING),
+            "prediction_calls": _histogram_ms(epp, PREDICTION_CALL),
+            "requests_per_prediction_call": (
+                round(batched / calls, 3)
+                if (calls := prom.total(epp, f"{PREDICTION_BATCH}_count"))
+                and (batched := prom.total(epp, f"{PREDICTION_BATCH}_sum"))
+                else None
             ),
         },
         "step_lag": {
@@ -436,7 +511,17 @@ def run(
     """Replay ``plan`` (default: ``build(settings)``) with every config; write the report."""
     workload, sessions = plan or build(settings)
     with Progress(refresh_per_second=1) as progress:
-        results = [run_config(config, sessions, workload, settings, progress) for config in settings.configs]
+        if settings.side_by_side:
+            with ThreadPoolExecutor(len(settings.configs)) as pool:
+                futures = [
+                    pool.submit(run_config, config, sessions, workload, settings, progress)
+                    for config in settings.configs
+                ]
+                results = [future.result() for future in futures]
+        else:
+            results = [
+                run_config(config, sessions, workload, settings, progress) for config in settings.configs
+            ]
     profile = load_profile(settings.profile)
     data = {
         "benchmark": "replay",
@@ -525,14 +610,42 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
             for r in results
         ],
     )  # fmt: skip
+    routing = markdown_table(
+        ["config", "TTFT p50/p90/p99 ms, first turns", "TTFT p50/p90/p99 ms, later turns",
+         "later turns moved / stayed", "EPP scheduling p50 / p99 ms"],
+        [
+            [
+                r["config"],
+                _triple(r["ttft_ms_by_turn"]["first"], digits=1),
+                _triple(r["ttft_ms_by_turn"]["later"], digits=1),
+                f"{r['session_moves']['moved']} / {r['session_moves']['stayed']}",
+                f"{cell(r['epp']['scheduling']['p50_ms'], 2)} / {cell(r['epp']['scheduling']['p99_ms'], 2)}",
+            ]
+            for r in results
+        ],
+    )  # fmt: skip
     fallbacks = markdown_table(
-        ["config", "EPP requests", "fallbacks by reason", "first routed on predictions (s into the replay)"],
+        [
+            "config",
+            "EPP requests",
+            "fallbacks by reason",
+            "first routed on predictions (s into the replay)",
+            "TTFT prediction error p50/p90 (picked endpoint vs client)",
+            "predictor calls: p50 / p99 ms",
+            "requests per call",
+        ],
         [
             [
                 r["config"],
                 cell(r["epp"]["requests"]),
                 ", ".join(f"{k} {v:g}" for k, v in sorted(r["epp"]["fallbacks"].items())) or "none",
                 cell(r["epp"]["first_predicted_s"], 1),
+                f"{cell(r['epp']['ttft_prediction_error']['p50'], 3)} / "
+                f"{cell(r['epp']['ttft_prediction_error']['p90'], 3)}",
+                f"{cell(r['epp']['prediction_calls']['count'])}: "
+                f"{cell(r['epp']['prediction_calls']['p50_ms'], 1)} / "
+                f"{cell(r['epp']['prediction_calls']['p99_ms'], 1)}",
+                cell(r["epp"]["requests_per_prediction_call"], 2),
             ]
             for r in results
             if r["predicts_latency"]
@@ -548,13 +661,22 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         f"- Stack per config (fresh each time): {settings['replicas']} simulated replicas, profile "
         f"**{data['profile']['name']}**; {settings['predictors']} predictors and a trainer for the configs "
         "that predict latency; the EPP; real Envoy. Requests carry the workload's SLO headers "
-        f"(TTFT {cell(slo['ttft_ms'])} ms, TPOT {cell(slo['tpot_ms'])} ms).",
+        f"(TTFT {cell(slo['ttft_ms'])} ms, TPOT {cell(slo['tpot_ms'])} ms). The configs ran "
+        + (
+            "side by side, each on its own stack at the same time (sharing the CPUs and each other's load)."
+            if settings["side_by_side"]
+            else "one after another."
+        ),
         f"- Machine: {m['cpus']} CPUs, Python {m['python']}, Envoy {m['envoy']}, {m['date']}. The client "
         "shares the CPUs with every process of the stack.",
         "",
         "## Latency (client-side, streamed)",
         "",
         latency,
+        "",
+        "## Routing: first turns (no cache anywhere) and later turns (cached where the session was)",
+        "",
+        routing,
         "",
         "## CPU over the replay",
         "",

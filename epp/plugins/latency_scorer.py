@@ -10,12 +10,16 @@ With predictions:
 * none meets it: idle endpoints first, then endpoints missing only the TPOT objective, then
   only TTFT, then both; within a group the smallest deficit wins.
 
-Without predictions (predictor down, slow, warming up, or opted out) it falls back to the GIE
-default profile's heuristic (``gie-default``): ``(2·relative queue + 2·free KV + 3·prefix
-match) / 7``, the queue, KV-cache-utilization and prefix-cache scorers at their weights there.
-On the fleet simulator (agentic-weka, 4 replicas, rate scale 16, seeds 0-2, predictions off)
-``predicted-latency-token-load`` with this fallback had TTFT p99 526 ms over the first 150 s
-and 437 ms overall, with equal weights 569 and 474 ms; at rate scale 8 (seeds 0-4) they tied.
+Without predictions (predictor down, slow, warming up, or opted out) it falls back to a
+heuristic: the GIE default profile's (``gie-default``), ``(2·relative queue + 2·free KV +
+3·prefix match) / 7``, the queue, KV-cache-utilization and prefix-cache scorers at their weights
+there. Where the EPP counts its own in-flight token load (``token-load-producer`` in the
+config), the fallback is the mean of that and the prefill work the request would wait for and
+do, which the scraped metrics see late or not at all (a long prefill running is one request,
+not a queue): ``work = prefill tokens routed there and not yet prefilled + this prompt's
+tokens not cached there``, scored ``(lowest work + S) / (work + S)`` with ``S`` = 1,024
+tokens, about what an engine step's fixed cost is worth in prefill (16.5 ms against 0.015 ms a
+token in the ``default`` profile), so that equal work ties and a few hundred tokens barely count.
 
 =========================  =======  ======================================================
 parameter                  default  meaning
@@ -34,8 +38,10 @@ from typing import Literal
 from pydantic import Field
 
 from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction
+from epp.load.token_load import NO_LOAD
 from epp.plugins.kv_cache_utilization_scorer import free_kv_scores
-from epp.plugins.prefix_cache import prefix_scores
+from epp.plugins.prefix_cache import PREFIX_MATCH, prefix_scores
+from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.framework import CycleState, PluginParameters, Scorer
 from epp.scheduling.registry import register
 from epp.scheduling.scores import min_max_inverse
@@ -50,6 +56,8 @@ _FLOOR = 0.1
 # prefix-cache-scorer.
 _QUEUE_WEIGHT, _KV_WEIGHT, _PREFIX_WEIGHT = 2.0, 2.0, 3.0
 _FALLBACK_TOTAL = _QUEUE_WEIGHT + _KV_WEIGHT + _PREFIX_WEIGHT
+# Prefill tokens that cost about as much as an engine step's fixed overhead (see the docstring).
+_STEP_TOKENS = 1024.0
 
 
 class LatencyScorerParameters(PluginParameters):
@@ -60,12 +68,14 @@ class LatencyScorerParameters(PluginParameters):
     tpot_weight: float = Field(default=0.2, ge=0.0, alias="tpotWeight")
 
 
-def _normalised(values: Sequence[float]) -> list[float]:
-    """Min-max to [0, 1] (all 0.5 when equal)."""
+def _normalised(values: Sequence[float], min_span: float) -> list[float]:
+    """Offsets from the lowest value over their spread, in [0, 1]; a spread under ``min_span``
+    counts as ``min_span`` (all 0.5 when equal)."""
     lo, hi = min(values), max(values)
     if hi == lo:
         return [0.5] * len(values)
-    return [(v - lo) / (hi - lo) for v in values]
+    span = max(hi - lo, min_span)
+    return [(v - lo) / span for v in values]
 
 
 def composite_heuristic(endpoints: Sequence[EndpointState], state: CycleState) -> list[float]:
@@ -74,6 +84,36 @@ def composite_heuristic(endpoints: Sequence[EndpointState], state: CycleState) -
     queue = min_max_inverse([e.metrics.waiting for e in endpoints])
     parts = zip(queue, free_kv_scores(endpoints), prefix_scores(endpoints, state), strict=True)
     return [(_QUEUE_WEIGHT * q + _KV_WEIGHT * k + _PREFIX_WEIGHT * p) / _FALLBACK_TOTAL for q, k, p in parts]
+
+
+def prefill_work_scores(
+    request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
+) -> list[float] | None:
+    """The prefill work the request would wait for and do on each endpoint, from the EPP's
+    token load, as a score in (0, 1]; None without a token load in ``state``."""
+    loads = state.get(TOKEN_LOAD)
+    if loads is None:
+        return None
+    match = state.get(PREFIX_MATCH)
+    isl = request.input_tokens
+    work = [
+        loads.get(e.name, NO_LOAD).prefill_tokens + isl - (match.cached_tokens(e.name, isl) if match else 0)
+        for e in endpoints
+    ]
+    lowest = min(work)
+    return [(lowest + _STEP_TOKENS) / (w + _STEP_TOKENS) for w in work]
+
+
+def fallback_scores(
+    request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
+) -> list[float]:
+    """The scores without predictions: the composite heuristic, averaged with the prefill work
+    where the EPP counts its token load."""
+    composite = composite_heuristic(endpoints, state)
+    work = prefill_work_scores(request, endpoints, state)
+    if work is None:
+        return composite
+    return [(c + w) / 2 for c, w in zip(composite, work, strict=True)]
 
 
 @register
@@ -87,7 +127,7 @@ class LatencyScorer(Scorer):
     ) -> list[float]:
         predictions = state.get(LATENCY_PREDICTIONS)
         if predictions is None or not any(e.name in predictions.by_endpoint for e in endpoints):
-            return composite_heuristic(endpoints, state)
+            return fallback_scores(request, endpoints, state)
         by_endpoint = predictions.by_endpoint
         if not predictions.has_slo:
             return self._lowest_latency(endpoints, by_endpoint, predictions.tpot_applies)
@@ -96,20 +136,32 @@ class LatencyScorer(Scorer):
             return self._best_headroom(endpoints, eligible, by_endpoint)
         return self._least_deficit(endpoints, by_endpoint)
 
-    def _blend(self, ttft: Sequence[float], tpot: Sequence[float] | None) -> list[float]:
-        ttft_n = _normalised(ttft)
+    def _blend(
+        self,
+        ttft: Sequence[float],
+        tpot: Sequence[float] | None,
+        predicted: Sequence[EndpointPrediction],
+    ) -> list[float]:
+        """Each value's normalised offset, TTFT and TPOT blended. A difference counts in full only
+        when it is as large as the lowest predicted latency itself: plain min-max would turn a 2 ms
+        difference between 50 ms predictions (noise, for a model with 15% error) into the full
+        range of scores and override every other scorer."""
+        ttft_n = _normalised(ttft, min(p.ttft_ms for p in predicted))
         if tpot is None:
             return ttft_n
+        tpot_n = _normalised(tpot, min(p.tpot_ms for p in predicted))
         w1, w2 = self.params.ttft_weight, self.params.tpot_weight
         total = (w1 + w2) or 1.0
-        return [(w1 * a + w2 * b) / total for a, b in zip(ttft_n, _normalised(tpot), strict=True)]
+        return [(w1 * a + w2 * b) / total for a, b in zip(ttft_n, tpot_n, strict=True)]
 
     def _lowest_latency(
         self, endpoints: Sequence[EndpointState], by: dict[str, EndpointPrediction], tpot_applies: bool
     ) -> list[float]:
         known = [e for e in endpoints if e.name in by]
         blended = self._blend(
-            [by[e.name].ttft_ms for e in known], [by[e.name].tpot_ms for e in known] if tpot_applies else None
+            [by[e.name].ttft_ms for e in known],
+            [by[e.name].tpot_ms for e in known] if tpot_applies else None,
+            [by[e.name] for e in known],
         )
         scores = {e.name: _FLOOR + (1 - _FLOOR) * (1.0 - b) for e, b in zip(known, blended, strict=True)}
         return [scores.get(e.name, 0.0) for e in endpoints]
@@ -124,6 +176,7 @@ class LatencyScorer(Scorer):
         blended = self._blend(
             [by[e.name].ttft_headroom_ms for e in eligible],
             [by[e.name].tpot_headroom_ms or 0.0 for e in eligible] if tpot_binds else None,
+            [by[e.name] for e in eligible],
         )
         if self.params.headroom_selection_strategy == "least":
             blended = [1.0 - b for b in blended]

@@ -60,3 +60,28 @@ def test_a_short_replay_reports_what_the_stack_answered(
     assert "| gie-default | 10/10 | 0 |" in markdown
     for name in ("cdf", "stack"):
         assert (tmp_path / f"replay-mooncake-conversation-{name}.png").stat().st_size > 10_000
+
+
+def test_configs_side_by_side_each_get_their_own_stack_at_the_same_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(traces, "TRACES_DIR", SLICES)
+    settings = ReplaySettings(
+        workload="mooncake-conversation",
+        configs=("gie-default", "round-robin"),
+        limit=6,
+        duration_s=30.0,
+        profile="instant",
+        replicas=2,
+        side_by_side=True,
+    )
+    data = live_replay.run(settings, tmp_path)
+    gie, round_robin = data["results"]
+    assert (gie["config"], round_robin["config"]) == ("gie-default", "round-robin")
+    for result in (gie, round_robin):
+        assert (result["requests"], result["completed"]) == (6, 6)
+        assert result["epp"]["requests"] == 6  # each EPP saw its own six requests, not the other's
+        assert sum(result["requests_per_replica"]) == 6
+        assert {r["endpoint"] for r in result["records"]} <= {"replica-0", "replica-1"}
+    assert [r["endpoint"] for r in round_robin["records"]].count("replica-0") == 3  # it alternates
+    assert "ran side by side" in (tmp_path / "replay-mooncake-conversation.md").read_text()

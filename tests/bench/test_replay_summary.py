@@ -38,3 +38,32 @@ def test_the_first_request_routed_on_predictions_is_found_from_the_debug_headers
 def test_configs_without_predictions_have_no_first_predicted_request() -> None:
     summary = summarize("g", False, [result(1.0, None)], snapshot(0, 0), snapshot(1, 0), 2.0, 1.0)
     assert summary["epp"]["first_predicted_s"] is None and summary["epp"]["predicted_share"] is None
+
+
+def routed(
+    session: str, turn: int, endpoint: str, ttft_s: float, predicted_ms: float | None
+) -> RequestResult:
+    r = result(float(turn), None if predicted_ms is not None else "warming_up")
+    r.session_id, r.turn, r.endpoint, r.ttft_s, r.predicted_ttft_ms = (
+        session,
+        turn,
+        endpoint,
+        ttft_s,
+        predicted_ms,
+    )
+    return r
+
+
+def test_prediction_error_session_moves_and_turn_split_come_from_the_debug_headers() -> None:
+    results = [
+        routed("a", 1, "e1", 0.1, 150.0),  # 50% off
+        routed("a", 0, "e0", 0.4, None),  # first turn, no prediction
+        routed("a", 2, "e1", 0.1, 110.0),  # 10% off; stayed
+        routed("b", 0, "e2", 0.2, 200.0),  # exact
+    ]
+    summary = summarize("p", True, results, snapshot(0, 0), snapshot(4, 1), 10.0, 1.0)
+    assert summary["session_moves"] == {"moved": 1, "stayed": 1}
+    error = summary["epp"]["ttft_prediction_error"]
+    assert error["requests"] == 3 and error["p50"] == 0.1 and error["mean"] == 0.2
+    assert summary["ttft_ms_by_turn"]["first"]["p50"] == 300.0
+    assert summary["ttft_ms_by_turn"]["later"]["p99"] == 100.0

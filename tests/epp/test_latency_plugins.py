@@ -78,6 +78,31 @@ def test_feature_rows_carry_each_candidates_tokens_in_flight() -> None:
     FeatureRow.model_validate(e1)  # the trainer's schema accepts the row as is
 
 
+def test_a_prompt_cached_where_there_is_no_queue_is_not_predicted() -> None:
+    fake = FakePredictor()
+    plugin = producer(fake, skipWhenCachedAt=0.8)
+
+    def produce_with(waiting: int, matched_blocks: int) -> CycleState:
+        state = CycleState()
+        state.put(PREFIX_MATCH, PrefixMatch(10, {"e0": matched_blocks}))
+        endpoints = [endpoint_state(0, waiting=waiting), endpoint_state(1)]
+        pending = plugin.produce(make_request(list(range(50))), endpoints, state)
+        if pending is not None:
+            run(pending)
+        return state
+
+    cached = produce_with(waiting=0, matched_blocks=9)
+    assert fake.calls == [] and cached.get(PREDICTION_FALLBACK) == "cached"
+    assert cached.get(LATENCY_PREDICTIONS) is None
+    assert cached.get(FEATURE_ROWS)["e0"]["prefix_cache_score"] == 0.9  # still trains the model
+    queued = produce_with(waiting=2, matched_blocks=9)  # the affinity gate may need the predictions
+    assert len(fake.calls) == 1 and queued.get(LATENCY_PREDICTIONS) is not None
+    partly = produce_with(waiting=0, matched_blocks=5)
+    assert len(fake.calls) == 2 and partly.get(PREDICTION_FALLBACK) is None
+    default = produce(producer(fake), make_request(list(range(50))), [endpoint_state(0)])
+    assert len(fake.calls) == 3 and default.get(LATENCY_PREDICTIONS) is not None
+
+
 def test_no_slo_means_negative_headroom_and_tpot_only_binds_for_streaming() -> None:
     plugin = producer(FakePredictor(), streamingMode=True)
     request = make_request([1, 2, 3])  # not streaming
@@ -228,6 +253,22 @@ def test_scorer_without_slo_prefers_the_lowest_prediction() -> None:
     assert scores[1] > scores[0] > 0
 
 
+def test_scorer_does_not_blow_small_differences_up_to_the_full_range() -> None:
+    endpoints = [endpoint_state(0, running=1), endpoint_state(1, running=1)]
+    near = scorer("most").score(
+        make_request([]), endpoints, state_with({"e0": p(50, 2950), "e1": p(52, 2948)})
+    )
+    assert near[0] > near[1] and near[0] - near[1] < 0.05  # 2 ms of 50: nearly a tie
+    far = scorer("most").score(
+        make_request([]), endpoints, state_with({"e0": p(50, 2950), "e1": p(300, 2700)})
+    )
+    assert far == pytest.approx([1.0, 0.1])  # a difference five times the best prediction: the full range
+    no_slo = scorer().score(
+        make_request([]), endpoints, state_with({"e0": p(100, -100), "e1": p(105, -105)}, slo=None)
+    )
+    assert 0 < no_slo[0] - no_slo[1] < 0.05
+
+
 def test_scorer_when_nobody_meets_the_slo_idle_then_smallest_deficit() -> None:
     busy = [endpoint_state(i, running=2) for i in range(3)]
     preds = {"e0": p(900, -600), "e1": p(400, -100), "e2": p(200, 10, tpot_h=-5)}
@@ -248,6 +289,21 @@ def test_scorer_falls_back_to_the_composite_heuristic() -> None:
         == composite_heuristic(endpoints, state)
         == pytest.approx([(2 * 0 + 2 * 0.5 + 3 * 1) / 7, (2 * 1 + 2 * 0.9 + 3 * 0) / 7])
     )
+
+
+def test_with_the_token_load_the_fallback_also_weighs_the_prefill_work_ahead() -> None:
+    endpoints = [endpoint_state(0), endpoint_state(1)]  # the scraped metrics have not seen anything yet
+    request = make_request(list(range(1000)))
+
+    def scores(prefill_in_flight: int) -> list[float]:
+        state = state_with(None)
+        state.put(TOKEN_LOAD, {"e0": EndpointLoad(requests=1, prefill_tokens=prefill_in_flight)})
+        return scorer().score(request, endpoints, state)
+
+    long_prefill = scores(16_000)
+    assert long_prefill[1] - long_prefill[0] > 0.4  # 17k tokens of prefill to wait for and do, against 1k
+    few_tokens = scores(200)
+    assert 0 < few_tokens[1] - few_tokens[0] < 0.05  # a few hundred tokens: about a tie
 
 
 def test_the_fallback_ranks_endpoints_as_the_gie_default_profile_does() -> None:

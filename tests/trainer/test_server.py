@@ -213,7 +213,9 @@ async def test_only_ttft_samples_count_towards_the_first_fit(trainer: Trainer) -
     await client.post("/add_training_data_bulk", json={"entries": training_samples(10, seed=7)})
     assert service.first_fit_due
     manifest = await published(service)
-    assert manifest.models["ttft"].training_samples + manifest.models["ttft"].holdout.samples == 100
+    ttft = manifest.models["ttft"]
+    # 100 samples: a 10% holdout would be 10, so every sample is fitted and cross-validated
+    assert ttft.training_samples == ttft.holdout.samples == 100 and ttft.holdout.folds == 5
 
 
 async def test_a_first_model_no_better_than_a_constant_is_withheld(trainer: Trainer) -> None:

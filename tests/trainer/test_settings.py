@@ -16,7 +16,7 @@ def test_trainer_defaults_follow_the_anchor_chart_but_for_model_size() -> None:
     measured as accurate (TTFT and TPOT MAPE on later simulated requests, seeds 1-3, two load
     levels) at under half the prediction cost, so that one predictor serves 1,000 calls a second."""
     settings, log_level = parse_settings(TrainerSettings, [], "t", "d")
-    assert (settings.port, settings.retrain_interval_s, settings.min_samples) == (8000, 10.0, 100)
+    assert (settings.port, settings.retrain_interval_s, settings.min_samples) == (8000, 10.0, 40)
     assert (settings.n_estimators, settings.max_depth, settings.learning_rate) == (120, 5, 0.05)
     assert (settings.objective, settings.quantile_alpha, settings.bucket_capacity) == ("mean", 0.9, 500)
     assert log_level == "info"

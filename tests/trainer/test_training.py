@@ -86,6 +86,28 @@ def test_a_model_chasing_unexplained_stalls_loses_to_the_constant(seed: int) -> 
     assert not holdout.beats_baseline  # predicting 100 ms always is nearer the truth
 
 
+def test_a_small_window_is_judged_by_cross_validation_on_every_sample() -> None:
+    features, ttft, _ = dataset(60)
+    model = train_model(features, ttft, TrainingSettings(), np.random.default_rng(0))
+    assert model.holdout.folds == 5 and model.holdout.samples == 60
+    assert model.training_samples == 60  # the served model is fitted on all of them
+    assert model.holdout.mape is not None and model.holdout.baseline_loss is not None
+    assert model.holdout.mape * 2 < model.holdout.baseline_loss
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cross_validation_withholds_a_small_model_chasing_stalls(seed: int) -> None:
+    features, _, _ = dataset(50, seed=seed)
+    model = train_model(features, stalls(50, seed), TrainingSettings(), np.random.default_rng(seed))
+    assert model.holdout.folds == 5 and not model.holdout.beats_baseline
+
+
+def test_a_large_window_keeps_one_holdout_share() -> None:
+    features, ttft, _ = dataset(400)
+    model = train_model(features, ttft, TrainingSettings(), np.random.default_rng(0))
+    assert model.holdout.folds == 1 and model.holdout.samples == 40 and model.training_samples == 360
+
+
 def test_nothing_held_out_means_no_metrics() -> None:
     features, ttft, _ = dataset(200)
     model = train_model(features, ttft, TrainingSettings(holdout_fraction=0.0), np.random.default_rng(0))
