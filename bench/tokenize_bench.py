@@ -10,7 +10,11 @@ tokenizer's own threads included) and wall time:
 
 * **first seen**: a conversation no earlier request shares text with;
 * **extension**: the next turn of a conversation whose previous turn was just parsed (a few
-  hundred tokens added: the assistant's reply and the next tool output).
+  hundred tokens added: the assistant's reply and the next tool output);
+* **interleaved sessions**: 1, 3 and 8 such conversations growing side by side, one request of
+  each in turn, from the system prompt to ``session_tokens`` tokens, with the cache: CPU per
+  request against the prompt's length, which should stay flat however many sessions take turns
+  (each must find its own previous prompt among the others').
 
 ``parse`` is the whole of ``parse_openai_request`` (JSON, chat template, tokenization); the chat
 template's share is timed on its own as well.
@@ -21,6 +25,7 @@ and ``with cache``. The tokenizer's own BPE word cache is warmed first, as in a 
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -53,6 +58,8 @@ class TokenizeBenchSettings:
     repeats: int = 15
     tool_output_chars: int = 900
     reply_chars: int = 300
+    session_counts: tuple[int, ...] = (1, 3, 8)
+    session_tokens: int = 30_000
 
 
 def _source_text() -> str:
@@ -78,10 +85,16 @@ class _Conversations:
         self.offset += chars
         return piece
 
+    @staticmethod
+    def start(session: int) -> list[dict[str, str]]:
+        """A conversation's first message: its system prompt, distinct per session."""
+        return [
+            {"role": "system", "content": f"Session {session}. You are a coding agent working here. " * 20}
+        ]
+
     def new(self, session: int) -> list[dict[str, str]]:
         """A conversation of about ``prompt_tokens`` tokens, ending with tool output."""
-        system = f"Session {session}. You are a coding agent working in this repository. " * 20
-        messages = [{"role": "system", "content": system}]
+        messages = self.start(session)
         target = self.settings.prompt_tokens
         while (tokens := len(self.tokenizer.encode_chat(messages))) < target:
             # Add the turns the missing tokens need at this conversation's characters per token.
@@ -178,6 +191,45 @@ class _Case:
         return result
 
 
+# Prompt-length bands the interleaved sessions' requests are summarised in.
+SESSION_BANDS = ((0, 8_000), (8_000, 16_000), (16_000, 24_000), (24_000, None))
+
+
+def interleaved_sessions(settings: TokenizeBenchSettings, sessions: int) -> dict[str, Any]:
+    """``sessions`` conversations growing in turns to ``session_tokens`` tokens, with the cache:
+    each request's cost and, at the end, whether every last prompt's ids are a full tokenization's."""
+    pipeline, plain = _Pipeline(CACHE_BYTES), ModelTokenizer()
+    conversations = _Conversations(settings, plain)
+    chats = [conversations.start(session) for session in range(sessions)]
+    requests: list[dict[str, Any]] = []
+    for turn in itertools.count():
+        for session, messages in enumerate(chats):
+            conversations.extend(messages)
+            requests.append({"turn": turn, "session": session, **_request_cost(pipeline, messages)})
+        if requests[-1]["tokens"] >= settings.session_tokens:
+            break
+    assert pipeline.tokenizer.cache is not None
+    stats = pipeline.tokenizer.cache.stats()  # before the check below adds its own hits
+    identical = all(pipeline.tokenizer.encode_chat(m) == plain.encode_chat(m) for m in chats)
+    return {
+        "sessions": sessions,
+        "bands": [_band(requests, lo, hi) for lo, hi in SESSION_BANDS],
+        "requests": [{k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in requests],
+        "cache": {k: getattr(stats, k) for k in ("hits", "misses", "fallbacks", "entries", "bytes")},
+        "identical": identical,
+    }
+
+
+def _band(requests: list[dict[str, Any]], lo: int, hi: int | None) -> dict[str, Any]:
+    """Median CPU per request (total, and its tokenize-and-hash part) of prompts of ``lo``–``hi`` tokens."""
+    inside = [r for r in requests if r["tokens"] >= lo and (hi is None or r["tokens"] < hi)]
+    median = {
+        k: round(statistics.median(r[k] for r in inside) * 1e3, 2) if inside else None
+        for k in ("total_cpu", "parse_cpu", "hash_cpu")
+    }
+    return {"tokens": f"{lo // 1000}k–{f'{hi // 1000}k' if hi else ''}", "requests": len(inside), **median}
+
+
 def check_identical(settings: TokenizeBenchSettings) -> bool:
     """The cached pipeline gives the same ids and hashes as the uncached one on an extension."""
     cached, plain = _Pipeline(CACHE_BYTES), _Pipeline(0)
@@ -215,6 +267,49 @@ def _plot(data: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _plot_sessions(data: dict[str, Any], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for case in data["sessions"]:
+        requests = case["requests"]
+        tokens = [r["tokens"] for r in requests]
+        ax.plot(tokens, [r["total_cpu"] * 1e3 for r in requests], ".", ms=3, label=f"{case['sessions']}")
+    ax.set_xlabel("prompt tokens (each request extends its session's previous prompt)")
+    ax.set_ylabel("CPU ms per request")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Interleaved growing sessions, with the tokenizer cache")
+    ax.legend(title="sessions")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _sessions_markdown(data: dict[str, Any]) -> list[str]:
+    cases = data["sessions"]
+    headers = [
+        "sessions",
+        *(f"{band['tokens']} tokens" for band in cases[0]["bands"]),
+        "cache hits / misses / fallbacks",
+        "identical",
+    ]
+    rows = [
+        [
+            case["sessions"],
+            *(f"{b['total_cpu']} ({b['parse_cpu']} + {b['hash_cpu']})" for b in case["bands"]),
+            "{hits} / {misses} / {fallbacks}".format(**case["cache"]),
+            case["identical"],
+        ]
+        for case in cases
+    ]
+    return [
+        "## Interleaved growing sessions",
+        f"Sessions take turns, one request each, each growing to {data['settings']['session_tokens']:,} "
+        "tokens; with the cache. Median CPU ms per request in each band of prompt length "
+        "(parse + tokenize, block hashes).",
+        markdown_table(headers, rows),
+        "![sessions](tokenize-sessions.png)",
+    ]
+
+
 def _markdown(data: dict[str, Any]) -> str:
     host, s = data["machine"], data["settings"]
     columns = ("parse_cpu_ms", "render_cpu_ms", "hash_cpu_ms", "total_cpu_ms", "total_wall_ms")
@@ -244,6 +339,7 @@ def _markdown(data: dict[str, Any]) -> str:
             ),
             f"Cached and uncached ids and hashes identical: {data['identical']}.",
             "![tokenize](tokenize.png)",
+            *_sessions_markdown(data),
         ]
     )
 
@@ -259,8 +355,10 @@ def run(out_dir: Path, settings: TokenizeBenchSettings | None = None) -> dict[st
         "settings": asdict(settings),
         "cases": [{"case": case, "arm": arm, **c.result()} for (case, arm), c in cases.items()],
         "identical": check_identical(settings),
+        "sessions": [interleaved_sessions(settings, n) for n in settings.session_counts],
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     _plot(data, out_dir / "tokenize.png")
+    _plot_sessions(data, out_dir / "tokenize-sessions.png")
     write_results(out_dir, "tokenize", data, _markdown(data))
     return data

@@ -25,6 +25,9 @@ from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
 from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.flowcontrol.config import build_flow_control
+from epp.flowcontrol.gate import FlowGate
+from epp.flowcontrol.metrics import FlowMetrics
 from epp.k8s.client import api_client, default_identity, default_namespace
 from epp.k8s.leader import LeaseElector, LeaseSettings
 from epp.k8s.source import ApiGroupVersion, KubernetesSource, PoolWatch
@@ -113,6 +116,7 @@ class EppApp:
             clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
         )
         self.pipeline = build_pipeline(config, context)
+        self.flow_gate = self._flow_gate(config, context)
         export_producer_failures(self.registry, self.pipeline)
         observers: list[LifecycleObserver] = [PredictionReport(prediction_metrics), DecisionLog()]
         self.tracer_provider: TracerProvider | None = None
@@ -153,6 +157,7 @@ class EppApp:
             rng,
             objective_priorities=self.objective_priorities,
             default_max_model_len=settings.max_model_len,
+            flow_gate=self.flow_gate,
         )
         self.scraper = MetricsScraper(
             self.store, self.clock, settings.scrape_interval_s, settings.scrape_timeout_s
@@ -172,6 +177,14 @@ class EppApp:
         self._tasks: list[asyncio.Task[None]] = []
         self._kube_api: ApiClient | None = None
         self._draining = False
+
+    def _flow_gate(self, config: EndpointPickerConfig, context: PluginContext) -> FlowGate | None:
+        """Flow control, when the config turns it on: requests wait while the pool is saturated."""
+        flow_control = build_flow_control(config, self.pipeline, context)
+        if flow_control is None:
+            return None
+        metrics = FlowMetrics(self.registry, self.settings.pool_name, flow_control.controller)
+        return FlowGate(flow_control, self.store.candidates, self.clock, metrics)
 
     def _replica_sync(self) -> NatsSyncTransport:
         """Active-active: share this replica's bookings with its peers over NATS, apply theirs."""
@@ -303,6 +316,8 @@ class EppApp:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._grpc is not None:
             await self._grpc.stop(drain_s)
+        if self.flow_gate is not None:
+            await self.flow_gate.close()
         if self.sync is not None:  # after the streams ended, so peers see their releases
             await self.sync.close()
         if self._health_server is not None:

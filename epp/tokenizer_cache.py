@@ -13,8 +13,12 @@ Lookup: each text is named by chained xxh3 hashes of its leading chunks (256 and
 every ``CHUNK_BYTES``, then the rest); an index maps each chunk hash to the most recently used
 entry holding that prefix. A new text hashes its own chunks (as it must to be stored), walks the index
 while the chunks match, and one byte comparison with the entry found gives the exact length of
-text they share; a hash collision only costs a miss. Texts under ``FIRST_CHUNK_BYTES`` bypass the
-cache. An entry whose text the new one extends is replaced by the new one.
+text they share; a hash collision only costs a miss. An entry's last chunk is usually partial, and
+a longer text is not hashed at that end: so where the walk stops, the entries whose last chunk
+follows the prefix found are checked as well (else a session whose prompt ended in the chunk where
+it parts from another's, sharing a system prompt, would find only that prefix). Texts under
+``FIRST_CHUNK_BYTES`` bypass the cache. An entry whose text the new one extends is replaced by the
+new one.
 
 Memory is bounded by an estimate (text, ids, index keys and the block-hash chains remembered
 with each entry, see ``epp.kvcache.block_chains``); the least recently used entries go first.
@@ -23,6 +27,7 @@ Thread-safe: a request parsed in a worker thread may race one parsed on the even
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import OrderedDict
@@ -43,6 +48,9 @@ OVERLAP_TOKENS = 8
 ENTRY_BYTES = 256
 TOKEN_BYTES = 36
 KEY_BYTES = 100
+# Entries ending in one chunk after a shared prefix that a lookup checks, latest first: a bound
+# on its cost when many sessions share a system prompt (missing one only costs reuse).
+MAX_TAIL_CANDIDATES = 16
 
 
 def chunk_bounds(length: int) -> list[int]:
@@ -134,6 +142,8 @@ class TokenizerCache:
         self._lock = threading.Lock()
         self._lru: OrderedDict[_Entry, None] = OrderedDict()
         self._index: dict[int, _Entry] = {}
+        # Key of each entry's text up to its last chunk → the entries with that text, oldest first.
+        self._tails: dict[int, dict[_Entry, None]] = {}
         self._bytes = 0
         self._counts = _Counts()
 
@@ -248,23 +258,32 @@ class TokenizerCache:
     # ------------------------------------------------------------------ the store
 
     def _find(self, data: bytes, keys: list[int]) -> tuple[_Entry, int] | None:
-        """The entry sharing the most leading chunks with ``data``, and how many bytes they share."""
-        found = None
+        """The entry sharing the most leading chunks with ``data`` (or, past them, the whole text
+        of one that ends in ``data``'s next chunk), and how many bytes they share."""
         with self._lock:
-            for depth, key in enumerate(keys):
-                entry = self._index.get(key)
-                if entry is None:
-                    break
-                found = entry, depth
-            if found is not None:
-                self._lru.move_to_end(found[0])
-        if found is None:
-            return None
-        entry, depth = found
-        bound = chunk_bounds(len(data))[depth]
+            depth = 0
+            while depth < len(keys) and keys[depth] in self._index:
+                depth += 1
+            if depth == 0:
+                return None
+            entry, bound = self._index[keys[depth - 1]], chunk_bounds(len(data))[depth - 1]
+            if (ended := self._ending_in(data, keys[depth - 1], bound)) is not None:
+                entry, bound = ended, len(ended.data)
+            self._lru.move_to_end(entry)
         if entry.data[:bound] != data[:bound]:
             return None  # a hash collision
         return entry, agreed_length(data, entry.data, bound)
+
+    def _ending_in(self, data: bytes, prefix_key: int, start: int) -> _Entry | None:
+        """The latest entry whose text ``data`` extends and that ends in the chunk after ``start``,
+        where ``prefix_key`` names ``data[:start]``. The index cannot name it: ``data`` is not hashed
+        at its end. (Sessions sharing a system prompt each end there before their first full chunk.)"""
+        view = memoryview(data)
+        for entry in itertools.islice(reversed(self._tails.get(prefix_key, {})), MAX_TAIL_CANDIDATES):
+            end = len(entry.data)
+            if start < end <= len(data) and xxh3_64_intdigest(view[start:end], prefix_key) == entry.keys[-1]:
+                return entry
+        return None
 
     def _store(
         self,
@@ -289,6 +308,8 @@ class TokenizerCache:
                 self._bytes += entry.nbytes
                 for key in keys:
                     self._index[key] = entry
+                if len(keys) > 1:
+                    self._tails.setdefault(keys[-2], {})[entry] = None
                 self._evict()
             else:
                 entry.live = False
@@ -325,6 +346,10 @@ class TokenizerCache:
         for key in entry.keys:
             if self._index.get(key) is entry:
                 del self._index[key]
+        if len(entry.keys) > 1 and (tails := self._tails.get(entry.keys[-2])) is not None:
+            tails.pop(entry, None)
+            if not tails:
+                del self._tails[entry.keys[-2]]
 
     def _count(self, **increments: int) -> None:
         with self._lock:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
@@ -27,6 +27,9 @@ from epp.scheduling.pipeline import NoCandidates
 from epp.scheduling.types import LLMRequest
 from sim.fleet.predictor import InProcessPredictor
 from sim.fleet.replica import Replica
+
+if TYPE_CHECKING:
+    from sim.fleet.flow_gate import FleetFlowGate
 
 EPOCH = 1.7e9
 """Virtual time 0 as seconds since the epoch (for the timestamps of training samples)."""
@@ -59,6 +62,8 @@ class Router:
     name: str
     wants_progress: bool = False
     """Whether ``on_progress`` does anything (the simulator skips the calls otherwise)."""
+    flow_gate: FleetFlowGate | None = None
+    """Flow control: where the simulator holds arrivals while the pool is saturated."""
 
     def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
         """The replica that serves ``call``; raises :class:`RoutingRejected` to refuse it."""

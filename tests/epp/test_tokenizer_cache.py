@@ -116,6 +116,29 @@ def test_a_growing_conversation_reuses_all_but_its_new_turns() -> None:
         assert previous_total - 10 <= got < total  # only the previous prompt's last few tokens redone
 
 
+def test_interleaved_conversations_sharing_a_system_prompt_each_reuse_their_own_last_turn() -> None:
+    # The index names a shared prefix's chunks by one entry only (the latest): each session must
+    # still find its own previous prompt, past the shared part, among the others'.
+    tokenizer = cached_tokenizer()
+    system = {"role": "system", "content": "You are a coding agent in a shared repository. " * 30}
+    sessions = [[system] for _ in range(3)]
+    last_lengths = [0] * len(sessions)
+    for turn in range(5):
+        for index, messages in enumerate(sessions):
+            messages.append({"role": "user", "content": f"Session {index}, step {turn}: run the tests. " * 8})
+            before = tokenizer.cache.stats().tokens_reused
+            ids = tokenizer.encode_chat(messages)
+            assert ids == PLAIN.encode_chat(messages)
+            reused = tokenizer.cache.stats().tokens_reused - before
+            if turn > 0:
+                assert last_lengths[index] - 10 <= reused < len(ids)
+            last_lengths[index] = len(ids)
+            messages.append({"role": "assistant", "content": f"Step {turn} of session {index} passed. " * 4})
+    stats = tokenizer.cache.stats()
+    # Only the very first prompt misses: the other sessions' first prompts reuse the system prompt.
+    assert (stats.misses, stats.fallbacks, stats.entries) == (1, 0, 3)
+
+
 def test_identical_prompts_are_served_from_the_cache() -> None:
     tokenizer = cached_tokenizer()
     text = "the same prompt again " * 30
