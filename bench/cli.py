@@ -22,6 +22,9 @@ fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Moon
 sync-sweep K EPP replicas x sync delay on the fleet simulator: what replica sync is worth
            (``sync-sweep --router-replicas 1,2,4,8 --sync-delays-ms 0,50,500,none``; see
            bench/sync_sweep.py)
+flow-control  a two-tenant overload on the fleet simulator, without flow control and with each
+           fairness policy: per tenant TTFT, SLO attainment, goodput, shed, queue time
+           (``flow-control --loads 0.5,1.5,2 --duration 60``; see bench/flow_control.py)
 replay     a trace replayed in real time through the live stack, one config after another, with
            client-side TTFT/TPOT/E2E, CPU per process and the engines' scheduling lag
            (``replay --workload NAME --duration S``; see bench/live_replay.py)
@@ -39,6 +42,7 @@ from typing import Any
 from bench import (
     compare,
     fidelity,
+    flow_control,
     inflight_cost,
     kv_index_bench,
     live_replay,
@@ -203,9 +207,21 @@ def _add_sync_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--sync-delays-ms", type=_delays, default=defaults.sync_delays_s, help="d values, e.g. 0,50,500,none"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seeds", type=_seeds, default=defaults.seeds, help="comma-separated seeds; cells average over them"
+    )
     p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
     p.add_argument("--out", type=Path, default=Path("results"))
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds are integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError("give one or more distinct seeds")
+    return seeds
 
 
 def _sweep_workload(text: str) -> sync_sweep.SweepWorkload:
@@ -226,6 +242,45 @@ def _sweep_workload(text: str) -> sync_sweep.SweepWorkload:
     return sync_sweep.SweepWorkload(name, scale, engines, limit)
 
 
+def _add_flow_control(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "flow-control", help="two-tenant overload with and without flow control (fleet simulator)"
+    )
+    defaults = flow_control.OverloadSettings()
+    p.add_argument("--loads", type=_scales, default=defaults.loads, help="offered load, x measured capacity")
+    p.add_argument(
+        "--variants", default=",".join(defaults.variants), help="comma-separated, among the defaults"
+    )
+    p.add_argument(
+        "--duration", type=_positive, default=defaults.duration_s, help="seconds of arrivals per run"
+    )
+    p.add_argument("--replicas", type=int, default=defaults.replicas)
+    p.add_argument("--max-tokens-per-endpoint", type=int, default=defaults.max_tokens_per_endpoint)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
+    p.add_argument("--out", type=Path, default=Path("results"))
+
+
+def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    unknown = [v for v in variants if v not in flow_control.VARIANTS]
+    if unknown or not variants:
+        parser.error(f"--variants must be among {', '.join(flow_control.VARIANTS)}; got {unknown or 'none'}")
+    if args.replicas < 1 or args.max_tokens_per_endpoint < 1:
+        parser.error("--replicas and --max-tokens-per-endpoint must be >= 1")
+    settings = flow_control.OverloadSettings(
+        loads=args.loads,
+        variants=variants,
+        duration_s=args.duration,
+        replicas=args.replicas,
+        profile=args.profile,
+        max_tokens_per_endpoint=args.max_tokens_per_endpoint,
+        seed=args.seed,
+    )
+    flow_control.run(settings, args.out)
+    print(f"results written to {args.out}/")
+
+
 def _sync_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     try:
         workloads = tuple(_sweep_workload(part) for part in args.workloads.split(",") if part.strip())
@@ -241,7 +296,7 @@ def _sync_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         routers=routers,
         router_replicas=args.router_replicas,
         sync_delays_s=args.sync_delays_ms,
-        seed=args.seed,
+        seeds=args.seeds,
         profile=args.profile,
     )
     sync_sweep.run(settings, args.out)
@@ -285,7 +340,11 @@ def main(argv: list[str] | None = None) -> None:
     _add_compare(sub)
     _add_replay(sub)
     _add_sync_sweep(sub)
+    _add_flow_control(sub)
     args = parser.parse_args(argv)
+    if args.command == "flow-control":
+        _flow_control(parser, args)
+        return
     if args.command == "sync-sweep":
         _sync_sweep(parser, args)
         return

@@ -12,6 +12,7 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes_asyncio.client import ApiClient
+from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 import epp.plugins  # noqa: F401  (registers every plugin type)
@@ -24,23 +25,30 @@ from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
 from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.flowcontrol.config import build_flow_control
+from epp.flowcontrol.gate import FlowGate
+from epp.flowcontrol.metrics import FlowMetrics
 from epp.k8s.client import api_client, default_identity, default_namespace
 from epp.k8s.leader import LeaseElector, LeaseSettings
 from epp.k8s.source import ApiGroupVersion, KubernetesSource, PoolWatch
 from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient, PredictorClientSettings
-from epp.latency.metrics import PredictionMetrics
+from epp.latency.metrics import DriftCollector, PredictionMetrics
 from epp.latency.report import PredictionReport
 from epp.metrics import ModelLabels, RequestMetrics, TokenizerCacheCollector
+from epp.observability.decision import DecisionLog
 from epp.observability.live import LiveData
 from epp.observability.recent import RecentDecisions
 from epp.observability.server import start_metrics_server
+from epp.observability.tracing import RequestTracer, otlp_tracer_provider
 from epp.pipeline_metrics import export_producer_failures
+from epp.plugins.predicted_latency import find_predicted_latency
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
+from epp.scheduling.observers import LifecycleObserver
 from epp.settings import TOKENIZER_HELP, EppSettings
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.metrics import SyncMetrics
@@ -108,8 +116,18 @@ class EppApp:
             clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
         )
         self.pipeline = build_pipeline(config, context)
+        self.flow_gate = self._flow_gate(config, context)
         export_producer_failures(self.registry, self.pipeline)
-        self.lifecycle = RequestLifecycle(self.pipeline, [PredictionReport(prediction_metrics)])
+        observers: list[LifecycleObserver] = [PredictionReport(prediction_metrics), DecisionLog()]
+        self.tracer_provider: TracerProvider | None = None
+        if settings.otlp_traces_endpoint:
+            self.tracer_provider = otlp_tracer_provider(
+                settings.otlp_traces_endpoint, settings.otlp_service_name
+            )
+            observers.append(RequestTracer(self.tracer_provider, self.clock))
+        self.lifecycle = RequestLifecycle(self.pipeline, observers)
+        if (predicted_latency := find_predicted_latency(self.pipeline.plugins.values())) is not None:
+            self.registry.register(DriftCollector(predicted_latency.drift))
         token_load = find_token_load(self.pipeline.plugins.values())
         self.sync: NatsSyncTransport | None = None
         if settings.sync_nats_url:
@@ -139,6 +157,7 @@ class EppApp:
             rng,
             objective_priorities=self.objective_priorities,
             default_max_model_len=settings.max_model_len,
+            flow_gate=self.flow_gate,
         )
         self.scraper = MetricsScraper(
             self.store, self.clock, settings.scrape_interval_s, settings.scrape_timeout_s
@@ -158,6 +177,14 @@ class EppApp:
         self._tasks: list[asyncio.Task[None]] = []
         self._kube_api: ApiClient | None = None
         self._draining = False
+
+    def _flow_gate(self, config: EndpointPickerConfig, context: PluginContext) -> FlowGate | None:
+        """Flow control, when the config turns it on: requests wait while the pool is saturated."""
+        flow_control = build_flow_control(config, self.pipeline, context)
+        if flow_control is None:
+            return None
+        metrics = FlowMetrics(self.registry, self.settings.pool_name, flow_control.controller)
+        return FlowGate(flow_control, self.store.candidates, self.clock, metrics)
 
     def _replica_sync(self) -> NatsSyncTransport:
         """Active-active: share this replica's bookings with its peers over NATS, apply theirs."""
@@ -289,6 +316,8 @@ class EppApp:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._grpc is not None:
             await self._grpc.stop(drain_s)
+        if self.flow_gate is not None:
+            await self.flow_gate.close()
         if self.sync is not None:  # after the streams ended, so peers see their releases
             await self.sync.close()
         if self._health_server is not None:
@@ -302,3 +331,5 @@ class EppApp:
             await self.predictor.close()
         if self._kube_api is not None:
             await self._kube_api.close()
+        if self.tracer_provider is not None:
+            await asyncio.to_thread(self.tracer_provider.shutdown)  # exports the spans still batched

@@ -1,5 +1,7 @@
-"""Plugin implementations. Importing this package registers every plugin type."""
+"""Plugin implementations. Importing this package registers every plugin type (and flow control's
+policies and saturation detectors, which live in ``epp.flowcontrol``)."""
 
+from epp.flowcontrol import fairness, ordering, saturation  # noqa: F401
 from epp.plugins import (  # noqa: F401
     kv_affinity,
     kv_cache_utilization_scorer,

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.errors import NoEndpointAvailable, RequestError
+from epp.flowcontrol.gate import FlowGate, FlowTicket
 from epp.metrics import ModelSeries, RequestMetrics
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.requestcontrol.response_meter import ResponseMeter
-from epp.scheduling.framework import RequestOutcome
+from epp.scheduling.framework import RequestOutcome, slo_misses
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import NoCandidates
 from epp.scheduling.types import LLMRequest, SchedulingResult
@@ -55,6 +56,8 @@ class RequestRecord:
     response_complete: bool = False
     finished: bool = False
     series: ModelSeries | None = None
+    flow_ticket: FlowTicket | None = None
+    """Held from flow control's dispatch to the finish (with flow control on)."""
 
     @property
     def endpoint_name(self) -> str | None:
@@ -75,8 +78,11 @@ class Director:
         rng: random.Random | None = None,
         objective_priorities: Mapping[str, int] | None = None,
         default_max_model_len: int | None = None,
+        flow_gate: FlowGate | None = None,
     ) -> None:
-        """``default_max_model_len`` is the context length while no engine has reported its own."""
+        """``default_max_model_len`` is the context length while no engine has reported its own;
+        ``flow_gate`` holds requests while the pool is saturated (flow control, off without it)."""
+        self.flow_gate = flow_gate
         self.lifecycle = lifecycle
         self.default_max_model_len = default_max_model_len
         self.objective_priorities = objective_priorities if objective_priorities is not None else {}
@@ -115,6 +121,8 @@ class Director:
         record.request = request
         record.series = self.metrics.for_model(request.model)
         record.series.requests.inc()
+        if self.flow_gate is not None:  # waits while the pool is saturated
+            record.flow_ticket = await self.flow_gate.wait(request, record.received_at)
         candidates = self.store.candidates()
         if not candidates:
             raise NoEndpointAvailable("no model server endpoint is ready")
@@ -124,6 +132,8 @@ class Director:
         except NoCandidates as exc:
             raise NoEndpointAvailable(f"no endpoint can serve this request: {exc}") from None
         self.metrics.scheduling.observe(self.clock() - started)
+        if record.flow_ticket is not None:
+            record.flow_ticket.routed(record.routed.endpoint_name, record.routed.state, self.clock())
         return record.routed.result
 
     def schedule_bodyless(self, record: RequestRecord) -> SchedulingResult:
@@ -142,6 +152,10 @@ class Director:
         )
         log.log(level, "request %s answered %d: %s", record.request_id, error.status, error.log_message())
         self.metrics.error(record.series, str(error.status))
+
+    def upstream_headers(self, record: RequestRecord) -> dict[str, str]:
+        """Headers for the request forwarded to the endpoint (the lifecycle observers')."""
+        return self.lifecycle.upstream_headers(record.routed) if record.routed is not None else {}
 
     def debug_headers(self, record: RequestRecord) -> dict[str, str]:
         """The routing decision, for requests that asked for it with ``x-llm-epp-debug``."""
@@ -192,6 +206,8 @@ class Director:
         if record.finished:
             return
         record.finished = True
+        if record.flow_ticket is not None:
+            record.flow_ticket.finished()
         routed = record.routed
         if routed is None:  # refused, or body-less: routed, not metered
             return
@@ -238,19 +254,8 @@ class _MetricsObserver(LifecycleObserver):
             series.ttft.observe(ttft)
             if (tpot := outcome.tpot_s) is not None:
                 series.tpot.observe(tpot)
-        # A non-streaming client sees its first token when the whole response arrives.
-        first_token_s = outcome.ttft_s if outcome.streaming else outcome.e2e_s
-        if (
-            request.slo_ttft_ms is not None
-            and first_token_s is not None
-            and first_token_s * 1e3 > request.slo_ttft_ms
-        ):
+        ttft_missed, tpot_missed = slo_misses(request, outcome)
+        if ttft_missed:
             series.ttft_slo_violations.inc()
-        tpot = outcome.tpot_s
-        if (
-            request.slo_tpot_ms is not None
-            and outcome.streaming
-            and tpot is not None
-            and tpot * 1e3 > request.slo_tpot_ms
-        ):
+        if tpot_missed:
             series.tpot_slo_violations.inc()

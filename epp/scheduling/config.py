@@ -33,6 +33,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from epp.flowcontrol.spec import FlowControlSpec
 from epp.scheduling.framework import DataKey, DataProducer, Filter, Picker, Plugin, PluginContext, Scorer
 from epp.scheduling.pipeline import Pipeline, SchedulingProfile, WeightedScorer
 from epp.scheduling.registry import UnknownPluginType, default_producer_type, plugin_class
@@ -75,6 +76,8 @@ class EndpointPickerConfig(_Strict):
     feature_gates: list[str] = Field(default_factory=list, alias="featureGates")
     plugins: list[PluginSpec] = Field(default_factory=list)
     scheduling_profiles: list[SchedulingProfileSpec] = Field(default_factory=list, alias="schedulingProfiles")
+    flow_control: FlowControlSpec | None = Field(default=None, alias="flowControl")
+    """Off (None) unless given; see ``epp.flowcontrol.spec``."""
 
     @classmethod
     def from_yaml(cls, text: str) -> EndpointPickerConfig:
@@ -94,7 +97,7 @@ class EndpointPickerConfig(_Strict):
         return cls.from_yaml(Path(path).read_text())
 
 
-def _instantiate(spec: PluginSpec, context: PluginContext) -> Plugin:
+def instantiate(spec: PluginSpec, context: PluginContext) -> Plugin:
     try:
         cls = plugin_class(spec.type)
     except UnknownPluginType as exc:
@@ -149,7 +152,7 @@ def _add_missing_producers(plugins: dict[str, Plugin], context: PluginContext) -
             raise ConfigError(f"plugin {consumer.name!r} needs data {key.name!r}, which nothing produces")
         if type_name in plugins:
             raise ConfigError(f"plugin {type_name!r} exists but does not produce {key.name!r}")
-        plugins[type_name] = _instantiate(PluginSpec(type=type_name), context)
+        plugins[type_name] = instantiate(PluginSpec(type=type_name), context)
 
 
 def _build_profile(
@@ -180,7 +183,7 @@ def _build_profile(
     if len(pickers) > 1:
         raise ConfigError(f"profile {spec.name!r} has {len(pickers)} pickers; at most one is allowed")
     if not pickers:
-        picker = plugins.get(DEFAULT_PICKER) or _instantiate(PluginSpec(type=DEFAULT_PICKER), context)
+        picker = plugins.get(DEFAULT_PICKER) or instantiate(PluginSpec(type=DEFAULT_PICKER), context)
         plugins.setdefault(DEFAULT_PICKER, picker)
         pickers.append(picker)  # type: ignore[arg-type]
     return SchedulingProfile(spec.name, filters, scorers, pickers[0])
@@ -201,7 +204,7 @@ def build_pipeline(config: EndpointPickerConfig, context: PluginContext) -> Pipe
     for spec in config.plugins:
         if spec.effective_name in plugins:
             raise ConfigError(f"two plugins are named {spec.effective_name!r}; give one a 'name'")
-        plugins[spec.effective_name] = _instantiate(spec, context)
+        plugins[spec.effective_name] = instantiate(spec, context)
     profile_specs = config.scheduling_profiles or [_default_profile_spec(plugins)]
     if len(profile_specs) != 1:
         raise ConfigError(

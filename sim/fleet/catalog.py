@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from epp.configs import CONFIG_DIR
+from sim.fleet.flow_gate import flow_controlled_router
 from sim.fleet.oracle import OracleRouter
 from sim.fleet.router_replicas import ReplicatedRouter
-from sim.fleet.routers import PipelineRouter, Router
+from sim.fleet.routers import Router
 
 ORACLE = "oracle"
 
@@ -39,7 +40,7 @@ def make_router(
     shipped = CONFIG_DIR / f"{name}.yaml"
     config, label = (str(shipped), name) if shipped.is_file() else (name, None)
     if router_replicas == 1 and sync_delay_s is None:
-        return PipelineRouter(config, clock, seed, name=label)
+        return flow_controlled_router(config, clock, seed, name=label)
     return ReplicatedRouter(
         config, clock, seed, replicas=router_replicas, sync_delay_s=sync_delay_s, name=label
     )

@@ -11,12 +11,14 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
 from epp.errors import RequestError
+from epp.latency.drift import DriftEvent
 from epp.latency.report import chosen_prediction
+from epp.plugins.predicted_latency import find_predicted_latency
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
@@ -25,6 +27,9 @@ from epp.scheduling.pipeline import NoCandidates
 from epp.scheduling.types import LLMRequest
 from sim.fleet.predictor import InProcessPredictor
 from sim.fleet.replica import Replica
+
+if TYPE_CHECKING:
+    from sim.fleet.flow_gate import FleetFlowGate
 
 EPOCH = 1.7e9
 """Virtual time 0 as seconds since the epoch (for the timestamps of training samples)."""
@@ -57,6 +62,8 @@ class Router:
     name: str
     wants_progress: bool = False
     """Whether ``on_progress`` does anything (the simulator skips the calls otherwise)."""
+    flow_gate: FleetFlowGate | None = None
+    """Flow control: where the simulator holds arrivals while the pool is saturated."""
 
     def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
         """The replica that serves ``call``; raises :class:`RoutingRejected` to refuse it."""
@@ -73,6 +80,10 @@ class Router:
 
     def tick(self, now: float) -> None:
         """Periodic work in virtual time (retraining)."""
+
+    def drift_events(self) -> list[DriftEvent]:
+        """When the router's latency model started and stopped drifting (none without one)."""
+        return []
 
     def predicted(self, call: RoutingCall) -> tuple[float, float] | None:
         """Predicted (TTFT ms, TPOT ms) on the chosen endpoint, when the router predicted."""
@@ -153,6 +164,10 @@ class PipelineRouter(Router):
     def tick(self, now: float) -> None:
         if self.predictor.service.windows["ttft"].added_total:
             self.predictor.retrain()
+
+    def drift_events(self) -> list[DriftEvent]:
+        producer = find_predicted_latency(self.pipeline.plugins.values())
+        return list(producer.drift.events) if producer is not None else []
 
     def predicted(self, call: RoutingCall) -> tuple[float, float] | None:
         routed = call.routed

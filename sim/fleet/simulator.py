@@ -31,14 +31,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from epp.flowcontrol.types import Outcome
+from epp.latency.drift import DriftEvent
 from epp.scheduling.types import ApiKind, LLMRequest
 from sim.engine import EngineRequest, Profile, RequestOutput, RequestRejectedError, load_profile
+from sim.fleet.flow_gate import FleetFlowGate, shed_reason
 from sim.fleet.prompts import PromptBuilder, turn_key
 from sim.fleet.replica import Replica
 from sim.fleet.routers import Router, RoutingCall, RoutingRejected
-from sim.fleet.workload import Session, Workload
+from sim.fleet.workload import Session, Workload, session_headers
 
-_ARRIVAL, _ENGINE_ADD, _SAMPLE, _RETRAIN = 0, 1, 2, 3
+_ARRIVAL, _ENGINE_ADD, _SAMPLE, _RETRAIN, _FLOW, _SWITCH = 0, 1, 2, 3, 4, 5
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSwitch:
+    """At ``at_s`` every engine's step costs become ``profile``'s (default: the fleet's own)
+    times ``slowdown``: the engines change speed mid-run, and the latency model goes stale."""
+
+    at_s: float
+    profile: str | None = None
+    slowdown: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +62,7 @@ class FleetConfig:
     sample_interval_s: float = 0.5
     retrain_interval_s: float = 10.0
     seed: int = 0
+    switches: tuple[ProfileSwitch, ...] = ()
 
 
 @dataclass(slots=True)
@@ -108,6 +122,8 @@ class FleetResult:
     virtual_s: float
     wall_s: float
     retrains: int
+    drift_events: list[DriftEvent] = field(default_factory=list)
+    """When the router's latency model started and stopped drifting (virtual seconds)."""
 
 
 @dataclass(slots=True)
@@ -164,6 +180,7 @@ class FleetSimulator:
         self._active_blocks: list[list[int]] = []
         self._in_flight_samples: list[int] = []
         self._min_think = workload.min_think_s
+        self._flow_tick = False
 
     def run(self, on_request_done: Callable[[], None] = lambda: None) -> FleetResult:
         """Replay the whole workload; ``on_request_done`` is called as each request ends (progress)."""
@@ -181,6 +198,8 @@ class FleetSimulator:
                 self._waiting_for.setdefault(session.after, []).append(state)
         self._push(self.config.sample_interval_s, _SAMPLE, None)
         self._push(self.config.retrain_interval_s, _RETRAIN, None)
+        for switch in self.config.switches:
+            self._push(switch.at_s, _SWITCH, switch)
         heap = self._heap
         while heap:
             if self._min_think is not None and self._in_flight:
@@ -191,19 +210,25 @@ class FleetSimulator:
             when, _, kind, payload = heapq.heappop(heap)
             if kind == _ARRIVAL:
                 self._pending_arrivals -= 1
-            if kind in (_SAMPLE, _RETRAIN) and not self._busy():
+            if kind in (_SAMPLE, _RETRAIN, _SWITCH) and not self._busy():
                 continue
             self._sync(when)
             if kind == _ARRIVAL:
                 self._arrive(payload)  # type: ignore[arg-type]
             elif kind == _ENGINE_ADD:
                 self._enter_engine(payload)  # type: ignore[arg-type]
+            elif kind == _FLOW:
+                self._flow_tick = False
+            elif kind == _SWITCH:
+                self._switch(payload)  # type: ignore[arg-type]
             elif kind == _SAMPLE:
                 self._sample()
                 self._push(when + self.config.sample_interval_s, _SAMPLE, None)
             else:
                 self.router.tick(when)
                 self._push(when + self.config.retrain_interval_s, _RETRAIN, None)
+            if self.router.flow_gate is not None:
+                self._release_held(self.router.flow_gate)
         counters = [replica.engine.counters for replica in self.replicas]
         retrains = getattr(getattr(self.router, "predictor", None), "retrains", 0)
         self.router.close()
@@ -221,6 +246,7 @@ class FleetSimulator:
             virtual_s=self.now,
             wall_s=time.perf_counter() - started,
             retrains=retrains,
+            drift_events=self.router.drift_events(),
         )
 
     # ------------------------------------------------------------------ time
@@ -232,7 +258,19 @@ class FleetSimulator:
         heapq.heappush(self._heap, (when, self._seq, kind, payload))
 
     def _busy(self) -> bool:
-        return bool(self._in_flight) or self._pending_arrivals > 0
+        held = self.router.flow_gate is not None and len(self.router.flow_gate) > 0
+        return bool(self._in_flight) or self._pending_arrivals > 0 or held
+
+    def _release_held(self, gate: FleetFlowGate) -> None:
+        """Route what flow control dispatched, answer what it shed; look again while any wait."""
+        released = gate.poll(self.now, self.replicas)
+        for payload in released.dispatched:
+            self._route(*payload)
+        for (record, state, *_), reason in released.shed:
+            self._reject(record, state, reason)
+        if len(gate) and not self._flow_tick:
+            self._flow_tick = True
+            self._push(self.now + gate.poll_interval_s, _FLOW, None)
 
     def _sync(self, until: float) -> None:
         """Advance every engine to ``until``, scraping at the last tick before it, then hand the
@@ -254,6 +292,12 @@ class FleetSimulator:
                 self.now = when  # what the router's clock reads while it hears the event
                 self._lifecycle_event(when, output)
         self.now = until
+
+    def _switch(self, switch: ProfileSwitch) -> None:
+        profile = load_profile(switch.profile) if switch.profile else self.profile
+        cost = profile.cost.scaled(switch.slowdown)
+        for replica in self.replicas:
+            replica.engine.cost_model = cost
 
     def _collect(self, when: float, replica: Replica, output: RequestOutput) -> None:
         self._lifecycle.append((when, replica.index, len(self._lifecycle), output))
@@ -287,12 +331,31 @@ class FleetSimulator:
             prompt_token_ids=tokens,
             stream=True,
             max_tokens=workload.max_tokens,
-            headers={"x-session-id": session.session_id},
-            slo_ttft_ms=workload.slo_ttft_ms,
+            headers={"x-session-id": session.session_id, **session_headers(session)},
+            slo_ttft_ms=workload.slo_ttft_ms if session.slo_ttft_ms is None else session.slo_ttft_ms,
             slo_tpot_ms=workload.slo_tpot_ms,
+            priority=session.priority,
         )
         call = RoutingCall(request, turn.output_tokens, digests)
-        router = self.router
+        payload = (record, state, call, tokens, digests)
+        if self.router.flow_gate is not None:
+            outcome = self.router.flow_gate.admit(call, payload, self.replicas, now)
+            if outcome is None:
+                return  # held: _release_held routes or sheds it
+            if outcome is not Outcome.DISPATCHED:
+                self._reject(record, state, shed_reason(outcome))
+                return
+        self._route(*payload)
+
+    def _route(
+        self,
+        record: SimulatedRequest,
+        state: _SessionState,
+        call: RoutingCall,
+        tokens: list[int],
+        digests: list[bytes],
+    ) -> None:
+        now, request_id, router = self.now, record.request_id, self.router
         if router.wants_progress:
             self._report_progress()
         started = time.perf_counter()
@@ -309,7 +372,7 @@ class FleetSimulator:
         if predicted is not None:
             record.predicted_ttft_ms, record.predicted_tpot_ms = predicted
         engine_request = EngineRequest(
-            request_id, tokens, turn.output_tokens, arrival_time=now, prompt_block_hashes=digests
+            request_id, tokens, record.output_tokens, arrival_time=now, prompt_block_hashes=digests
         )
         flight = _InFlight(record, call, replica, state, engine_request)
         self._in_flight[request_id] = flight

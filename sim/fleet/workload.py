@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from epp.flowcontrol.types import FAIRNESS_ID_HEADER
+
 PrefixMode = Literal["none", "previous", "blocks"]
 
 
@@ -52,6 +54,11 @@ class Session:
     """Sessions that finish together count as one unit (an RL step's rollouts), reported as such."""
     after: str | None = None
     """A group whose sessions must all have ended before this session starts."""
+    tenant: str = ""
+    """Sent as ``x-gateway-inference-fairness-id`` (flow control's flow) when given."""
+    priority: int = 0
+    slo_ttft_ms: float | None = None
+    """This session's TTFT objective; None: the workload's."""
 
 
 @dataclass(slots=True)
@@ -79,3 +86,8 @@ class Workload:
         thinks = [t.think_s for s in self.sessions for t in s.turns[1:] if t.offset_s is None]
         thinks += [s.start_s for s in self.sessions if s.after is not None]
         return min(thinks) if thinks else None
+
+
+def session_headers(session: Session) -> dict[str, str]:
+    """The request headers a session's turns carry besides its id: its tenant, if any."""
+    return {FAIRNESS_ID_HEADER: session.tenant} if session.tenant else {}

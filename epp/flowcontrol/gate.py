@@ -1,0 +1,127 @@
+"""The live adapter: an awaitable gate the request path passes before the scheduler picks.
+
+``FlowGate.wait`` queues the request and returns a :class:`FlowTicket` once the controller
+dispatches it, or raises :class:`RequestShed` (429 with ``Retry-After``) when it expired or was
+pushed out of a full queue. The driver tells the ticket where the request was routed and, once,
+that it finished (however it ended), which releases its booking. A waiter that is cancelled
+(the client hung up, so Envoy reset the stream) leaves the queue at once. One dispatcher task
+re-polls the controller while requests wait: at once when a request finishes, at the next
+expiry, and every ``pollIntervalMs`` otherwise (scrapes and predictions change unannounced).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+
+from epp.errors import RequestShed
+from epp.flowcontrol.config import FlowControl
+from epp.flowcontrol.metrics import FlowMetrics
+from epp.flowcontrol.types import Decision, Outcome
+from epp.scheduling.framework import CycleState
+from epp.scheduling.types import EndpointState, LLMRequest
+
+_SHED_MESSAGES = {
+    Outcome.EXPIRED: "the pool is saturated and the request waited past its queue's time limit",
+    Outcome.REJECTED: "the pool is saturated and the request's queue is full",
+    Outcome.EVICTED: "the pool is saturated and the request gave way to higher-priority requests",
+}
+
+
+class FlowTicket:
+    """A dispatched request's hold on the pool, from dispatch to finish."""
+
+    __slots__ = ("_gate", "key")
+
+    def __init__(self, gate: FlowGate, key: int) -> None:
+        self._gate, self.key = gate, key
+
+    def routed(self, endpoint: str, state: CycleState, now: float) -> None:
+        """The scheduler picked ``endpoint`` (``state``: its cycle's data, for the detectors)."""
+        self._gate.controller.routed(self.key, endpoint, state, now)
+
+    def finished(self) -> None:
+        """The request is over, however it ended (idempotent): its booking goes, and the
+        dispatcher looks again at once."""
+        self._gate.released(self.key)
+
+
+class FlowGate:
+    def __init__(
+        self,
+        flow_control: FlowControl,
+        endpoints: Callable[[], Sequence[EndpointState]],
+        clock: Callable[[], float],
+        metrics: FlowMetrics | None = None,
+    ) -> None:
+        self.flow_control = flow_control
+        self.controller = flow_control.controller
+        self.endpoints = endpoints
+        self.clock = clock
+        self.metrics = metrics
+        self._waiters: dict[int, asyncio.Future[Outcome]] = {}
+        self._wake = asyncio.Event()
+        self._dispatcher: asyncio.Task[None] | None = None
+
+    async def wait(self, request: LLMRequest, received_at: float) -> FlowTicket:
+        """Return when ``request`` may be scheduled; raise :class:`RequestShed` when it may not."""
+        item = self.flow_control.flow_request(request, received_at)
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._waiters[item.key] = future
+        now = self.clock()
+        self._settle(self.controller.enqueue(item, now))
+        self._settle(self.controller.poll(now, self.endpoints()))
+        if not future.done():
+            self._ensure_dispatcher()
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            self._waiters.pop(item.key, None)
+            cancelled = self.controller.cancel(item.key, self.clock())
+            if cancelled is not None:
+                self._record(cancelled)
+            else:  # dispatched in the same loop turn as the hang-up: release its booking
+                self.controller.finished(item.key)
+            raise
+        if outcome is not Outcome.DISPATCHED:
+            raise RequestShed(_SHED_MESSAGES[outcome], retry_after_s=self.controller.settings.retry_after_s)
+        return FlowTicket(self, item.key)
+
+    def released(self, key: int) -> None:
+        self.controller.finished(key)
+        if len(self.controller):
+            self._wake.set()
+
+    def _settle(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            self._record(decision)
+            future = self._waiters.pop(decision.request.key, None)
+            if future is not None and not future.done():
+                future.set_result(decision.outcome)
+
+    def _record(self, decision: Decision) -> None:
+        if self.metrics is not None:
+            self.metrics.record(decision)
+
+    def _ensure_dispatcher(self) -> None:
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.create_task(self._dispatch(), name="flow-control-dispatcher")
+
+    async def _dispatch(self) -> None:
+        interval = self.flow_control.spec.poll_interval_ms / 1e3
+        while len(self.controller):
+            timeout = interval
+            expiry = self.controller.next_expiry()
+            if expiry is not None:
+                timeout = max(0.0, min(timeout, expiry - self.clock()))
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._settle(self.controller.poll(self.clock(), self.endpoints()))
+
+    async def close(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatcher

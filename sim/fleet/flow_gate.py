@@ -1,0 +1,157 @@
+"""Flow control in the fleet simulator: the same controller as the live EPP, driven in virtual time.
+
+The simulator asks :meth:`FleetFlowGate.admit` before it routes an arrival: the request goes on
+at once, is shed at once (a full queue), or is held and comes back from :meth:`FleetFlowGate.poll`
+(dispatched, or shed when it expired or was pushed out), which the simulator calls after every
+event and, while requests are held, every ``pollIntervalMs`` of virtual time (the live
+dispatcher's cadence). :class:`FlowControlledRouter` wraps the config's own router and tells the
+controller where each dispatched request went and when it finished, as the live director's
+ticket does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from epp.configs import config_path
+from epp.flowcontrol.config import FlowControl, build_flow_control
+from epp.flowcontrol.types import Decision, Outcome
+from epp.scheduling.config import EndpointPickerConfig
+from epp.scheduling.types import EndpointState
+from sim.fleet.replica import Replica
+from sim.fleet.routers import PipelineRouter, Router, RoutingCall, RoutingRejected
+
+
+@dataclass(slots=True)
+class Released:
+    """Held requests' payloads that left the queue: ``dispatched`` go on to routing, ``shed`` are
+    answered 429 (with a reason: ``flow_expired``, ``flow_rejected``, ``flow_evicted``)."""
+
+    dispatched: list[Any] = field(default_factory=list)
+    shed: list[tuple[Any, str]] = field(default_factory=list)
+
+
+def shed_reason(outcome: Outcome) -> str:
+    return f"flow_{outcome.value}"
+
+
+class FleetFlowGate:
+    def __init__(self, flow_control: FlowControl) -> None:
+        self.flow_control = flow_control
+        self.controller = flow_control.controller
+        self.poll_interval_s = flow_control.spec.poll_interval_ms / 1e3
+        self.keys: dict[str, int] = {}
+        """Request id → flow-control key, from admission to finish."""
+        self._held: dict[int, tuple[str, Any]] = {}
+        self._released = Released()
+        self.queue_time_s: dict[str, float] = {}
+        """Per request id, how long it waited in flow control (0 when dispatched at once)."""
+
+    def __len__(self) -> int:
+        return len(self.controller)
+
+    def admit(
+        self, call: RoutingCall, payload: Any, replicas: Sequence[Replica], now: float
+    ) -> Outcome | None:
+        """DISPATCHED: route ``call`` now. None: held (``payload`` comes back from :meth:`poll`).
+        Any other outcome: shed at once."""
+        request_id = call.request.request_id
+        item = self.flow_control.flow_request(call.request, now)
+        self.keys[request_id] = item.key
+        self._held[item.key] = (request_id, payload)
+        decisions = self.controller.enqueue(item, now) + self.controller.poll(now, _states(replicas))
+        return self._settle(decisions, own=item.key)
+
+    def poll(self, now: float, replicas: Sequence[Replica]) -> Released:
+        """What left the queue since the last call."""
+        self._settle(self.controller.poll(now, _states(replicas)))
+        released, self._released = self._released, Released()
+        return released
+
+    def routed(self, request_id: str, endpoint: str, call: RoutingCall, now: float) -> None:
+        key = self.keys.get(request_id)
+        if key is not None and call.routed is not None:
+            self.controller.routed(key, endpoint, call.routed.state, now)
+
+    def finished(self, request_id: str) -> None:
+        key = self.keys.pop(request_id, None)
+        if key is not None:
+            self.controller.finished(key)
+
+    def _settle(self, decisions: list[Decision], own: int | None = None) -> Outcome | None:
+        """Hand each decision's payload to the next :meth:`poll`, except request ``own``'s, whose
+        outcome is returned."""
+        own_outcome = None
+        for d in decisions:
+            request_id, payload = self._held.pop(d.request.key)
+            self.queue_time_s[request_id] = d.queue_time_s
+            if d.outcome is not Outcome.DISPATCHED:
+                del self.keys[request_id]
+            if d.request.key == own:
+                own_outcome = d.outcome
+            elif d.outcome is Outcome.DISPATCHED:
+                self._released.dispatched.append(payload)
+            else:
+                self._released.shed.append((payload, shed_reason(d.outcome)))
+        return own_outcome
+
+
+def _states(replicas: Sequence[Replica]) -> list[EndpointState]:
+    return [replica.state for replica in replicas]
+
+
+class FlowControlledRouter(Router):
+    """A pipeline router behind flow control: the simulator holds requests at its ``flow_gate``."""
+
+    def __init__(self, inner: PipelineRouter, flow_control: FlowControl) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.wants_progress = inner.wants_progress
+        self.flow_gate = FleetFlowGate(flow_control)
+
+    def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
+        request_id = call.request.request_id
+        try:
+            replica = self.inner.route(call, replicas, now)
+        except RoutingRejected:
+            self.flow_gate.finished(request_id)
+            raise
+        self.flow_gate.routed(request_id, replica.name, call, now)
+        return replica
+
+    def on_first_token(self, call: RoutingCall, now: float) -> None:
+        self.inner.on_first_token(call, now)
+
+    def on_progress(self, call: RoutingCall, tokens: int, now: float) -> None:
+        self.inner.on_progress(call, tokens, now)
+
+    def on_finished(self, call: RoutingCall, now: float, *, completed: bool, completion_tokens: int) -> None:
+        self.inner.on_finished(call, now, completed=completed, completion_tokens=completion_tokens)
+        self.flow_gate.finished(call.request.request_id)
+
+    def tick(self, now: float) -> None:
+        self.inner.tick(now)
+
+    def predicted(self, call: RoutingCall) -> tuple[float, float] | None:
+        return self.inner.predicted(call)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    @property
+    def predictor(self) -> Any:
+        """The inner router's latency predictor (the simulator reports its retrains)."""
+        return self.inner.predictor
+
+
+def flow_controlled_router(
+    config: str, clock: Callable[[], float], seed: int, *, name: str | None = None
+) -> Router:
+    """The router of EndpointPickerConfig ``config`` (a shipped name or a path), behind flow
+    control when the config turns it on."""
+    inner = PipelineRouter(str(config_path(config)), clock, seed, name=name or config)
+    spec = EndpointPickerConfig.from_file(config_path(config))
+    flow_control = build_flow_control(spec, inner.pipeline, inner.context)
+    return inner if flow_control is None else FlowControlledRouter(inner, flow_control)

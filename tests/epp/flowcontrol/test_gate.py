@@ -1,0 +1,135 @@
+"""The asyncio gate: requests wait, are released by finishes and expiries, and leave on hang-up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from epp.errors import RequestShed
+from epp.flowcontrol.config import build_flow_control
+from epp.flowcontrol.gate import FlowGate, FlowTicket
+from epp.flowcontrol.metrics import FlowMetrics
+from epp.scheduling.config import EndpointPickerConfig, build_pipeline
+from epp.scheduling.framework import CycleState, PluginContext
+from epp.scheduling.types import ApiKind, LLMRequest
+from tests.epp.factories import endpoint_state
+
+# One endpoint with room for 1000 booked tokens: one 600-token request saturates it.
+CONFIG = """
+plugins:
+- type: queue-scorer
+- type: token-load-saturation-detector
+  parameters: {maxTokensPerEndpoint: 1000}
+flowControl:
+  saturationDetectors: [token-load-saturation-detector]
+  defaultOutputTokens: 100
+  pollIntervalMs: 5
+  retryAfterSeconds: 2
+  bands:
+  - {priority: -1, ttlSeconds: 0.2}
+"""
+
+
+def make_gate() -> tuple[FlowGate, CollectorRegistry]:
+    context = PluginContext(clock=time.monotonic)
+    config = EndpointPickerConfig.from_yaml(CONFIG)
+    flow_control = build_flow_control(config, build_pipeline(config, context), context)
+    assert flow_control is not None
+    registry = CollectorRegistry()
+    metrics = FlowMetrics(registry, "pool", flow_control.controller)
+    endpoint = endpoint_state(0)
+    endpoint.metrics.updated_at = time.monotonic()
+    return FlowGate(flow_control, lambda: [endpoint], time.monotonic, metrics), registry
+
+
+def llm_request(priority: int = 0, tenant: str = "t") -> LLMRequest:
+    return LLMRequest(
+        "r",
+        "m",
+        ApiKind.CHAT,
+        [1] * 500,
+        priority=priority,
+        headers={"x-gateway-inference-fairness-id": tenant},
+    )
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, {"inference_pool": "pool", **labels}) or 0.0
+
+
+async def until(condition) -> None:
+    """Let the event loop run until ``condition()`` holds (each test's own timeout bounds it)."""
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
+async def occupy(gate: FlowGate) -> FlowTicket:
+    """Dispatch one request into the idle pool and route it, which saturates the pool."""
+    ticket = await gate.wait(llm_request(), time.monotonic())
+    ticket.routed("e0", CycleState(), time.monotonic())
+    return ticket
+
+
+async def test_waiters_are_released_in_band_order_as_requests_finish():
+    gate, registry = make_gate()
+    running = await occupy(gate)
+    order: list[int] = []
+    tickets: dict[int, FlowTicket] = {}
+
+    async def waiter(band: int) -> None:
+        tickets[band] = await gate.wait(llm_request(priority=band), time.monotonic())
+        order.append(band)
+
+    tasks = [asyncio.create_task(waiter(band)) for band in (0, 1, 3)]
+    await until(lambda: len(gate.controller) == 3)
+    assert sample(registry, "inference_extension_flow_control_queue_size", priority="3", fairness_id="t") == 1
+    assert sample(registry, "inference_extension_flow_control_pool_saturated") == 1
+    running.finished()
+    for band in (3, 1, 0):
+        await until(lambda band=band: order[-1:] == [band])
+        assert len(gate.controller) == {3: 2, 1: 1, 0: 0}[band]
+        tickets[band].finished()
+    await asyncio.gather(*tasks)
+    assert order == [3, 1, 0]
+    dispatched = {"fairness_id": "t", "outcome": "dispatched"}
+    assert (
+        sample(registry, "inference_extension_flow_control_requests_total", priority="0", **dispatched) == 2
+    )
+    assert sample(registry, "inference_extension_flow_control_pool_saturated") == 0
+
+
+async def test_an_expired_request_is_shed_with_retry_after():
+    gate, registry = make_gate()
+    await occupy(gate)
+    with pytest.raises(RequestShed) as shed:
+        await gate.wait(llm_request(priority=-1), time.monotonic())
+    assert shed.value.status == 429 and shed.value.headers()["retry-after"] == "2"
+    assert "time limit" in shed.value.message
+    assert len(gate.controller) == 0
+    expired = {"priority": "-1", "fairness_id": "t", "outcome": "expired"}
+    assert sample(registry, "inference_extension_flow_control_requests_total", **expired) == 1
+    assert (
+        sample(registry, "inference_extension_flow_control_request_queue_duration_seconds_sum", **expired)
+        >= 0.2
+    )
+    await gate.close()
+
+
+async def test_a_waiter_that_is_cancelled_leaves_the_queue_and_the_metrics():
+    gate, registry = make_gate()
+    await occupy(gate)
+    task = asyncio.create_task(gate.wait(llm_request(tenant="gone"), time.monotonic()))
+    await until(lambda: len(gate.controller) == 1)
+    size = {"priority": "0", "fairness_id": "gone"}
+    assert sample(registry, "inference_extension_flow_control_queue_size", **size) == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(gate.controller) == 0
+    assert sample(registry, "inference_extension_flow_control_queue_size", **size) == 0
+    cancelled = {**size, "outcome": "cancelled"}
+    assert sample(registry, "inference_extension_flow_control_requests_total", **cancelled) == 1
+    await gate.close()

@@ -1,0 +1,127 @@
+"""Flow control through a real Envoy, EPP and simulated replica: a saturated pool holds requests
+and releases them in band order; a client that hangs up while queued leaves the queue and its
+gauge; a request that waits past its band's TTL gets 429 with Retry-After, in the JSON error shape.
+
+The pool is one replica and a token-load detector with room for 60 booked tokens, so each
+request (prompt plus ``max_tokens``, at least 40 tokens) saturates it alone: requests run one at
+a time, and finish in the order flow control dispatched them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sim.stack import LocalStack
+from tests.stacks import start_stack
+from tests.support import metric_sum, wait_for
+
+pytestmark = pytest.mark.integration
+
+CONFIG = """
+plugins:
+- type: queue-scorer
+- type: token-load-saturation-detector
+  parameters: {maxTokensPerEndpoint: 60}
+flowControl:
+  saturationDetectors: [token-load-saturation-detector]
+  retryAfterSeconds: 2
+  defaultBand: {ttlSeconds: 4}
+  bands:
+  - {priority: -1, ttlSeconds: 0.3}
+"""
+QUEUE = "inference_extension_flow_control_queue_size"
+LEFT = "inference_extension_flow_control_requests_total"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    workdir: Path = tmp_path_factory.mktemp("flow-control")
+    config = workdir / "flow-control.yaml"
+    config.write_text(CONFIG)
+    stack = start_stack(workdir, replicas=1, epp_config=str(config))
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def post(stack: LocalStack, max_tokens: int, priority: int = 0, timeout: float = 30.0) -> httpx.Response:
+    body = {"model": "tiny", "prompt": "flow control", "max_tokens": max_tokens, "ignore_eos": True}
+    headers = {"x-llm-d-priority": str(priority), "x-gateway-inference-fairness-id": "tenant"}
+    return httpx.post(f"{stack.gateway_url}/v1/completions", json=body, headers=headers, timeout=timeout)
+
+
+def queued(stack: LocalStack) -> float:
+    return metric_sum(stack.epp_metrics_url, QUEUE)
+
+
+def left(stack: LocalStack, outcome: str) -> float:
+    return metric_sum(stack.epp_metrics_url, LEFT, outcome=outcome)
+
+
+def hold_the_pool(stack: LocalStack, max_tokens: int = 400) -> threading.Thread:
+    """Start a request that keeps the pool saturated for ``max_tokens`` decode steps."""
+    dispatched = left(stack, "dispatched")
+    blocker = threading.Thread(target=post, args=(stack, max_tokens))
+    blocker.start()
+    assert wait_for(lambda: left(stack, "dispatched") > dispatched)
+    return blocker
+
+
+def test_a_client_that_hangs_up_while_queued_leaves_the_queue(stack: LocalStack) -> None:
+    blocker = hold_the_pool(stack)
+    outcome: list[str] = []
+
+    def impatient() -> None:
+        try:
+            post(stack, 100, timeout=0.8)
+            outcome.append("answered")
+        except httpx.TimeoutException:
+            outcome.append("gave up")
+
+    client = threading.Thread(target=impatient)
+    client.start()
+    assert wait_for(lambda: queued(stack) == 1)
+    client.join()
+    assert outcome == ["gave up"]
+    assert wait_for(lambda: left(stack, "cancelled") == 1)
+    assert queued(stack) == 0
+    blocker.join()
+
+
+def test_a_request_that_waits_past_its_ttl_gets_429_with_retry_after(stack: LocalStack) -> None:
+    blocker = hold_the_pool(stack)
+    response = post(stack, 100, priority=-1)
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "2"
+    error = response.json()["error"]
+    assert error["type"] == "TooManyRequestsError" and error["code"] == 429
+    assert "time limit" in error["message"]
+    assert left(stack, "expired") == 1 and queued(stack) == 0
+    blocker.join()
+
+
+def test_a_saturated_pool_dispatches_held_requests_in_band_order(stack: LocalStack) -> None:
+    blocker = hold_the_pool(stack, max_tokens=500)
+    finished: list[int] = []
+
+    def request(priority: int) -> None:
+        response = post(stack, 40, priority=priority)
+        assert response.status_code == 200, response.text
+        finished.append(priority)
+
+    clients = []
+    for n, priority in enumerate((0, 3, 5), start=1):  # lowest first: arrival order is not the order
+        clients.append(threading.Thread(target=request, args=(priority,)))
+        clients[-1].start()
+        assert wait_for(lambda n=n: queued(stack) == n)
+    blocker.join()
+    for client in clients:
+        client.join()
+    assert finished == [5, 3, 0]
+    assert queued(stack) == 0
