@@ -272,6 +272,9 @@ def kill_scenario(failure_mode: str, settings: SyncFailureSettings, workdir: Pat
             **_counts(outcomes),
             "sent_before_kill": sum(o.sent < killed_at for o in outcomes),
             "in_flight_at_kill": sum(o.sent < killed_at < o.ended for o in outcomes),
+            "dead_attempts_before_kill": next(
+                (s["dead_attempts"] for t, s in reversed(sampler.samples) if t < killed_at), None
+            ),
             "failures": [
                 {"sent_s": round(o.sent - killed_at, 3), "status": o.status, "kind": o.kind} for o in failed
             ],
@@ -387,6 +390,7 @@ KILL_COLUMNS = {
     "failed": "failed",
     "failed_by_kind": "failed by kind",
     "in_flight_at_kill": "in flight at kill",
+    "dead_attempts_before_kill": "Envoy connections + streams to it before the kill",
     "last_failed_sent_s": "last failed one sent (s after kill)",
     "last_attempt_to_dead_s": "last Envoy attempt to the dead EPP (s)",
     "envoy_unhealthy_s": "Envoy marks it unhealthy (s)",
@@ -406,8 +410,9 @@ OUTAGE_COLUMNS = {
 def _cell(value: Any) -> str:
     if value is None:
         return "none"
-    if isinstance(value, dict):
-        return " / ".join(f"{v}" for v in value.values()) if value else "–"
+    if isinstance(value, dict):  # failed by kind: "cut 2"; by window: "0 / 1 / 0"
+        labelled = not {"before", "during", "after"} & value.keys()
+        return " / ".join(f"{k} {v}" if labelled else str(v) for k, v in value.items()) or "–"
     return str(value)
 
 
@@ -457,14 +462,15 @@ def _markdown(data: dict[str, Any]) -> str:
 def _outcome_bars(axis: Any, timeline: list[dict[str, Any]], title: str, marks: dict[str, float]) -> None:
     sent = np.array([o["sent_s"] for o in timeline])
     ok = np.array([o["kind"] == "ok" for o in timeline])
-    bins = np.arange(np.floor(sent.min()), np.ceil(sent.max()) + 0.5, 0.5)
+    bins = np.arange(np.floor(sent.min()), np.ceil(sent.max()) + 1, 1.0)
     axis.hist(
         [sent[ok], sent[~ok]], bins=bins, stacked=True, color=["tab:green", "tab:red"], label=["ok", "failed"]
     )
     for label, at in marks.items():
         axis.axvline(at, color="black", linestyle="--", linewidth=1)
-        axis.annotate(label, (at, axis.get_ylim()[1] * 0.9), rotation=90, fontsize=8, ha="right")
-    axis.set(title=title, xlabel="request sent (s from the event)", ylabel="requests per 0.5 s")
+        axis.text(at, 0.03, f" {label}", transform=axis.get_xaxis_transform(), rotation=90, fontsize=8,
+                  ha="right", va="bottom", color="white")  # fmt: skip
+    axis.set(title=title, xlabel="request sent (s from the event)", ylabel="requests sent per second")
     axis.legend(fontsize=8)
 
 
