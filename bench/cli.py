@@ -16,6 +16,8 @@ tokenize   parse + tokenize + block hashes of a 26k-token chat turn, first seen 
            seen one, with and without the tokenizer cache (in process)
 sync       active-active EPPs: sync lag through real NATS at 100 and 1,000 requests/s; requests/s
            and CPU per request through Envoy with one EPP process and with two
+sync-failures  two active-active EPPs: one killed under load (FailOpen, FailClose), a
+           cancellation soak, NATS stopped for 10 s under load; failures and recovery times
 compare    one workload replayed through several routers on the fleet simulator
            (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
@@ -51,6 +53,7 @@ from bench import (
     predictor_bench,
     stack_overhead,
     sync_bench,
+    sync_failures,
     sync_sweep,
     tls_cost,
     tokenize_bench,
@@ -99,6 +102,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "oversized": oversized_prompt.run,
     "tokenize": tokenize_bench.run,
     "sync": sync_bench.run,
+    "sync-failures": sync_failures.run,
     "tls": tls_cost.run,
     "fleet": run_fleet_defaults,
 }
@@ -331,6 +335,21 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     print(f"results written to {args.out}/")
 
 
+def _add_sync_failures(p: argparse.ArgumentParser) -> None:
+    defaults = sync_failures.SyncFailureSettings()
+    p.add_argument("--after-kill", type=_positive, default=defaults.after_kill_s, help="seconds of load")
+    p.add_argument("--outage", type=_positive, default=defaults.outage_s, help="seconds NATS is down")
+    p.add_argument("--soak-streams", type=int, default=defaults.soak_streams)
+
+
+def _sync_failures(args: argparse.Namespace) -> None:
+    settings = sync_failures.SyncFailureSettings(
+        after_kill_s=args.after_kill, outage_s=args.outage, soak_streams=max(1, args.soak_streams)
+    )
+    sync_failures.run(args.out, settings)
+    print(f"results written to {args.out}/")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="llm-epp-bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -341,7 +360,11 @@ def main(argv: list[str] | None = None) -> None:
     _add_replay(sub)
     _add_sync_sweep(sub)
     _add_flow_control(sub)
+    _add_sync_failures(sub.choices["sync-failures"])
     args = parser.parse_args(argv)
+    if args.command == "sync-failures":
+        _sync_failures(args)
+        return
     if args.command == "flow-control":
         _flow_control(parser, args)
         return
