@@ -31,8 +31,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +41,12 @@ import uvloop
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, ProcessingRequest
 
+from bench.flame_graph import flame_graph
 from bench.live_replay import uses_predictor
 from bench.report import machine, markdown_table, write_results
 from bench.stack_overhead import task_cpu_seconds
 from epp.extproc.messages import CONTINUE_RESPONSE_BODY
-from sim.processes import BIN, free_port
+from sim.processes import free_port
 from sim.stack import LocalStack, StackConfig, StackPorts
 
 
@@ -87,22 +86,6 @@ def net_figures(cpu_s: float, wall_s: float, idle_rate: float, tokens: int, chun
         "net_us_per_chunk": net / chunks * 1e6 if chunks else 0.0,
         "net_ms_per_s_in_flight": net / wall_s * 1e3 if wall_s else 0.0,
     }
-
-
-@contextmanager
-def _flame_graph(pid: int, path: Path | None) -> Iterator[None]:
-    process = None
-    if path is not None and (BIN / "py-spy").is_file():
-        command = [str(BIN / "py-spy"), "record", "--pid", str(pid), "--rate", "200", "--native"]
-        command += ["--format", "flamegraph", "-o", str(path)]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)  # attached before the request starts
-    try:
-        yield
-    finally:
-        if process is not None:
-            process.send_signal(2)  # SIGINT: py-spy writes the graph and exits
-            process.wait(30)
 
 
 def _request(client: httpx.Client, url: str, body: dict[str, Any], stream: bool) -> tuple[int, int]:
@@ -167,7 +150,7 @@ def _measure(config: str, settings: InflightSettings, out_dir: Path) -> dict[str
             idle_rate = (task_cpu_seconds(pid) - before) / settings.idle_s
             requests = []
             flame = out_dir / f"inflight-{config}-streamed.svg" if settings.flame_graphs else None
-            with _flame_graph(pid, flame):
+            with flame_graph(pid, flame, rate=200, native=True):
                 profiled = _measure_one(pid, client, url, body, True, idle_rate)
             for _ in range(settings.repeats):
                 requests.append(_measure_one(pid, client, url, body, True, idle_rate))

@@ -28,8 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,10 +42,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.progress import Progress
 
+from bench.flame_graph import flame_graph
 from bench.loadgen import closed_loop
 from bench.report import machine, markdown_table, write_results
 from epp.envoy_config import gateway_bootstrap
-from sim.processes import BIN, Component, free_port, start_envoy
+from sim.processes import Component, free_port, start_envoy
 from sim.stack import LocalStack, StackConfig, StackPorts
 
 # ~200 tokens with the tiny model's tokenizer.
@@ -127,26 +126,6 @@ def _stack(config: str, settings: StackOverheadSettings) -> Iterator[StackUnderT
         if direct is not None:
             direct.stop()
         stack.stop()
-
-
-@contextmanager
-def _flame_graph(pid: int, path: Path, enabled: bool) -> Iterator[None]:
-    spy = shutil.which("py-spy", path=str(BIN)) if enabled else None
-    process = (
-        subprocess.Popen(
-            [spy, "record", "--pid", str(pid), "--rate", "250", "--format", "flamegraph", "-o", str(path)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        if spy
-        else None
-    )
-    try:
-        yield
-    finally:
-        if process is not None:
-            process.send_signal(2)  # SIGINT: py-spy writes the graph and exits
-            process.wait(30)
 
 
 def _per_request(cpu_delta: dict[str, float], requests: int) -> dict[str, float]:
@@ -270,13 +249,17 @@ def _measure(
         if settings.predictors:
             time.sleep(3.0)  # let the first model train, as a user's stack would have
         idle = measure_idle(sut, settings.idle_s)
-        with _flame_graph(pid, out_dir / f"stack-{config}-short.svg", settings.flame_graphs):
+
+        def svg(phase: str) -> Path | None:
+            return out_dir / f"stack-{config}-{phase}.svg" if settings.flame_graphs else None
+
+        with flame_graph(pid, svg("short"), rate=250):
             short = measure_short(sut, settings, idle)
         progress.advance(task)
-        with _flame_graph(pid, out_dir / f"stack-{config}-streamed.svg", settings.flame_graphs):
+        with flame_graph(pid, svg("streamed"), rate=250):
             streamed = measure_streamed(sut, settings, idle)
         progress.advance(task)
-        with _flame_graph(pid, out_dir / f"stack-{config}-sessions.svg", settings.flame_graphs):
+        with flame_graph(pid, svg("sessions"), rate=250):
             sessions = measure_sessions(sut, settings, idle)
         progress.advance(task)
     return {
