@@ -1,4 +1,5 @@
-"""Support shared by every test tier: polling for evidence, and reading Prometheus metrics.
+"""Support shared by every test tier: polling for evidence, reading Prometheus metrics, and serving
+an app on a loopback port.
 
 Polling bounds are bounds, not measurements: a test waits for the evidence that a step ran and
 fails when it never comes.
@@ -7,12 +8,18 @@ fails when it never comes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
+import uvicorn
+from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+
+from sim.server import ReplicaServer
 
 
 async def eventually(
@@ -63,3 +70,22 @@ def sample_value(text: str, name: str, **labels: str) -> float | None:
 def metric_sum(url: str, name: str, **labels: str) -> float:
     """Sum of every sample of ``name`` at ``url`` whose labels include ``labels``."""
     return sum(s.value for s in matching(scrape(url), name, **labels))
+
+
+@contextlib.asynccontextmanager
+async def serving(app: FastAPI) -> AsyncIterator[str]:
+    """``app`` (lifespan included) on a real loopback socket, in this event loop; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = ReplicaServer(uvicorn.Config(app, log_level="warning", access_log=False))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()

@@ -12,7 +12,7 @@ import pytest
 
 from predictor.metrics import PredictorMetrics
 from predictor.reload import DirectorySource, ModelReloader, TrainerSource
-from tests.predictor.serving import serving
+from tests.support import serving
 from tests.trainer.synthetic import feature_rows, publish_version, training_samples
 from trainer.artifacts import MANIFEST_NAME, Manifest
 from trainer.features import decode_feature_rows

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from epp.tokenization import ModelTokenizer
 from sim.engine import DecodeTerms, Engine, EngineConfig, EngineRequest, PrefillTerms, StepCostModel
@@ -19,7 +16,8 @@ from sim.engine.engine import RequestOutput, ScheduledStep
 from sim.host_cpu import HostCpu
 from sim.kv_events import KVEventsConfig
 from sim.openai_serving import ServedModel
-from sim.server import ReplicaServer, ServerSettings, SimulatedVllm
+from sim.server import ServerSettings, SimulatedVllm
+from tests.support import serving
 
 # Milliseconds: a prefill step costs 1 + 0.01 per token, a decode step 1.
 TEST_COST = StepCostModel(PrefillTerms(base=1.0, per_token=0.01), DecodeTerms(base=1.0, min=1.0))
@@ -109,21 +107,8 @@ async def running_replica(
         cpu=cpu,
     )
     replica = SimulatedVllm(settings, served_model, index)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = ReplicaServer(uvicorn.Config(replica.app, log_level="warning", access_log=False))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
-    try:
-        yield replica, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+    async with serving(replica.app) as url:
+        yield replica, url
 
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-0.32"
