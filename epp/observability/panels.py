@@ -71,6 +71,22 @@ _PREDICTED_TPOT = "inference_objective_request_predicted_tpot_seconds"
 _TTFT_VIOLATIONS = "inference_objective_request_ttft_slo_violation_total"
 _TPOT_VIOLATIONS = "inference_objective_request_tpot_slo_violation_total"
 
+
+def _predicted_vs_actual(target: str, predicted: str, actual: str) -> Panel:
+    """Mean and p90 of the ``predicted`` histogram against the ``actual`` one, in seconds."""
+    return Panel(
+        f"Predicted vs actual {target}",
+        "s",
+        f"Mean and p90 of the predicted {target} on the chosen endpoint against the measured {target}.",
+        (
+            Query(_mean(predicted), "predicted mean"),
+            Query(_mean(actual), "actual mean"),
+            Query(_quantile(0.9, predicted), "predicted p90"),
+            Query(_quantile(0.9, actual), "actual p90"),
+        ),
+    )
+
+
 SLO = Row(
     "SLOs",
     (
@@ -107,28 +123,8 @@ SLO = Row(
 PREDICTIONS = Row(
     "Predictions",
     (
-        Panel(
-            "Predicted vs actual TTFT",
-            "s",
-            "Mean and p90 of the predicted TTFT on the chosen endpoint against the measured TTFT.",
-            (
-                Query(_mean(_PREDICTED_TTFT), "predicted mean"),
-                Query(_mean(_TTFT), "actual mean"),
-                Query(_quantile(0.9, _PREDICTED_TTFT), "predicted p90"),
-                Query(_quantile(0.9, _TTFT), "actual p90"),
-            ),
-        ),
-        Panel(
-            "Predicted vs actual TPOT",
-            "s",
-            "Mean and p90 of the predicted TPOT on the chosen endpoint against the measured TPOT.",
-            (
-                Query(_mean(_PREDICTED_TPOT), "predicted mean"),
-                Query(_mean(_TPOT), "actual mean"),
-                Query(_quantile(0.9, _PREDICTED_TPOT), "predicted p90"),
-                Query(_quantile(0.9, _TPOT), "actual p90"),
-            ),
-        ),
+        _predicted_vs_actual("TTFT", _PREDICTED_TTFT, _TTFT),
+        _predicted_vs_actual("TPOT", _PREDICTED_TPOT, _TPOT),
         Panel(
             "Live prediction error",
             "percentunit",
