@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -13,7 +14,9 @@ from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from epp.metrics import ModelLabels
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
-from epp.tokenization import ModelTokenizer
+from epp.settings import EppSettings
+from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
+from sim.processes import free_port, write_endpoints_file
 from wire.latency import FeatureRowDict, TrainingSampleDict
 
 
@@ -26,6 +29,21 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def local_epp_settings(tmp_path: Path, **overrides: Any) -> EppSettings:
+    """Settings for an in-process EPP on loopback, on ports the OS picks, with the tiny tokenizer and
+    one file-listed endpoint on a free port (nothing listens there); ``overrides`` set the rest."""
+    endpoints = write_endpoints_file(tmp_path / "endpoints.yaml", [("127.0.0.1", free_port())])
+    return EppSettings(
+        host="127.0.0.1",
+        grpc_port=0,
+        health_port=0,
+        metrics_port=0,
+        endpoints_file=endpoints,
+        tokenizer_dir=TINY_MODEL_DIR,
+        **overrides,
+    )
 
 
 def endpoint_state(i: int, *, waiting: int = 0, kv: float = 0.0, running: int = 0) -> EndpointState:

@@ -9,9 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.app import EXT_PROC_SERVICE, EppApp
-from epp.settings import EppSettings
-from epp.tokenization import TINY_MODEL_DIR
-from sim.processes import free_port, write_endpoints_file
+from tests.epp.factories import local_epp_settings
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -27,17 +25,7 @@ async def statuses(port: int) -> dict[str, int]:
 
 
 async def test_a_draining_epp_is_live_not_ready_and_still_takes_ext_proc_connections(tmp_path: Path) -> None:
-    endpoints = write_endpoints_file(tmp_path / "endpoints.yaml", [("127.0.0.1", free_port())])
-    app = EppApp(
-        EppSettings(
-            host="127.0.0.1",
-            grpc_port=0,
-            health_port=0,
-            metrics_port=0,
-            endpoints_file=endpoints,
-            tokenizer_dir=TINY_MODEL_DIR,
-        )
-    )
+    app = EppApp(local_epp_settings(tmp_path))
     await app.start()
     try:
         assert set((await statuses(app.health_port)).values()) == {SERVING}

@@ -14,21 +14,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from epp.app import EXT_PROC_SERVICE, EppApp
 from epp.settings import EppSettings
 from epp.sync.messages import DeltaKind, MessageKind, SyncMessage, encode
-from epp.tokenization import TINY_MODEL_DIR
-from sim.processes import free_port, write_endpoints_file
+from sim.processes import free_port
+from tests.epp.factories import local_epp_settings
 from tests.epp.sync_replicas import Nats
 from tests.support import eventually
 
 
 def settings(tmp_path: Path, nats_url: str) -> EppSettings:
-    endpoints = write_endpoints_file(tmp_path / "endpoints.yaml", [("127.0.0.1", free_port())])
-    return EppSettings(
-        host="127.0.0.1",
-        grpc_port=0,
-        health_port=0,
-        metrics_port=0,
-        endpoints_file=endpoints,
-        tokenizer_dir=TINY_MODEL_DIR,
+    return local_epp_settings(
+        tmp_path,
         config="ray-kv-aware",
         sync_nats_url=[nats_url],
         replica_id="epp-a",

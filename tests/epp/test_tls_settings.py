@@ -17,9 +17,8 @@ from pydantic import ValidationError
 from epp.app import EppApp
 from epp.settings import EppSettings
 from epp.tls import ServerTlsFiles, _CertificateReloader
-from epp.tokenization import TINY_MODEL_DIR
 from sim.certs import write_local_pki
-from sim.processes import free_port, write_endpoints_file
+from tests.epp.factories import local_epp_settings
 
 BASE = {"endpoints_file": "endpoints.yaml", "tokenizer_dir": "tok"}
 
@@ -69,18 +68,7 @@ async def test_a_running_epp_serves_a_rotated_certificate_on_new_connections(tmp
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     shutil.copy(first.server_cert_file, cert)
     shutil.copy(first.server_key_file, key)
-    app = EppApp(
-        EppSettings(
-            host="127.0.0.1",
-            grpc_port=0,
-            health_port=0,
-            metrics_port=0,
-            endpoints_file=write_endpoints_file(tmp_path / "endpoints.yaml", [("127.0.0.1", free_port())]),
-            tokenizer_dir=TINY_MODEL_DIR,
-            grpc_tls_cert_file=cert,
-            grpc_tls_key_file=key,
-        )
-    )
+    app = EppApp(local_epp_settings(tmp_path, grpc_tls_cert_file=cert, grpc_tls_key_file=key))
     await app.start()
     try:
         await asyncio.to_thread(_handshake, app.grpc_port, first.ca_file, first.server_name)
