@@ -44,19 +44,14 @@ import matplotlib.pyplot as plt
 
 from bench.prometheus_samples import Samples, scrape, total
 from bench.report import machine, markdown_table, save_figure, write_results
+from epp.datalayer.metrics import TOKEN_LOAD_GAUGES
 from epp.settings import EppSettings
+from epp.sync.metrics import REMOTE_TOKEN_SHARE
 from sim.envoy_admin import host_stats, is_healthy
 from sim.nats_server import start_nats_server
 from sim.stack import LocalStack, StackConfig, StackPorts
 
-LOAD_GAUGES = (
-    "llm_epp_endpoint_prefill_tokens_in_flight",
-    "llm_epp_endpoint_decode_tokens_in_flight",
-    "llm_epp_endpoint_kv_tokens_in_flight",
-    "llm_epp_endpoint_expected_output_tokens_in_flight",
-    "llm_epp_endpoint_remote_token_share",
-)
-REMOTE_SHARE = "llm_epp_endpoint_remote_token_share"
+LOAD_GAUGES = (*TOKEN_LOAD_GAUGES, REMOTE_TOKEN_SHARE)
 PEER_TIMEOUT_S = EppSettings.model_fields["sync_peer_timeout_s"].default
 """The stack starts its EPPs with the default peer (heartbeat) timeout."""
 
@@ -242,7 +237,7 @@ def kill_scenario(failure_mode: str, settings: SyncFailureSettings, workdir: Pat
             return {
                 "dead_attempts": sum(int(envoy.get(k, 0)) for k in ("cx_total", "rq_total")),
                 "dead_healthy": envoy.get("health_flags") == "healthy",
-                "remote_share": total(survivor, REMOTE_SHARE),
+                "remote_share": total(survivor, REMOTE_TOKEN_SHARE),
                 "peers_alive": total(survivor, "llm_epp_sync_peers_alive"),
             }
 
@@ -254,7 +249,7 @@ def kill_scenario(failure_mode: str, settings: SyncFailureSettings, workdir: Pat
             wait_until(lambda: total(scrape(doomed_url), served) >= 10, 60, "the doomed EPP served requests")
             time.sleep(settings.before_s)
             wait_until(
-                lambda: total(scrape(survivor_url), REMOTE_SHARE) > 0, 10, "remote bookings on survivor"
+                lambda: total(scrape(survivor_url), REMOTE_TOKEN_SHARE) > 0, 10, "remote bookings on survivor"
             )
             killed_at = time.monotonic()
             stack.epps[1].stop(signal.SIGKILL)
@@ -327,7 +322,7 @@ def outage_scenario(stack: LocalStack, settings: SyncFailureSettings) -> dict[st
         scraped = [scrape(u, timeout_s=2) for u in urls]
         return {
             "connected": [total(s, "llm_epp_sync_connected") for s in scraped],
-            "remote_share": [total(s, REMOTE_SHARE) for s in scraped],
+            "remote_share": [total(s, REMOTE_TOKEN_SHARE) for s in scraped],
             "peers_alive": [total(s, "llm_epp_sync_peers_alive") for s in scraped],
             "snapshots": [total(s, installed, outcome="installed") for s in scraped],
         }
@@ -337,7 +332,7 @@ def outage_scenario(stack: LocalStack, settings: SyncFailureSettings) -> dict[st
         ClosedLoop(f"{stack.gateway_url}/v1/completions", settings) as load,
         Sampler(probe, settings.sample_interval_s) as sampler,
     ):
-        wait_until(lambda: all(total(scrape(u), REMOTE_SHARE) > 0 for u in urls), 30, "remote bookings")
+        wait_until(lambda: all(total(scrape(u), REMOTE_TOKEN_SHARE) > 0 for u in urls), 30, "remote bookings")
         snapshots = [total(scrape(u), installed, outcome="installed") for u in urls]
         stopped_at = time.monotonic()
         stack.nats.stop()

@@ -17,6 +17,18 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.kvcache.precise_index import PreciseIndex
 from epp.load.token_load import TokenLoadTracker
 
+PREFILL_TOKENS_IN_FLIGHT = "llm_epp_endpoint_prefill_tokens_in_flight"
+DECODE_TOKENS_IN_FLIGHT = "llm_epp_endpoint_decode_tokens_in_flight"
+KV_TOKENS_IN_FLIGHT = "llm_epp_endpoint_kv_tokens_in_flight"
+EXPECTED_OUTPUT_TOKENS_IN_FLIGHT = "llm_epp_endpoint_expected_output_tokens_in_flight"
+TOKEN_LOAD_GAUGES = (
+    PREFILL_TOKENS_IN_FLIGHT,
+    DECODE_TOKENS_IN_FLIGHT,
+    KV_TOKENS_IN_FLIGHT,
+    EXPECTED_OUTPUT_TOKENS_IN_FLIGHT,
+)
+"""The per-endpoint token-load gauges, exported when token-load scoring is on."""
+
 
 class _PoolCollector(Collector):
     """Per-endpoint gauges read from the store at scrape time (no bookkeeping on the hot path)."""
@@ -72,24 +84,24 @@ class _PoolCollector(Collector):
         # "Routed by this EPP" includes, with replica sync, what its peers routed (as scoring sees it).
         labels = ["name", "model_server_pod"]
         prefill = GaugeMetricFamily(
-            "llm_epp_endpoint_prefill_tokens_in_flight",
+            PREFILL_TOKENS_IN_FLIGHT,
             "Uncached prompt tokens routed by this EPP (and its synced peers) and not yet prefilled",
             labels=labels,
         )
         decode = GaugeMetricFamily(
-            "llm_epp_endpoint_decode_tokens_in_flight",
+            DECODE_TOKENS_IN_FLIGHT,
             "KV tokens (prompt + generated) of requests routed by this EPP (and its synced peers) "
             "that are decoding",
             labels=labels,
         )
         kv = GaugeMetricFamily(
-            "llm_epp_endpoint_kv_tokens_in_flight",
+            KV_TOKENS_IN_FLIGHT,
             "KV tokens (prompt + generated) of every request routed by this EPP (and its synced peers) "
             "and not finished",
             labels=labels,
         )
         remaining = GaugeMetricFamily(
-            "llm_epp_endpoint_expected_output_tokens_in_flight",
+            EXPECTED_OUTPUT_TOKENS_IN_FLIGHT,
             "Output tokens still expected from requests routed by this EPP (and its synced peers; estimates)",
             labels=labels,
         )

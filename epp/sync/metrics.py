@@ -32,6 +32,8 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.plugins.token_load import TokenLoadProducer
 from epp.sync.state import ReplicaSyncState
 
+REMOTE_TOKEN_SHARE = "llm_epp_endpoint_remote_token_share"
+"""Per endpoint: the share of its tokens in flight that peer replicas booked."""
 LAG_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -72,7 +74,7 @@ class _SyncCollector(Collector):
 
     def _remote_share(self, producer: TokenLoadProducer) -> GaugeMetricFamily:
         share = GaugeMetricFamily(
-            "llm_epp_endpoint_remote_token_share",
+            REMOTE_TOKEN_SHARE,
             "Share of the endpoint's tokens in flight that peer replicas booked (0 when none are)",
             labels=["name", "model_server_pod"],
         )

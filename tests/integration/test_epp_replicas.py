@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from epp.datalayer.metrics import TOKEN_LOAD_GAUGES
+from epp.sync.metrics import REMOTE_TOKEN_SHARE
 from sim.envoy_admin import is_healthy
 from sim.nats_server import start_nats_server
 from tests.stacks import start_stack
@@ -20,13 +22,7 @@ from tests.support import metric_sum, scrape, wait_for
 
 pytestmark = pytest.mark.integration
 
-LOAD_GAUGES = (
-    "llm_epp_endpoint_prefill_tokens_in_flight",
-    "llm_epp_endpoint_decode_tokens_in_flight",
-    "llm_epp_endpoint_kv_tokens_in_flight",
-    "llm_epp_endpoint_expected_output_tokens_in_flight",
-    "llm_epp_endpoint_remote_token_share",
-)
+LOAD_GAUGES = (*TOKEN_LOAD_GAUGES, REMOTE_TOKEN_SHARE)
 
 
 def stream_completion(url: str, i: int) -> int:
@@ -56,7 +52,7 @@ def test_two_synced_epps_share_token_load_and_release_it(tmp_path: Path) -> None
             statuses = pool.map(stream_completion, [url] * 8, range(8))
             # While the streams run, each EPP scores with the other's bookings.
             for epp in (epp0, epp1):
-                assert wait_for(lambda e=epp: metric_sum(e, "llm_epp_endpoint_remote_token_share") > 0), epp
+                assert wait_for(lambda e=epp: metric_sum(e, REMOTE_TOKEN_SHARE) > 0), epp
             assert list(statuses) == [200] * 8
         served = [metric_sum(u, "inference_objective_request_total") for u in (epp0, epp1)]
         assert sum(served) == 8 and min(served) >= 1, served  # Envoy spread the streams over both
@@ -86,12 +82,12 @@ def test_a_killed_epp_gets_no_new_streams_and_its_bookings_leave_the_survivor(tm
         with ThreadPoolExecutor(4) as pool:
             # The streams the dead replica held fail (FailClose); the benchmarks count those.
             running = [pool.submit(stream_completion, url, i) for i in range(4)]
-            assert wait_for(lambda: metric_sum(survivor, "llm_epp_endpoint_remote_token_share") > 0)
+            assert wait_for(lambda: metric_sum(survivor, REMOTE_TOKEN_SHARE) > 0)
             stack.epps[1].stop(signal.SIGKILL)  # dies holding the bookings of what it routed
             # Within the peer timeout (3 s) and a heartbeat (0.5 s), with 1 s to spare, the
             # survivor drops the dead replica and every token it had booked.
             assert wait_for(lambda: metric_sum(survivor, "llm_epp_sync_peers_expired_total") == 1, 4.5)
-            assert metric_sum(survivor, "llm_epp_endpoint_remote_token_share") == 0
+            assert metric_sum(survivor, REMOTE_TOKEN_SHARE) == 0
             for stream in running:
                 stream.exception()
         assert wait_for(lambda: not envoy_sees_healthy(admin, doomed_grpc))
@@ -250,7 +246,7 @@ def test_a_nats_outage_under_load_fails_nothing_and_the_replicas_converge_after(
 
         with ThreadPoolExecutor(4) as pool:
             loads = [pool.submit(streams_until) for _ in range(4)]
-            share = "llm_epp_endpoint_remote_token_share"
+            share = REMOTE_TOKEN_SHARE
             assert wait_for(lambda: all(metric_sum(u, share) > 0 for u in epps))
             assert stack.nats is not None
             stack.nats.stop()

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from epp.datalayer.metrics import TOKEN_LOAD_GAUGES
 from sim.stack import LocalStack
 from tests.stacks import start_stack
 from tests.support import metric_sum, scrape, wait_for
@@ -19,13 +20,7 @@ from tests.support import metric_sum, scrape, wait_for
 pytestmark = pytest.mark.integration
 
 REPLICAS = 3
-LOAD_GAUGES = (
-    "llm_epp_endpoint_prefill_tokens_in_flight",
-    "llm_epp_endpoint_decode_tokens_in_flight",
-    "llm_epp_endpoint_kv_tokens_in_flight",
-    "llm_epp_endpoint_expected_output_tokens_in_flight",
-    "llm_epp_endpoint_in_flight_requests",
-)
+LOAD_GAUGES = (*TOKEN_LOAD_GAUGES, "llm_epp_endpoint_in_flight_requests")
 
 
 def endpoint_loads(stack: LocalStack) -> dict[str, float]:
