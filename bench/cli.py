@@ -108,6 +108,13 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
 }
 
 
+def _add_subcommand(sub: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
+    """A subcommand's parser, with the ``--out`` folder every benchmark writes its results to."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("--out", type=Path, default=Path("results"))
+    return p
+
+
 def _scales(text: str) -> tuple[float, ...]:
     try:
         scales = tuple(float(part) for part in text.split(",") if part.strip())
@@ -119,13 +126,12 @@ def _scales(text: str) -> tuple[float, ...]:
 
 
 def _add_compare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="replay one workload through several routers (fleet simulator)")
+    p = _add_subcommand(sub, "compare", "replay one workload through several routers (fleet simulator)")
     p.add_argument("--workload", required=True, help=f"one of: {', '.join(workload_names())}")
     p.add_argument(
         "--routers", default="all", help=f"comma-separated names or 'all' ({', '.join(router_names())})"
     )
     p.add_argument("--replicas", type=int, default=8)
-    p.add_argument("--out", type=Path, default=Path("results"))
     p.add_argument("--rate-scales", type=_scales, default=(1.0,), help="e.g. 0.5,1,2,4 (past saturation)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default="llama-3.1-8b-h100", choices=available_profiles())
@@ -145,7 +151,7 @@ def _positive(text: str) -> float:
 
 
 def _add_replay(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="replay a trace in real time through the live stack, config by config")
+    p = _add_subcommand(sub, "replay", "replay a trace in real time through the live stack, config by config")
     p.add_argument("--workload", default="agentic-weka", help=f"one of: {', '.join(workload_names())}")
     p.add_argument(
         "--configs",
@@ -162,7 +168,6 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--side-by-side", action="store_true", help="run the configs at the same time, each on its own stack"
     )
-    p.add_argument("--out", type=Path, default=Path("results"))
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -197,7 +202,7 @@ def _delays(text: str) -> tuple[float | None, ...]:
 
 
 def _add_sync_sweep(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sync-sweep", help="K EPP replicas x sync delay on the fleet simulator")
+    p = _add_subcommand(sub, "sync-sweep", "K EPP replicas x sync delay on the fleet simulator")
     defaults = sync_sweep.SweepSettings()
     p.add_argument(
         "--workloads",
@@ -215,7 +220,6 @@ def _add_sync_sweep(sub: argparse._SubParsersAction) -> None:
         "--seeds", type=_seeds, default=defaults.seeds, help="comma-separated seeds; cells average over them"
     )
     p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
-    p.add_argument("--out", type=Path, default=Path("results"))
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -247,8 +251,8 @@ def _sweep_workload(text: str) -> sync_sweep.SweepWorkload:
 
 
 def _add_flow_control(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "flow-control", help="two-tenant overload with and without flow control (fleet simulator)"
+    p = _add_subcommand(
+        sub, "flow-control", "two-tenant overload with and without flow control (fleet simulator)"
     )
     defaults = flow_control.OverloadSettings()
     p.add_argument("--loads", type=_scales, default=defaults.loads, help="offered load, x measured capacity")
@@ -262,7 +266,6 @@ def _add_flow_control(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens-per-endpoint", type=int, default=defaults.max_tokens_per_endpoint)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
-    p.add_argument("--out", type=Path, default=Path("results"))
 
 
 def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -282,7 +285,6 @@ def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         seed=args.seed,
     )
     flow_control.run(settings, args.out)
-    print(f"results written to {args.out}/")
 
 
 def _sync_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -304,7 +306,6 @@ def _sync_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         profile=args.profile,
     )
     sync_sweep.run(settings, args.out)
-    print(f"results written to {args.out}/")
 
 
 def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -332,7 +333,6 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     except (FileNotFoundError, ValueError) as exc:  # unknown config, workload or profile; a bad trace
         parser.error(str(exc))
     live_replay.run(settings, args.out, plan)
-    print(f"results written to {args.out}/")
 
 
 def _add_sync_failures(p: argparse.ArgumentParser) -> None:
@@ -342,64 +342,64 @@ def _add_sync_failures(p: argparse.ArgumentParser) -> None:
     p.add_argument("--soak-streams", type=int, default=defaults.soak_streams)
 
 
-def _sync_failures(args: argparse.Namespace) -> None:
+def _sync_failures(_parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     settings = sync_failures.SyncFailureSettings(
         after_kill_s=args.after_kill, outage_s=args.outage, soak_streams=max(1, args.soak_streams)
     )
     sync_failures.run(args.out, settings)
-    print(f"results written to {args.out}/")
+
+
+def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    routers = compare.resolve_routers(args.routers)
+    unknown = [name for name in routers if name not in router_names() and not Path(name).is_file()]
+    if unknown or args.replicas < 1:
+        parser.error(f"unknown routers {unknown}" if unknown else "--replicas must be >= 1")
+    settings = compare.CompareSettings(
+        workload=args.workload,
+        routers=routers,
+        replicas=args.replicas,
+        rate_scales=args.rate_scales,
+        seed=args.seed,
+        profile=args.profile,
+        limit=args.limit,
+        scrape_interval_s=args.scrape_interval_ms / 1e3,
+        retrain_interval_s=args.retrain_interval_s,
+    )
+    try:
+        compare.run(settings, args.out)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+_HANDLERS: dict[str, Callable[[argparse.ArgumentParser, argparse.Namespace], None]] = {
+    "compare": _compare,
+    "replay": _replay,
+    "sync-sweep": _sync_sweep,
+    "flow-control": _flow_control,
+    "sync-failures": _sync_failures,
+}
+"""The subcommands with options of their own; the others run a benchmark with its defaults."""
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="llm-epp-bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in [*BENCHMARKS, "all"]:
-        p = sub.add_parser(name, help="every benchmark" if name == "all" else f"the {name} benchmark")
-        p.add_argument("--out", type=Path, default=Path("results"))
+        _add_subcommand(sub, name, "every benchmark" if name == "all" else f"the {name} benchmark")
     _add_compare(sub)
     _add_replay(sub)
     _add_sync_sweep(sub)
     _add_flow_control(sub)
     _add_sync_failures(sub.choices["sync-failures"])
     args = parser.parse_args(argv)
-    if args.command == "sync-failures":
-        _sync_failures(args)
-        return
-    if args.command == "flow-control":
-        _flow_control(parser, args)
-        return
-    if args.command == "sync-sweep":
-        _sync_sweep(parser, args)
-        return
-    if args.command == "replay":
-        _replay(parser, args)
-        return
-    if args.command == "compare":
-        routers = compare.resolve_routers(args.routers)
-        unknown = [name for name in routers if name not in router_names() and not Path(name).is_file()]
-        if unknown or args.replicas < 1:
-            parser.error(f"unknown routers {unknown}" if unknown else "--replicas must be >= 1")
-        settings = compare.CompareSettings(
-            workload=args.workload,
-            routers=routers,
-            replicas=args.replicas,
-            rate_scales=args.rate_scales,
-            seed=args.seed,
-            profile=args.profile,
-            limit=args.limit,
-            scrape_interval_s=args.scrape_interval_ms / 1e3,
-            retrain_interval_s=args.retrain_interval_s,
-        )
-        try:
-            compare.run(settings, args.out)
-        except ValueError as exc:
-            parser.error(str(exc))
-        print(f"results written to {args.out}/")
-        return
-    selected = BENCHMARKS if args.command == "all" else {args.command: BENCHMARKS[args.command]}
-    for name, run in selected.items():
-        print(f"== {name}")
-        run(args.out)
+    handler = _HANDLERS.get(args.command)
+    if handler is not None:
+        handler(parser, args)
+    else:
+        selected = BENCHMARKS if args.command == "all" else {args.command: BENCHMARKS[args.command]}
+        for name, run in selected.items():
+            print(f"== {name}")
+            run(args.out)
     print(f"results written to {args.out}/")
 
 
