@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainer.auth import require_token_off_loopback
+from wire.settings import HealthPort
 
 Objective = Literal["mean", "quantile"]
 TargetTransform = Literal["log", "raw"]
@@ -46,12 +47,7 @@ class TrainerSettings(TrainingSettings):
         "--auth-token-file",
     )
     port: int = Field(8000, ge=0, le=65535, description="HTTP port")
-    health_port: int | None = Field(
-        None,
-        ge=0,
-        le=65535,
-        description="also serve /healthz, /readyz and /metrics alone on this port, all interfaces",
-    )
+    health_port: HealthPort = None
     auth_token_file: Path | None = Field(
         None, description="file holding the bearer token that every mutating route then requires"
     )
