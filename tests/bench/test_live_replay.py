@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,18 +16,18 @@ pytestmark = pytest.mark.integration
 SLICES = Path(__file__).parents[1] / "fixtures" / "traces"
 
 
+def _sliced_replay(monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> ReplaySettings:
+    """A 30-second replay of the committed mooncake-conversation slice on two instant replicas."""
+    monkeypatch.setattr(traces, "TRACES_DIR", SLICES)
+    return ReplaySettings(
+        workload="mooncake-conversation", duration_s=30.0, profile="instant", replicas=2, **overrides
+    )
+
+
 def test_a_short_replay_reports_what_the_stack_answered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(traces, "TRACES_DIR", SLICES)
-    settings = ReplaySettings(
-        workload="mooncake-conversation",
-        configs=("gie-default",),
-        limit=10,
-        duration_s=30.0,
-        profile="instant",
-        replicas=2,
-    )
+    settings = _sliced_replay(monkeypatch, configs=("gie-default",), limit=10)
     workload, sessions = live_replay.build(settings)
     data = live_replay.run(settings, tmp_path, (workload, sessions))
 
@@ -65,16 +66,7 @@ def test_a_short_replay_reports_what_the_stack_answered(
 def test_configs_side_by_side_each_get_their_own_stack_at_the_same_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(traces, "TRACES_DIR", SLICES)
-    settings = ReplaySettings(
-        workload="mooncake-conversation",
-        configs=("gie-default", "round-robin"),
-        limit=6,
-        duration_s=30.0,
-        profile="instant",
-        replicas=2,
-        side_by_side=True,
-    )
+    settings = _sliced_replay(monkeypatch, configs=("gie-default", "round-robin"), limit=6, side_by_side=True)
     data = live_replay.run(settings, tmp_path)
     gie, round_robin = data["results"]
     assert (gie["config"], round_robin["config"]) == ("gie-default", "round-robin")
