@@ -16,9 +16,11 @@ COPY sim sim
 COPY bench bench
 COPY wire wire
 # A regular (non-editable) install, pinned by the same lock as `make install`: the final stage
-# needs only the virtual environment.
+# needs only the virtual environment. opentelemetry-proto goes last: xds-protos ships an older
+# copy of its modules in the same files (see the Makefile).
 RUN /opt/llm-epp/bin/pip install --no-cache-dir -c locks/venv.txt --upgrade pip \
  && PIP_CONSTRAINT=locks/venv.txt /opt/llm-epp/bin/pip install --no-cache-dir . \
+ && PIP_CONSTRAINT=locks/venv.txt /opt/llm-epp/bin/pip install --no-cache-dir --no-deps --force-reinstall opentelemetry-proto \
  && /opt/llm-epp/bin/pip uninstall -y pip
 
 FROM ${PYTHON_IMAGE}

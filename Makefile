@@ -34,11 +34,14 @@ TLS ?=
 .PHONY: install system-packages vllm-env helm-env image run test test-fast bench lint lock clean
 
 # setuptools comes first and pinned, so the editable build uses it (no build isolation, which
-# would fetch whatever setuptools is newest).
+# would fetch whatever setuptools is newest). xds-protos ships an older copy of
+# opentelemetry-proto's modules in the same files, and whichever installs last wins them; the OTLP
+# exporter needs opentelemetry-proto's own, so it is reinstalled last.
 $(STAMP): pyproject.toml $(LOCKS)/venv.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(call pinned,venv) --upgrade pip setuptools wheel
 	$(BIN)/pip install -q $(call pinned,venv) --no-build-isolation -e '.[test,bench]'
+	$(BIN)/pip install -q $(call pinned,venv) --no-deps --force-reinstall opentelemetry-proto
 	$(call freeze,$(VENV))
 	@touch $@
 
