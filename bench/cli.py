@@ -239,7 +239,12 @@ def _add_flow_control(sub: argparse._SubParsersAction) -> None:
         "--duration", type=_positive, default=defaults.duration_s, help="seconds of arrivals per run"
     )
     p.add_argument("--replicas", type=int, default=defaults.replicas)
-    p.add_argument("--max-tokens-per-endpoint", type=int, default=defaults.max_tokens_per_endpoint)
+    p.add_argument(
+        "--max-tokens-per-endpoint",
+        type=int,
+        default=defaults.max_tokens_per_endpoint,
+        help="token-load detector room per replica (default: the profile's KV cache in tokens)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
     p.add_argument("--out", type=Path, default=Path("results"))
@@ -250,7 +255,7 @@ def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     unknown = [v for v in variants if v not in flow_control.VARIANTS]
     if unknown or not variants:
         parser.error(f"--variants must be among {', '.join(flow_control.VARIANTS)}; got {unknown or 'none'}")
-    if args.replicas < 1 or args.max_tokens_per_endpoint < 1:
+    if args.replicas < 1 or (args.max_tokens_per_endpoint is not None and args.max_tokens_per_endpoint < 1):
         parser.error("--replicas and --max-tokens-per-endpoint must be >= 1")
     settings = flow_control.OverloadSettings(
         loads=args.loads,

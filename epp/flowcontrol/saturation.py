@@ -57,6 +57,12 @@ class QueueKvSaturationDetector(SaturationDetector):
 
 class TokenLoadParameters(PluginParameters):
     max_tokens_per_endpoint: int = Field(default=200_000, ge=1, alias="maxTokensPerEndpoint")
+    max_prefill_tokens_per_endpoint: int | None = Field(
+        default=None, ge=1, alias="maxPrefillTokensPerEndpoint"
+    )
+    """Prompt tokens an endpoint may have waiting for their first token (None: no such limit).
+    About one engine step's token budget keeps a short prompt from queueing in the engine behind
+    several long ones: it waits in the EPP instead, where fairness can put it first."""
 
 
 @register
@@ -65,7 +71,10 @@ class TokenLoadSaturationDetector(SaturationDetector):
     released when the request finishes, so it is exact between scrapes. Room while the endpoints'
     headroom (each endpoint's capacity less its bookings, never below zero) covers the head
     request and those on their way; an idle pool always takes one, however large. Peer replicas'
-    bookings count too when the replicas share token load."""
+    bookings count too when the replicas share token load. With ``maxPrefillTokensPerEndpoint``,
+    also saturated unless some endpoint has room for the head's prompt among the prompt tokens
+    routed there and not yet answered (an endpoint without any always has); while a dispatched
+    request is on its way to the pick (its endpoint still unknown), none has."""
 
     type_name = "token-load-saturation-detector"
     Parameters = TokenLoadParameters
@@ -79,7 +88,18 @@ class TokenLoadSaturationDetector(SaturationDetector):
             booked = pool.booked_tokens.get(e.name, 0) + pool.peer_tokens.get(e.name, 0)
             busy = busy or booked > 0
             headroom += max(0, cap - booked)
-        return busy and headroom - pool.pending_tokens < head.tokens
+        if busy and headroom - pool.pending_tokens < head.tokens:
+            return True
+        return not self._prefill_room(pool, head)
+
+    def _prefill_room(self, pool: PoolView, head: FlowRequest) -> bool:
+        cap = self.params.max_prefill_tokens_per_endpoint
+        if cap is None or pool.pending_requests > 0:
+            return cap is None
+        return any(
+            (prefill := pool.prefill_tokens.get(e.name, 0)) == 0 or prefill + head.prompt_tokens <= cap
+            for e in pool.endpoints
+        )
 
 
 class PredictedTtftParameters(PluginParameters):

@@ -75,6 +75,11 @@ class FleetFlowGate:
         if key is not None and call.routed is not None:
             self.controller.routed(key, endpoint, call.routed.state, now)
 
+    def first_token(self, request_id: str) -> None:
+        key = self.keys.get(request_id)
+        if key is not None:
+            self.controller.first_token(key)
+
     def finished(self, request_id: str) -> None:
         key = self.keys.pop(request_id, None)
         if key is not None:
@@ -123,6 +128,7 @@ class FlowControlledRouter(Router):
 
     def on_first_token(self, call: RoutingCall, now: float) -> None:
         self.inner.on_first_token(call, now)
+        self.flow_gate.first_token(call.request.request_id)
 
     def on_progress(self, call: RoutingCall, tokens: int, now: float) -> None:
         self.inner.on_progress(call, tokens, now)

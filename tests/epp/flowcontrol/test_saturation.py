@@ -54,6 +54,24 @@ def test_token_load_books_per_endpoint_and_always_lets_an_idle_pool_take_one():
     assert detector.saturated(view(pool, peer_tokens={"e0": 1000, "e1": 900}), request(tokens=200))
 
 
+def test_token_load_prefill_limit_holds_a_long_prompt_while_a_short_one_fits():
+    detector = policy(
+        TokenLoadSaturationDetector, maxTokensPerEndpoint=100_000, maxPrefillTokensPerEndpoint=8192
+    )
+    pool = [endpoint_state(0), endpoint_state(1)]
+    long_prompt, short_prompt = request(tokens=6400), request(tokens=600)
+    long_prompt.prompt_tokens, short_prompt.prompt_tokens = 6000, 300
+    busy = {"e0": 4000, "e1": 4000}
+    assert detector.saturated(view(pool, booked=busy, prefill_tokens=busy), long_prompt)
+    assert not detector.saturated(view(pool, booked=busy, prefill_tokens=busy), short_prompt)
+    # An endpoint whose prompts all got their first token takes any prompt.
+    assert not detector.saturated(view(pool, booked=busy, prefill_tokens={"e0": 4000}), long_prompt)
+    # A dispatched request not yet picked may be headed anywhere: no prefill room is known.
+    assert detector.saturated(view(pool, booked=busy, pending_requests=1), short_prompt)
+    unlimited = policy(TokenLoadSaturationDetector, maxTokensPerEndpoint=100_000)
+    assert not unlimited.saturated(view(pool, booked=busy, prefill_tokens=busy), long_prompt)
+
+
 def _predicted(state: CycleState, **ttft_ms: float) -> CycleState:
     by = {name: EndpointPrediction(ms, 10.0, 0.0, None) for name, ms in ttft_ms.items()}
     state.put(LATENCY_PREDICTIONS, LatencyPredictions(by, None, None))
