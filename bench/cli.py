@@ -247,6 +247,13 @@ def _add_flow_control(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
+    p.add_argument(
+        "--epp-replicas",
+        type=int,
+        default=defaults.epp_replicas,
+        help="above 1: also run least-attained-service with this many synced EPP replicas (per-replica "
+        "and pool-wide token load) at each load above 1x",
+    )
     p.add_argument("--out", type=Path, default=Path("results"))
 
 
@@ -255,8 +262,9 @@ def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     unknown = [v for v in variants if v not in flow_control.VARIANTS]
     if unknown or not variants:
         parser.error(f"--variants must be among {', '.join(flow_control.VARIANTS)}; got {unknown or 'none'}")
-    if args.replicas < 1 or (args.max_tokens_per_endpoint is not None and args.max_tokens_per_endpoint < 1):
-        parser.error("--replicas and --max-tokens-per-endpoint must be >= 1")
+    tokens = args.max_tokens_per_endpoint
+    if args.replicas < 1 or args.epp_replicas < 1 or (tokens is not None and tokens < 1):
+        parser.error("--replicas, --epp-replicas and --max-tokens-per-endpoint must be >= 1")
     settings = flow_control.OverloadSettings(
         loads=args.loads,
         variants=variants,
@@ -264,6 +272,7 @@ def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         replicas=args.replicas,
         profile=args.profile,
         max_tokens_per_endpoint=args.max_tokens_per_endpoint,
+        epp_replicas=args.epp_replicas,
         seed=args.seed,
     )
     flow_control.run(settings, args.out)

@@ -35,7 +35,7 @@ import numpy as np
 from bench.report import cell, machine, markdown_table, save_figure, write_results
 from sim.engine.profile import load_profile
 from sim.fleet import FleetConfig, FleetSimulator, Session, SimulatedRequest, Turn, Workload
-from sim.fleet.flow_gate import flow_controlled_router
+from sim.fleet.flow_gate import flow_controlled_replicas, flow_controlled_router
 
 SLO_TTFT_MS = 500.0
 BATCH_SHARE = 0.25
@@ -46,6 +46,7 @@ UNSTABLE_GROWTH = 0.07
 TENANTS = ("A", "B", "batch")
 BASE_PLUGINS = """
 plugins:
+- type: token-load-producer
 - type: approximate-prefix-cache-producer
   parameters: {blockSizeTokens: 64, maxPrefixBlocksToMatch: 2048, lruCapacityPerServer: auto}
 - type: queue-scorer
@@ -95,6 +96,12 @@ class OverloadSettings:
     """The token-load detector's room per replica (booked prompt + expected output tokens);
     None: the profile's KV cache, in tokens (booked beyond it, the engine must preempt)."""
     first_guess_rps: float = 40.0
+    epp_replicas: int = 1
+    """Above 1: also run ``replica_variant`` at each load above 1× with this many EPP replicas,
+    counting per-replica and pool-wide token load (issue 14 §3)."""
+    replica_variant: str = "least-attained-service"
+    sync_delay_s: float = 0.005
+    """Between the EPP replicas (their NATS hop)."""
     seed: int = 0
 
 
@@ -167,12 +174,34 @@ def config_yaml(variant: str, settings: OverloadSettings) -> str:
     return text
 
 
-def _simulate(variant: str, workload: Workload, settings: OverloadSettings, config_dir: Path):
+EPP_REPLICA_MODES = ("per-replica tokens", "pool-wide tokens")
+"""With K EPP replicas: each token-load detector counts its own bookings, or also its peers'."""
+
+
+def _simulate(
+    variant: str, workload: Workload, settings: OverloadSettings, config_dir: Path, mode: str | None = None
+):
+    """One run; ``mode`` (one of ``EPP_REPLICA_MODES``): ``settings.epp_replicas`` synced EPP
+    replicas, each with its own flow control."""
     path = config_dir / f"{variant.replace(' ', '-').replace('+', 'and')}.yaml"
     path.write_text(config_yaml(variant, settings))
+
+    def router(clock):
+        if mode is None:
+            return flow_controlled_router(str(path), clock, settings.seed, name=variant)
+        return flow_controlled_replicas(
+            str(path),
+            clock,
+            settings.seed,
+            replicas=settings.epp_replicas,
+            sync_delay_s=settings.sync_delay_s,
+            pool_wide=mode == "pool-wide tokens",
+            name=variant,
+        )
+
     simulator = FleetSimulator(
         workload,
-        lambda clock: flow_controlled_router(str(path), clock, settings.seed, name=variant),
+        router,
         FleetConfig(replicas=settings.replicas, profile=settings.profile, seed=settings.seed),
     )
     result = simulator.run()
@@ -251,20 +280,12 @@ def run(settings: OverloadSettings, out_dir: Path) -> dict[str, Any]:
         tenants = {s.session_id: s.tenant for s in workload.sessions}
         for variant in settings.variants:
             result, queue_s = _simulate(variant, workload, settings, config_dir)
-            span = busy_span(result.records, settings.duration_s)
-            runs.append(
-                {
-                    "load": load,
-                    "variant": variant,
-                    "tenants": tenant_metrics(result.records, tenants, queue_s, span),
-                    "offered_interactive_rps": _offered(result.records, settings.duration_s),
-                    "total_goodput_req_s": None,
-                    "span_s": span,
-                    "wall_s": result.wall_s,
-                    "virtual_s": result.virtual_s,
-                }
-            )
-            runs[-1]["total_goodput_req_s"] = sum(t["goodput_req_s"] for t in runs[-1]["tenants"].values())
+            runs.append(_run_row(load, variant, result, tenants, queue_s, settings))
+        if settings.epp_replicas > 1 and load > 1:
+            for mode in EPP_REPLICA_MODES:
+                result, queue_s = _simulate(settings.replica_variant, workload, settings, config_dir, mode)
+                label = f"{settings.replica_variant}, K={settings.epp_replicas} {mode}"
+                runs.append(_run_row(load, label, result, tenants, queue_s, settings))
     data = {
         "benchmark": "flow-control",
         "settings": asdict(settings),
@@ -279,6 +300,28 @@ def run(settings: OverloadSettings, out_dir: Path) -> dict[str, Any]:
     json_path, md_path = write_results(out_dir, "flow-control", data, render_markdown(data, plot))
     data["outputs"] = {"json": str(json_path), "markdown": str(md_path), "plot": str(out_dir / plot)}
     return data
+
+
+def _run_row(
+    load: float,
+    variant: str,
+    result: Any,
+    tenants: dict[str, str],
+    queue_s: dict[str, float],
+    settings: OverloadSettings,
+) -> dict[str, Any]:
+    span = busy_span(result.records, settings.duration_s)
+    per_tenant = tenant_metrics(result.records, tenants, queue_s, span)
+    return {
+        "load": load,
+        "variant": variant,
+        "tenants": per_tenant,
+        "offered_interactive_rps": _offered(result.records, settings.duration_s),
+        "total_goodput_req_s": sum(t["goodput_req_s"] for t in per_tenant.values()),
+        "span_s": span,
+        "wall_s": result.wall_s,
+        "virtual_s": result.virtual_s,
+    }
 
 
 def busy_span(records: Sequence[SimulatedRequest], duration_s: float) -> float:
