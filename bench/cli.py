@@ -251,7 +251,7 @@ def _add_flow_control(sub: argparse._SubParsersAction) -> None:
         "--epp-replicas",
         type=int,
         default=defaults.epp_replicas,
-        help="above 1: also run least-attained-service with this many synced EPP replicas (per-replica "
+        help="above 1: also run 'las + prefill limit' with this many synced EPP replicas (per-replica "
         "and pool-wide token load) at each load above 1x",
     )
     p.add_argument("--out", type=Path, default=Path("results"))

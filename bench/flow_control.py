@@ -99,7 +99,7 @@ class OverloadSettings:
     epp_replicas: int = 1
     """Above 1: also run ``replica_variant`` at each load above 1× with this many EPP replicas,
     counting per-replica and pool-wide token load (issue 14 §3)."""
-    replica_variant: str = "least-attained-service"
+    replica_variant: str = "las + prefill limit"
     sync_delay_s: float = 0.005
     """Between the EPP replicas (their NATS hop)."""
     seed: int = 0

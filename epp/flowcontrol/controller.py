@@ -87,6 +87,8 @@ class FlowController:
         """Whether the last dispatch attempt found the pool saturated."""
         self.peer_tokens: Mapping[str, int] = {}
         """Per endpoint, peer replicas' in-flight tokens (set by the adapter when replicas sync)."""
+        self.peer_prefill_tokens: Mapping[str, int] = {}
+        """Per endpoint, peer replicas' prompt tokens still to prefill (set with ``peer_tokens``)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -241,6 +243,7 @@ class FlowController:
             pending_requests=self._pending_requests,
             pending_tokens=self._pending_tokens,
             peer_tokens=self.peer_tokens,
+            peer_prefill_tokens=self.peer_prefill_tokens,
         )
 
     # ------------------------------------------------------------------ after dispatch

@@ -73,7 +73,7 @@ class TokenLoadSaturationDetector(SaturationDetector):
     request and those on their way; an idle pool always takes one, however large. Peer replicas'
     bookings count too when the replicas share token load. With ``maxPrefillTokensPerEndpoint``,
     also saturated unless some endpoint has room for the head's prompt among the prompt tokens
-    routed there and not yet answered (an endpoint without any always has); while a dispatched
+    routed there and not yet answered, peers' too (an endpoint without any always has); while a dispatched
     request is on its way to the pick (its endpoint still unknown), none has."""
 
     type_name = "token-load-saturation-detector"
@@ -97,7 +97,8 @@ class TokenLoadSaturationDetector(SaturationDetector):
         if cap is None or pool.pending_requests > 0:
             return cap is None
         return any(
-            (prefill := pool.prefill_tokens.get(e.name, 0)) == 0 or prefill + head.prompt_tokens <= cap
+            (prefill := pool.prefill_tokens.get(e.name, 0) + pool.peer_prefill_tokens.get(e.name, 0)) == 0
+            or prefill + head.prompt_tokens <= cap
             for e in pool.endpoints
         )
 

@@ -97,6 +97,8 @@ class PoolView:
     """Per endpoint, prompt tokens of routed requests that have no first token yet."""
     peer_tokens: Mapping[str, int] = field(default_factory=dict)
     """Per endpoint, tokens other EPP replicas have in flight there (active-active sync)."""
+    peer_prefill_tokens: Mapping[str, int] = field(default_factory=dict)
+    """Per endpoint, other EPP replicas' prompt tokens there still to prefill."""
 
     def routed_since(self, endpoint: str, since: float) -> int:
         """Unfinished requests routed to ``endpoint`` after ``since`` (a scrape's time)."""

@@ -225,17 +225,18 @@ class ReplicatedFlowGate:
 
     def _refresh(self, index: int, replicas: Sequence[Replica], now: float) -> None:
         """Hand replica ``index``'s controller its peers' tokens per endpoint as synced by ``now``:
-        KV tokens plus the output still expected, what its own bookings count."""
+        KV tokens plus the output still expected (what its own bookings count), and the uncached
+        prompt tokens still to prefill."""
         peers = self._peers[index]
         if peers is None:
             return
         self.router.catch_up(now)
-        loads = {r.name: peers.load(r.name) for r in replicas}
-        self.gates[index].controller.peer_tokens = {
-            name: load.kv_tokens + load.expected_remaining_tokens
-            for name, load in loads.items()
-            if load.requests
+        loads = {r.name: load for r in replicas if (load := peers.load(r.name)).requests}
+        controller = self.gates[index].controller
+        controller.peer_tokens = {
+            n: load.kv_tokens + load.expected_remaining_tokens for n, load in loads.items()
         }
+        controller.peer_prefill_tokens = {n: load.prefill_tokens for n, load in loads.items()}
 
 
 def _peer_tracker(member: PipelineRouter) -> TokenLoadTracker:

@@ -66,6 +66,11 @@ def test_token_load_prefill_limit_holds_a_long_prompt_while_a_short_one_fits():
     assert not detector.saturated(view(pool, booked=busy, prefill_tokens=busy), short_prompt)
     # An endpoint whose prompts all got their first token takes any prompt.
     assert not detector.saturated(view(pool, booked=busy, prefill_tokens={"e0": 4000}), long_prompt)
+    # Peer replicas' prompts on their way through prefill count too.
+    peers = {"e0": 100, "e1": 4000}
+    assert detector.saturated(
+        view(pool, booked=busy, prefill_tokens={"e0": 4000}, peer_prefill_tokens=peers), long_prompt
+    )
     # A dispatched request not yet picked may be headed anywhere: no prefill room is known.
     assert detector.saturated(view(pool, booked=busy, pending_requests=1), short_prompt)
     unlimited = policy(TokenLoadSaturationDetector, maxTokensPerEndpoint=100_000)
