@@ -203,9 +203,21 @@ def _add_sync_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--sync-delays-ms", type=_delays, default=defaults.sync_delays_s, help="d values, e.g. 0,50,500,none"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seeds", type=_seeds, default=defaults.seeds, help="comma-separated seeds; cells average over them"
+    )
     p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
     p.add_argument("--out", type=Path, default=Path("results"))
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds are integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError("give one or more distinct seeds")
+    return seeds
 
 
 def _sweep_workload(text: str) -> sync_sweep.SweepWorkload:
@@ -294,7 +306,7 @@ def _sync_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         routers=routers,
         router_replicas=args.router_replicas,
         sync_delays_s=args.sync_delays_ms,
-        seed=args.seed,
+        seeds=args.seeds,
         profile=args.profile,
     )
     sync_sweep.run(settings, args.out)

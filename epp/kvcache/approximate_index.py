@@ -91,5 +91,13 @@ class ApproximatePrefixIndex:
                 matched[endpoint] = depth
         return matched
 
+    def recent_blocks(self, limit: int) -> list[tuple[str, list[int]]]:
+        """Each endpoint's most recently sent blocks, oldest first, at most ``limit`` in all (an
+        equal share per endpoint): recording them in this order rebuilds the same LRU order."""
+        if limit <= 0 or not self._lru:
+            return []
+        share = max(1, limit // len(self._lru))
+        return [(e, list(lru)[-share:]) for e, lru in self._lru.items() if lru]
+
     def blocks_held(self, endpoint: str) -> int:
         return len(self._lru.get(endpoint, ()))

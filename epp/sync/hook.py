@@ -34,7 +34,8 @@ def _find(plugins: Iterable[object], cls: type[P]) -> P | None:
 
 def sync_targets(pipeline: Pipeline) -> SyncTargets:
     """Where peers' deltas are applied in ``pipeline``: the token-load producer's peer tracker,
-    the approximate prefix index, the running TPOT SLOs (each None if the config has none)."""
+    the approximate prefix index (and what of it a snapshot carries), the running TPOT SLOs
+    (each None if the config has none)."""
     plugins = list(pipeline.plugins.values())
     token_load = find_token_load(plugins)
     prefix = _find(plugins, ApproximatePrefixCacheProducer)
@@ -44,6 +45,7 @@ def sync_targets(pipeline: Pipeline) -> SyncTargets:
         tpot_slos=latency.running_tpot_slos if latency is not None else None,
         record_prefix=prefix.record if prefix is not None else None,
         prefix_block_size=prefix.params.block_size_tokens if prefix is not None else 0,
+        prefix_blocks=prefix.index.recent_blocks if prefix is not None else None,
     )
 
 

@@ -19,11 +19,14 @@ Bodies:
       [PREFIX, endpoint, block_size, hashes]   # hashes: little-endian uint64 bytes
 
   ``key`` names one routed request among the sender's (an int, unique per incarnation).
-* SNAPSHOT: the sender's own live bookings, each
-  ``[key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None, decoding, generated]``.
+* SNAPSHOT: ``[bookings, prefix]``: the sender's own live bookings, each
+  ``[key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None, decoding, generated]``,
+  and the most recent blocks of its approximate prefix index (its own inserts and its peers'),
+  each ``[endpoint, block_size, hashes]``, oldest first (bounded, ``SyncTuning.snapshot_prefix_blocks``).
 * HEARTBEAT, SNAPSHOT_REQUEST: empty.
 
-Version 1 is the only one; a message of any other version is refused whole (:class:`SchemaError`).
+Version 2 is the only one (version 1's SNAPSHOT held the bookings alone); a message of any other
+version is refused whole (:class:`SchemaError`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class MessageKind(IntEnum):

@@ -41,7 +41,8 @@ producer's ``peers`` tracker (``targets.token_load``).
 Everything delivered is bytes in the ``epp.sync.messages`` schema, so a simulator that delays
 ``data`` by d exercises the same decode and apply code as the live EPP. Each call is O(1) per
 delta (O(blocks) for a prefix insert), except :meth:`expire` (O(peers)), dropping a peer and
-installing a snapshot (O(that peer's bookings)).
+installing a snapshot (O(that peer's bookings and prefix blocks)) and answering one (O(our
+bookings + ``snapshot_prefix_blocks``)).
 
 Consistency rules:
 
@@ -49,12 +50,14 @@ Consistency rules:
   gap (a ``seq`` skipped, or a heartbeat announcing a ``seq`` never seen) means messages were
   lost: the state asks that peer for a snapshot (:meth:`wanted_snapshots`) and, until it comes,
   keeps applying what arrives (best effort) while also keeping it; the snapshot then replaces
-  everything it knew of that peer, and the kept messages numbered after the snapshot replay.
+  the bookings it knew of that peer (its prefix blocks are merged into the index, which does not
+  tell whose insert a block was), and the kept messages numbered after the snapshot replay.
 * Deltas are idempotent against a newer state (routing a key already booked is ignored; first
   token, progress and release only move forward), so a snapshot that already includes a few
   deltas that are still queued behind it does not count them twice.
 * A peer heard from for the first time mid-stream (its first message is not its first ever) is
-  asked for a snapshot too: that is how a replica that starts or restarts converges.
+  asked for a snapshot too: that is how a replica that starts or restarts converges (on the
+  bookings, and on the most recent part of the prefix index, which a snapshot also carries).
 * A peer silent for ``peer_timeout_s`` is dropped with everything it booked. A peer that starts
   a new incarnation (a restart under the same name) has its old incarnation dropped at once.
 * While the transport is disconnected (:meth:`connection_lost`) nobody expires: routing goes on
@@ -103,6 +106,9 @@ class SyncTuning:
     max_payload, 1 MiB by default)."""
     max_kept_messages: int = 10_000
     """Messages kept per peer while its snapshot is awaited; past it they are dropped."""
+    snapshot_prefix_blocks: int = 65_536
+    """Approximate-prefix-index blocks a snapshot carries at most (8 bytes each, the most recent
+    of each endpoint), so a replica that joins scores prefixes before it has seen any insert."""
 
 
 @dataclass(slots=True)
@@ -116,6 +122,9 @@ class SyncTargets:
     record_prefix: Callable[[str, list[int]], None] | None = None
     """Record that an endpoint was sent these prompt blocks (the approximate prefix index)."""
     prefix_block_size: int = 0
+    prefix_blocks: Callable[[int], list[tuple[str, list[int]]]] | None = None
+    """The approximate prefix index's most recent blocks per endpoint, oldest first, at most this
+    many in all (what a snapshot carries)."""
 
 
 @dataclass(slots=True)
@@ -307,7 +316,8 @@ class ReplicaSyncState:
         return self._envelope(MessageKind.HEARTBEAT, [])
 
     def snapshot(self) -> bytes:
-        """A SNAPSHOT of our own live bookings as of our latest ``seq``."""
+        """A SNAPSHOT of our own live bookings as of our latest ``seq``, and of the most recent
+        blocks of our approximate prefix index."""
         bookings = [
             [
                 key,
@@ -321,7 +331,14 @@ class ReplicaSyncState:
             ]
             for key, o in self._own.items()
         ]
-        return self._envelope(MessageKind.SNAPSHOT, bookings)
+        prefix = []
+        if self.targets.prefix_blocks is not None:
+            size = self.targets.prefix_block_size
+            prefix = [
+                [endpoint, size, pack_hashes(hashes)]
+                for endpoint, hashes in self.targets.prefix_blocks(self.tuning.snapshot_prefix_blocks)
+            ]
+        return self._envelope(MessageKind.SNAPSHOT, [bookings, prefix])
 
     def snapshot_request(self) -> bytes:
         """The payload with which to ask a peer for its snapshot."""
@@ -369,8 +386,8 @@ class ReplicaSyncState:
         elif message.kind == MessageKind.HEARTBEAT:
             if peer.kept is None and message.seq > peer.last_seq:
                 self._gap(peer)
-        else:
-            self._install(peer, message)
+        elif not self._install(peer, message):
+            return None
         return Received(message.kind, message.replica, self.wall_clock() - message.sent_at)
 
     def _decode(self, data: bytes) -> SyncMessage | None:
@@ -433,15 +450,24 @@ class ReplicaSyncState:
         peer.asked = False
         self._snapshots_wanted = True
 
-    def _install(self, peer: _Peer, message: SyncMessage) -> None:
+    def _install(self, peer: _Peer, message: SyncMessage) -> bool:
+        """Install a peer's snapshot (or ignore a stale one); False if it is malformed."""
         if message.seq < peer.last_seq and peer.kept is None:
             self.stats.snapshots["stale"] += 1
-            return
+            return True
+        if len(message.body) != 2 or not all(isinstance(part, list) for part in message.body):
+            self._refuse("malformed", f"a snapshot from {peer.replica} that is not [bookings, prefix]")
+            return False
+        bookings, prefix = message.body
         kept = peer.kept or []
         self._clear(peer)
-        for booking in message.body:
+        for booking in bookings:
             if not self._book_from_snapshot(peer, booking):
                 self._refuse("malformed", f"a bad booking in a snapshot from {peer.replica}")
+        for entry in prefix:
+            outcome = self._apply_prefix([DeltaKind.PREFIX, *entry] if isinstance(entry, list) else [])
+            if outcome is not None:
+                self._refuse(outcome, f"prefix blocks in a snapshot from {peer.replica} ({outcome})")
         peer.kept, peer.asked, peer.last_seq = None, False, message.seq
         self.stats.snapshots["installed"] += 1
         for kept_message in kept:
@@ -449,6 +475,7 @@ class ReplicaSyncState:
                 self.stats.dropped["superseded"] += len(kept_message.body)
             else:
                 self._on_deltas(peer, kept_message)
+        return True
 
     def _book_from_snapshot(self, peer: _Peer, booking: object) -> bool:
         if not isinstance(booking, list) or len(booking) != 8:

@@ -10,38 +10,55 @@ import pytest
 from bench.cli import main
 
 
-def test_sync_sweep_writes_the_k_by_d_grid_with_the_goal(tmp_path: Path) -> None:
+def test_sync_sweep_writes_the_k_by_d_grid_with_the_goal_over_seeds(tmp_path: Path) -> None:
     out = tmp_path / "out"
     main(
         [
             "sync-sweep",
             "--workloads",
-            "rl-stragglers:2:2:1",
+            "rl-stragglers:1:2:1",
             "--routers",
             "ray-kv-aware",
             "--router-replicas",
             "1,4",
             "--sync-delays-ms",
-            "50,none",
+            "0,50",
+            "--seeds",
+            "0,1",
             "--out",
             str(out),
         ]
     )
     data = json.loads((out / "sync-sweep.json").read_text())
-    assert [(r["router_replicas"], r["sync_delay_ms"]) for r in data["runs"]] == [
-        (1, None),
-        (4, 50.0),
-        (4, None),
+    assert [(r["seed"], r["router_replicas"], r["sync_delay_ms"]) for r in data["runs"]] == [
+        (seed, k, d) for seed in (0, 1) for k, d in ((1, None), (4, 0.0), (4, 50.0))
     ]
     assert data["workloads"]["rl-stragglers"]["engines"] == 2
     assert all(r["router"] == "ray-kv-aware" and r["rejected"] == 0 for r in data["runs"])
-    assert len({r["completed"] for r in data["runs"]}) == 1  # every run replays the same requests
+    for seed in (0, 1):  # within a seed, every run replays the same requests
+        assert len({r["completed"] for r in data["runs"] if r["seed"] == seed}) == 1
+
+    def p99(seed: int, k: int, d: float | None, metric: str) -> float:
+        [run] = [
+            r for r in data["runs"] if (r["seed"], r["router_replicas"], r["sync_delay_ms"]) == (seed, k, d)
+        ]
+        return run[metric]["p99"]
+
+    def mean(k: int, d: float | None, metric: str) -> float:
+        return (p99(0, k, d, metric) + p99(1, k, d, metric)) / 2
+
     [goal] = data["goal"]
-    assert (goal["workload"], goal["router"]) == ("rl-stragglers", "ray-kv-aware")
-    base, synced = data["runs"][0], data["runs"][1]
-    assert goal["e2e_p99_change"] == pytest.approx(synced["e2e_ms"]["p99"] / base["e2e_ms"]["p99"] - 1)
+    assert (goal["workload"], goal["router"], goal["seeds"]) == ("rl-stragglers", "ray-kv-aware", 2)
+    assert goal["e2e_p99_change"] == pytest.approx(mean(4, 50.0, "e2e_ms") / mean(1, None, "e2e_ms") - 1)
+    assert goal["ttft_p99_change"] == pytest.approx(mean(4, 50.0, "ttft_ms") / mean(1, None, "ttft_ms") - 1)
+    assert goal["noise_ttft_p99_change"] == pytest.approx(
+        mean(4, 0.0, "ttft_ms") / mean(1, None, "ttft_ms") - 1
+    )
+    per_seed = sorted(p99(s, 4, 50.0, "ttft_ms") / p99(s, 1, None, "ttft_ms") - 1 for s in (0, 1))
+    assert goal["ttft_p99_change_range"] == pytest.approx(per_seed)
     report = (out / "sync-sweep.md").read_text()
-    assert "| ray-kv-aware | 4 | 50 ms |" in report and "| ray-kv-aware | 4 | no sync |" in report
+    assert "| ray-kv-aware | 4 | 50 ms |" in report and "| ray-kv-aware | 4 | 0 ms |" in report
+    assert f"{mean(1, None, 'e2e_ms') / 1e3:.2f} |" in report  # cells show the seeds' mean
     assert (out / "sync-sweep.png").stat().st_size > 1000
 
 
@@ -55,6 +72,8 @@ def test_sync_sweep_writes_the_k_by_d_grid_with_the_goal(tmp_path: Path) -> None
         ["--sync-delays-ms", "-5"],
         ["--sync-delays-ms", "soon"],
         ["--router-replicas", "0"],
+        ["--seeds", "1,1"],
+        ["--seeds", "x"],
     ],
 )
 def test_sync_sweep_refuses_bad_options(tmp_path: Path, arguments: list[str]) -> None:

@@ -80,3 +80,17 @@ def test_index_matches_reference_model(ops: list[tuple[str, list[int], int]], qu
         index.record(endpoint, blocks, capacity)
         reference.record(endpoint, blocks, capacity)
     assert index.longest_prefix(query) == reference.longest_prefix(query)
+
+
+def test_recent_blocks_are_each_endpoints_newest_in_lru_order_within_the_limit() -> None:
+    index = ApproximatePrefixIndex()
+    index.record("a", [1, 2, 3, 4], capacity=10)
+    index.record("a", [2], capacity=10)  # touched again: now the newest
+    index.record("b", [7, 8], capacity=10)
+    assert index.recent_blocks(4) == [("a", [4, 2]), ("b", [7, 8])]
+    assert index.recent_blocks(100) == [("a", [1, 3, 4, 2]), ("b", [7, 8])]
+    assert index.recent_blocks(0) == []
+    rebuilt = ApproximatePrefixIndex()
+    for endpoint, blocks in index.recent_blocks(100):
+        rebuilt.record(endpoint, blocks, capacity=10)
+    assert rebuilt.recent_blocks(100) == index.recent_blocks(100)

@@ -96,3 +96,17 @@ def test_a_peers_running_tpot_slo_binds_on_its_endpoint() -> None:
     a.finish(routed)
     a.send_to(b)
     assert b_latency.running_tpot_slos[target] == {}
+
+
+def test_a_late_replicas_snapshot_brings_the_peers_prefix_index() -> None:
+    clock = FakeClock()
+    a, late = SyncedReplica("a", "gie-default", clock), SyncedReplica("late", "gie-default", clock)
+    prompt = list(range(64 * 5))
+    routed = a.route(prompt)
+    a.sync.take_messages()  # published before late existed
+    a.route(list(range(1000, 1064)))
+    a.send_to(late)  # late sees a mid-stream and asks for a snapshot
+    assert late.sync.wanted_snapshots() == ["a"]
+    late.sync.receive(a.sync.answer(late.sync.snapshot_request()))
+    state = late.route(prompt).state
+    assert state.get(PREFIX_MATCH).matched_blocks.get(routed.endpoint_name) == 5

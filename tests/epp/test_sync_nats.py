@@ -1,5 +1,5 @@
 """Replica sync through a real nats-server (started here on free loopback ports): convergence,
-refused messages, heartbeat expiry, snapshot on join, NATS restarts, and auth."""
+refused messages, heartbeat expiry, snapshot on join, NATS restarts, auth, and mutual TLS."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from epp.settings import EppSettings
 from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport, connect_options
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
+from sim.certs import write_local_pki
 from tests.epp.sync_replicas import ENDPOINTS, EppReplica, Nats
 from tests.support import eventually
 
@@ -131,7 +132,7 @@ async def test_two_replicas_converge_on_token_load_and_refuse_what_they_cannot_r
     assert a_deltas
     for data in a_deltas:
         await wiretap.publish(f"{ROOT}.events", data)
-    future = msgpack.packb([2, 1, "a", a.sync.incarnation, 99, time.time(), [[1, 9, "a", 5, 5, 5, None]]])
+    future = msgpack.packb([3, 1, "a", a.sync.incarnation, 99, time.time(), [[1, 9, "a", 5, 5, 5, None]]])
     await wiretap.publish(f"{ROOT}.events", future)
     await wiretap.flush()
     await eventually(lambda: b.sync.stats.dropped["version"] == 1)
@@ -252,8 +253,74 @@ async def test_user_password_and_nkey_auth(tmp_path: Path, started) -> None:
         nkey = connect_options(settings_with(sync_nats_url=[server.url], sync_nats_nkey_seed_file=seed_file))
         a = await started("a", server.url, **user)
         b = await started("b", server.url, **nkey)
+        other_seed = nkeys.encode_seed(bytes(range(1, 33)), nkeys.PREFIX_BYTE_USER)
+        (tmp_path / "other.nk").write_bytes(other_seed)
+        wrong_password = await started("wrong-password", server.url, user="epp", password="nope")
+        unknown_nkey = await started("unknown-nkey", server.url, nkeys_seed=str(tmp_path / "other.nk"))
         await eventually(connected(a, b))
         a.route("c", 10, 0, 1)
         await eventually(converged(b, a))
+        for refused in (wrong_password, unknown_nkey):
+            await eventually(lambda r=refused: r.transport.last_error is not None)
+            assert "authorization violation" in refused.transport.last_error.lower()
+            assert not refused.transport.connected
+    finally:
+        server.stop()
+
+
+async def test_mutual_tls_connects_and_refuses_clients_without_a_trusted_certificate(
+    tmp_path: Path, started
+) -> None:
+    pki = write_local_pki(tmp_path / "pki")  # the server certificate names 127.0.0.1
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f'tls {{ cert_file: "{pki.server_cert_file}", key_file: "{pki.server_key_file}", '
+        f'ca_file: "{pki.ca_file}", verify: true, timeout: 2 }}\n'
+    )
+    server = Nats(tmp_path, ("--config", str(config)))
+    server.start()
+    url = server.url.replace("nats://", "tls://")
+    try:
+        mtls = connect_options(
+            settings_with(
+                sync_nats_url=[url],
+                sync_nats_tls_ca_file=pki.ca_file,
+                sync_nats_tls_cert_file=pki.client_cert_file,
+                sync_nats_tls_key_file=pki.client_key_file,
+            )
+        )
+        a = await started("a", url, **mtls)
+        b = await started("b", url, **mtls)
+        await eventually(connected(a, b))
+        a.route("c", 10, 0, 1)
+        await eventually(converged(b, a))
+
+        # Trusts the server but shows no certificate: the server refuses it.
+        no_cert = connect_options(settings_with(sync_nats_url=[url], sync_nats_tls_ca_file=pki.ca_file))
+        anonymous = await started("anonymous", url, **no_cert)
+        # Shows a certificate of another CA, and does not trust the server's: refused both ways.
+        other = write_local_pki(tmp_path / "other-pki")
+        stranger = await started(
+            "stranger",
+            url,
+            **connect_options(
+                settings_with(
+                    sync_nats_url=[url],
+                    sync_nats_tls_ca_file=other.ca_file,
+                    sync_nats_tls_cert_file=other.client_cert_file,
+                    sync_nats_tls_key_file=other.client_key_file,
+                )
+            ),
+        )
+        await eventually(lambda: anonymous.transport.last_error is not None)
+        await eventually(lambda: stranger.transport.last_error is not None)
+        assert "certificate required" in anonymous.transport.last_error.lower()
+        assert "certificate verify failed" in stranger.transport.last_error.lower()
+        assert not anonymous.transport.connected and not stranger.transport.connected
+        anonymous.route("a", 999, 0, 4)
+        stranger.route("b", 999, 0, 4)
+        a.route("a", 20, 0, 2)
+        await eventually(converged(b, a))
+        assert sorted(b.sync.peers) == ["a"]
     finally:
         server.stop()

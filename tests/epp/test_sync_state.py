@@ -95,13 +95,13 @@ def test_own_messages_are_ignored() -> None:
 def test_a_message_of_another_schema_version_is_refused_and_logged_once(caplog) -> None:
     clock = FakeClock()
     b = make_replica("b", clock)
-    future = msgpack.packb([2, 1, "a", 1, 1, 0.0, [[1, 0, "a", 100, 100, 10, None]], {"new": "field"}])
+    future = msgpack.packb([3, 1, "a", 1, 1, 0.0, [[1, 0, "a", 100, 100, 10, None]], {"new": "field"}])
     with caplog.at_level(logging.WARNING, logger="epp.sync.state"):
         assert b.sync.receive(future) is None
         assert b.sync.receive(future) is None
     assert b.sync.stats.dropped["version"] == 2
     assert b.peers_load.in_flight() == 0 and b.sync.peers == []
-    assert len([r for r in caplog.records if "schema version 2" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "schema version 3" in r.getMessage()]) == 1
     assert b.sync.receive(b"\xc1 not msgpack") is None
     assert b.sync.stats.dropped["malformed"] == 1
 
@@ -255,6 +255,49 @@ def test_prefix_inserts_and_tpot_slos_reach_the_peer_structures() -> None:
     a.release(key)
     deliver(send(a), b)
     assert slos["c"] == {}
+
+
+def test_a_joining_replica_gets_the_most_recent_prefix_blocks_in_a_snapshot_within_the_bound() -> None:
+    clock = FakeClock()
+    index_a, index_late = ApproximatePrefixIndex(), ApproximatePrefixIndex()
+    a = make_replica(
+        "a", clock, prefix_block_size=64, prefix_blocks=index_a.recent_blocks, record_prefix=None
+    )
+    a.sync.tuning = SyncTuning(snapshot_prefix_blocks=6)
+    late = make_replica(
+        "late",
+        clock,
+        prefix_block_size=64,
+        record_prefix=lambda endpoint, hashes: index_late.record(endpoint, hashes, 100),
+    )
+    old_prompt, new_prompt, other = [1, 2, 3, 4], [11, 12, 13], [21, 22]
+    index_a.record("a", old_prompt, 100)
+    index_a.record("a", new_prompt, 100)
+    index_a.record("b", other, 100)  # a peer's insert that a applied: a snapshot carries it too
+    a.route("a", 100, 0, 10)
+    send(a)  # published before late existed
+    a.route("b", 100, 0, 10)
+    deliver(send(a), late)
+    serve_snapshots(late, {"a": a})
+    # 6 blocks in all, 3 per endpoint, the most recent of each, in LRU order.
+    assert index_late.longest_prefix(new_prompt) == {"a": 3}
+    assert index_late.longest_prefix(other) == {"b": 2}
+    assert index_late.longest_prefix(old_prompt) == {}
+    assert index_late.blocks_held("a") == 3 and late.peers_load.load("a").requests == 1
+
+
+def test_a_malformed_snapshot_is_refused_and_asked_for_again() -> None:
+    clock = FakeClock()
+    late = make_replica("late", clock)
+    late.sync.receive(encode(SyncMessage(MessageKind.DELTAS, "a", 1, 5, 0.0, [])))
+    assert late.sync.wanted_snapshots() == ["a"]
+    old_shape = encode(SyncMessage(MessageKind.SNAPSHOT, "a", 1, 5, 0.0, [[1, "a", 1, 1, 1, None, False, 0]]))
+    assert late.sync.receive(old_shape) is None
+    late.sync.snapshot_failed("a")
+    assert late.sync.stats.dropped["malformed"] == 1 and late.sync.wanted_snapshots() == ["a"]
+    bad_blocks = [[], [["a", 64, b"\x01\x02\x03"]]]  # hashes not whole uint64s
+    assert late.sync.receive(encode(SyncMessage(MessageKind.SNAPSHOT, "a", 1, 5, 0.0, bad_blocks)))
+    assert late.sync.stats.dropped["malformed"] == 2 and late.sync.stats.snapshots["installed"] == 1
 
 
 def test_large_batches_are_split_under_the_message_size_limit() -> None:
