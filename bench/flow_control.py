@@ -14,7 +14,9 @@ measured, not assumed: the highest offered rate of the mix at which the pool's b
 flow control, stays bounded (:func:`measure_capacity`). Each run reports, per tenant: TTFT
 p50/p99, SLO attainment (B: completed with TTFT within the objective; A and batch have none, so:
 completed), goodput (those per second of the run's busy span, :func:`busy_span`),
-shed count (429s) and flow-control queue time p50/p99. Writes ``flow-control.json``,
+shed count (429s) and flow-control queue time p50/p99. With ``epp_replicas`` K > 1, the
+``replica_variant`` also runs on K synced EPP replicas, each with its own flow control, its
+token-load detector counting its own bookings only or the pool's (issue 14 §3). Writes ``flow-control.json``,
 ``flow-control.md`` (the tenant × policy table, and the issue's goals) and ``flow-control.png``.
 """
 

@@ -24,6 +24,8 @@ def test_flow_control_writes_the_tenant_by_policy_table(tmp_path: Path) -> None:
             variants,
             "--duration",
             "6",
+            "--epp-replicas",
+            "2",
             "--out",
             str(tmp_path),
         ]
@@ -35,13 +37,19 @@ def test_flow_control_writes_the_tenant_by_policy_table(tmp_path: Path) -> None:
         (0.5, "least-attained-service"),
         (2.0, "no flow control"),
         (2.0, "least-attained-service"),
+        (2.0, "las + prefill limit, K=2 per-replica tokens"),
+        (2.0, "las + prefill limit, K=2 pool-wide tokens"),
     ]
     for run in data["runs"]:
         assert set(run["tenants"]) == {"A", "B", "batch"}
     assert sum(t["requests"] for t in data["runs"][3]["tenants"].values()) > 0
     without = data["runs"][2]["tenants"]
     assert all(t["queue_p99_ms"] in (0.0, None) and t["shed"] == 0 for t in without.values())
-    assert set(data["goals"]) == {"least-attained-service"}
+    assert set(data["goals"]) == {
+        "least-attained-service",
+        "las + prefill limit, K=2 per-replica tokens",
+        "las + prefill limit, K=2 pool-wide tokens",
+    }
     markdown = (tmp_path / "flow-control.md").read_text()
     assert "| 2× | least-attained-service | B |" in markdown and "## Goals at 2× load" in markdown
     assert (tmp_path / "flow-control.png").stat().st_size > 0
