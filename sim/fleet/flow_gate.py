@@ -179,6 +179,7 @@ class ReplicatedFlowGate:
             _peer_tracker(member) if pool_wide else None for member in router.members
         ]
         self._turn = 0
+        self._first = 0
         self.member: dict[str, int] = {}
         """Request id → the replica it went to, from admission to finish."""
 
@@ -202,10 +203,14 @@ class ReplicatedFlowGate:
         return outcome
 
     def poll(self, now: float, replicas: Sequence[Replica]) -> Released:
+        """Each replica's releases; the replica that looks first takes the room that freed up, so
+        the first is another one at each call (live replicas' dispatchers race; none always wins)."""
         released = Released()
-        for index, gate in enumerate(self.gates):
+        k = len(self.gates)
+        self._first = (self._first + 1) % k
+        for index in [(self._first + i) % k for i in range(k)]:
             self._refresh(index, replicas, now)
-            mine = gate.poll(now, replicas)
+            mine = self.gates[index].poll(now, replicas)
             released.dispatched += mine.dispatched
             released.shed += mine.shed
         for (_, _, call, *_), _ in released.shed:
