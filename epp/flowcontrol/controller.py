@@ -89,6 +89,8 @@ class FlowController:
         """Per endpoint, peer replicas' in-flight tokens (set by the adapter when replicas sync)."""
         self.peer_prefill_tokens: Mapping[str, int] = {}
         """Per endpoint, peer replicas' prompt tokens still to prefill (set with ``peer_tokens``)."""
+        self.replicas = 1
+        """EPP replicas sharing the pool's token load, this one included (set with ``peer_tokens``)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -244,6 +246,7 @@ class FlowController:
             pending_tokens=self._pending_tokens,
             peer_tokens=self.peer_tokens,
             peer_prefill_tokens=self.peer_prefill_tokens,
+            replicas=self.replicas,
         )
 
     # ------------------------------------------------------------------ after dispatch

@@ -71,7 +71,10 @@ class TokenLoadSaturationDetector(SaturationDetector):
     released when the request finishes, so it is exact between scrapes. Room while the endpoints'
     headroom (each endpoint's capacity less its bookings, never below zero) covers the head
     request and those on their way; an idle pool always takes one, however large. Peer replicas'
-    bookings count too when the replicas share token load. With ``maxPrefillTokensPerEndpoint``,
+    bookings count too when the replicas share token load; then a replica also has room while its
+    own bookings leave headroom in its share of the capacity (1/K of it, ``PoolView.replicas``):
+    fairness is per replica, and without a share a peer's fresh arrivals would take every bit of
+    room that frees up while this replica's waiting requests expire. With ``maxPrefillTokensPerEndpoint``,
     also saturated unless some endpoint has room for the head's prompt among the prompt tokens
     routed there and not yet answered, peers' too (an endpoint without any always has); while a dispatched
     request is on its way to the pick (its endpoint still unknown), none has."""
@@ -82,13 +85,16 @@ class TokenLoadSaturationDetector(SaturationDetector):
 
     def saturated(self, pool: PoolView, head: FlowRequest) -> bool:
         cap = self.params.max_tokens_per_endpoint
-        headroom = 0
+        share = cap // pool.replicas
+        headroom = own_headroom = 0
         busy = pool.pending_requests > 0
         for e in pool.endpoints:
-            booked = pool.booked_tokens.get(e.name, 0) + pool.peer_tokens.get(e.name, 0)
+            own = pool.booked_tokens.get(e.name, 0)
+            booked = own + pool.peer_tokens.get(e.name, 0)
             busy = busy or booked > 0
             headroom += max(0, cap - booked)
-        if busy and headroom - pool.pending_tokens < head.tokens:
+            own_headroom += max(0, share - own)
+        if busy and max(headroom, own_headroom) - pool.pending_tokens < head.tokens:
             return True
         return not self._prefill_room(pool, head)
 

@@ -99,6 +99,8 @@ class PoolView:
     """Per endpoint, tokens other EPP replicas have in flight there (active-active sync)."""
     peer_prefill_tokens: Mapping[str, int] = field(default_factory=dict)
     """Per endpoint, other EPP replicas' prompt tokens there still to prefill."""
+    replicas: int = 1
+    """EPP replicas whose bookings ``peer_tokens`` holds, this one included."""
 
     def routed_since(self, endpoint: str, since: float) -> int:
         """Unfinished requests routed to ``endpoint`` after ``since`` (a scrape's time)."""

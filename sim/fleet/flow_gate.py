@@ -242,6 +242,7 @@ class ReplicatedFlowGate:
             n: load.kv_tokens + load.expected_remaining_tokens for n, load in loads.items()
         }
         controller.peer_prefill_tokens = {n: load.prefill_tokens for n, load in loads.items()}
+        controller.replicas = len(self.gates)
 
 
 def _peer_tracker(member: PipelineRouter) -> TokenLoadTracker:

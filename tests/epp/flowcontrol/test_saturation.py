@@ -51,7 +51,19 @@ def test_token_load_books_per_endpoint_and_always_lets_an_idle_pool_take_one():
     assert not detector.saturated(view(pool, booked={"e0": 5000, "e1": 200}), request(tokens=800))
     assert detector.saturated(view(pool, booked={"e0": 5000, "e1": 200}), request(tokens=801))
     assert detector.saturated(view(pool, booked={"e1": 200}, pending_tokens=1000), request(tokens=900))
-    assert detector.saturated(view(pool, peer_tokens={"e0": 1000, "e1": 900}), request(tokens=200))
+    # Two EPP replicas: the peer's bookings count, but each replica keeps its share (half) of the room.
+    peers = {"e0": 500, "e1": 500}
+    assert detector.saturated(
+        view(pool, booked={"e0": 500, "e1": 400}, peer_tokens=peers, replicas=2), request(tokens=200)
+    )
+    assert not detector.saturated(
+        view(pool, booked={"e1": 400}, peer_tokens=peers, replicas=2), request(tokens=200)
+    )
+    crowded = {"e0": 1000, "e1": 900}
+    assert not detector.saturated(view(pool, peer_tokens=crowded, replicas=2), request(tokens=200))
+    assert detector.saturated(
+        view(pool, booked={"e0": 450, "e1": 450}, peer_tokens=crowded, replicas=2), request(tokens=200)
+    )
 
 
 def test_token_load_prefill_limit_holds_a_long_prompt_while_a_short_one_fits():
