@@ -6,6 +6,8 @@ name       what it measures
 overhead   the EPP's added latency, throughput and CPU through real Envoy (stub engines)
 stack      the ``make run`` stack's CPU per request, process by process: short requests, and
            growing chat sessions to 30k+ tokens (EPP CPU against turn); py-spy flame graphs
+inflight   EPP CPU against time in flight: one long streamed and one non-streamed request at a
+           time (net of idle, per chunk, per second in flight, by thread); py-spy flame graphs
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
@@ -14,6 +16,8 @@ tokenize   parse + tokenize + block hashes of a 26k-token chat turn, first seen 
            seen one, with and without the tokenizer cache (in process)
 sync       active-active EPPs: sync lag through real NATS at 100 and 1,000 requests/s; requests/s
            and CPU per request through Envoy with one EPP process and with two
+sync-failures  two active-active EPPs: one killed under load (FailOpen, FailClose), a
+           cancellation soak, NATS stopped for 10 s under load; failures and recovery times
 compare    one workload replayed through several routers on the fleet simulator
            (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
@@ -41,6 +45,7 @@ from bench import (
     compare,
     fidelity,
     flow_control,
+    inflight_cost,
     kv_index_bench,
     live_replay,
     overhead,
@@ -48,6 +53,7 @@ from bench import (
     predictor_bench,
     stack_overhead,
     sync_bench,
+    sync_failures,
     sync_sweep,
     tls_cost,
     tokenize_bench,
@@ -89,12 +95,14 @@ def run_fleet_defaults(out_dir: Path) -> None:
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
     "stack": stack_overhead.run,
+    "inflight": inflight_cost.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,
     "oversized": oversized_prompt.run,
     "tokenize": tokenize_bench.run,
     "sync": sync_bench.run,
+    "sync-failures": sync_failures.run,
     "tls": tls_cost.run,
     "fleet": run_fleet_defaults,
 }
@@ -341,6 +349,21 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     print(f"results written to {args.out}/")
 
 
+def _add_sync_failures(p: argparse.ArgumentParser) -> None:
+    defaults = sync_failures.SyncFailureSettings()
+    p.add_argument("--after-kill", type=_positive, default=defaults.after_kill_s, help="seconds of load")
+    p.add_argument("--outage", type=_positive, default=defaults.outage_s, help="seconds NATS is down")
+    p.add_argument("--soak-streams", type=int, default=defaults.soak_streams)
+
+
+def _sync_failures(args: argparse.Namespace) -> None:
+    settings = sync_failures.SyncFailureSettings(
+        after_kill_s=args.after_kill, outage_s=args.outage, soak_streams=max(1, args.soak_streams)
+    )
+    sync_failures.run(args.out, settings)
+    print(f"results written to {args.out}/")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="llm-epp-bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -351,7 +374,11 @@ def main(argv: list[str] | None = None) -> None:
     _add_replay(sub)
     _add_sync_sweep(sub)
     _add_flow_control(sub)
+    _add_sync_failures(sub.choices["sync-failures"])
     args = parser.parse_args(argv)
+    if args.command == "sync-failures":
+        _sync_failures(args)
+        return
     if args.command == "flow-control":
         _flow_control(parser, args)
         return

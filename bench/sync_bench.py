@@ -11,7 +11,8 @@
   concurrency 16, requests/s and CPU per request of every process; from the CPU per request,
   the throughput ceiling on this machine's cores and on one core more.
 
-Kill, cancellation and NATS-outage behaviour is asserted by tests/integration/test_epp_replicas.py.
+Kill, cancellation and NATS-outage behaviour is measured by ``llm-epp-bench sync-failures``
+(bench/sync_failures.py) and asserted by tests/integration/test_epp_replicas.py.
 """
 
 from __future__ import annotations

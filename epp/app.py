@@ -12,6 +12,7 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes_asyncio.client import ApiClient
+from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 import epp.plugins  # noqa: F401  (registers every plugin type)
@@ -32,18 +33,22 @@ from epp.k8s.leader import LeaseElector, LeaseSettings
 from epp.k8s.source import ApiGroupVersion, KubernetesSource, PoolWatch
 from epp.kvcache.precise_index import PreciseIndex
 from epp.latency.client import PredictorClient, PredictorClientSettings
-from epp.latency.metrics import PredictionMetrics
+from epp.latency.metrics import DriftCollector, PredictionMetrics
 from epp.latency.report import PredictionReport
 from epp.metrics import ModelLabels, RequestMetrics, TokenizerCacheCollector
+from epp.observability.decision import DecisionLog
 from epp.observability.live import LiveData
 from epp.observability.recent import RecentDecisions
 from epp.observability.server import start_metrics_server
+from epp.observability.tracing import RequestTracer, otlp_tracer_provider
 from epp.pipeline_metrics import export_producer_failures
+from epp.plugins.predicted_latency import find_predicted_latency
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
+from epp.scheduling.observers import LifecycleObserver
 from epp.settings import TOKENIZER_HELP, EppSettings
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.metrics import SyncMetrics
@@ -113,7 +118,16 @@ class EppApp:
         self.pipeline = build_pipeline(config, context)
         self.flow_gate = self._flow_gate(config, context)
         export_producer_failures(self.registry, self.pipeline)
-        self.lifecycle = RequestLifecycle(self.pipeline, [PredictionReport(prediction_metrics)])
+        observers: list[LifecycleObserver] = [PredictionReport(prediction_metrics), DecisionLog()]
+        self.tracer_provider: TracerProvider | None = None
+        if settings.otlp_traces_endpoint:
+            self.tracer_provider = otlp_tracer_provider(
+                settings.otlp_traces_endpoint, settings.otlp_service_name
+            )
+            observers.append(RequestTracer(self.tracer_provider, self.clock))
+        self.lifecycle = RequestLifecycle(self.pipeline, observers)
+        if (predicted_latency := find_predicted_latency(self.pipeline.plugins.values())) is not None:
+            self.registry.register(DriftCollector(predicted_latency.drift))
         token_load = find_token_load(self.pipeline.plugins.values())
         self.sync: NatsSyncTransport | None = None
         if settings.sync_nats_url:
@@ -317,3 +331,5 @@ class EppApp:
             await self.predictor.close()
         if self._kube_api is not None:
             await self._kube_api.close()
+        if self.tracer_provider is not None:
+            await asyncio.to_thread(self.tracer_provider.shutdown)  # exports the spans still batched

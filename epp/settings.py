@@ -39,6 +39,12 @@ class EppSettings(BaseModel):
     )
     health_port: int = Field(9003, ge=0, le=65535, description="gRPC health port (liveness, readiness)")
     metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus /metrics port")
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        description="export one OpenTelemetry span per request to this OTLP/HTTP traces URL "
+        "(http://collector:4318/v1/traces); off when unset",
+    )
+    otlp_service_name: str = Field("llm-epp", description="service.name of the exported spans")
     pool_name: str = Field(
         "local-pool", description="the InferencePool to serve (kubernetes source); pool label in metrics"
     )

@@ -13,7 +13,10 @@ class PredictorSettings(BaseModel):
     host: str = Field("127.0.0.1", description="address to bind (loopback: only its own pod reaches it)")
     port: int = Field(8001, ge=0, le=65535, description="HTTP port")
     health_port: int | None = Field(
-        None, ge=0, le=65535, description="also serve /healthz and /readyz alone on this port, all interfaces"
+        None,
+        ge=0,
+        le=65535,
+        description="also serve /healthz, /readyz and /metrics alone on this port, all interfaces",
     )
     trainer_url: str | None = Field(
         None, description="pull models from this training server (e.g. http://127.0.0.1:8000)"

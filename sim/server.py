@@ -9,6 +9,12 @@ endpoints are run cheaply on a small machine::
 Routes: POST /v1/completions, /v1/chat/completions, /tokenize, /reset_prefix_cache;
 GET /v1/models, /health, /version, /metrics, /kv_event_sources.
 
+Admin, from loopback only (403 from elsewhere): ``POST /admin/engine-speed`` with
+``{"profile": name or path (default: the server's), "slowdown": factor (default 1)}`` makes
+every later engine step cost that profile's step time × ``slowdown`` (the engine changes speed
+mid-run, e.g. to test the EPP's drift detection); it answers the profile and slowdown now in
+force.
+
 KV events: ``--kv-events-config`` takes vLLM's JSON (``sim.kv_events``), so one launcher serves
 both. Replica ``i`` of ``--replicas N`` publishes on its own endpoints, derived as vLLM derives a
 data-parallel rank's: a tcp port plus ``i``, an ipc path with ``_dp{i}`` appended (replica 0 uses
@@ -35,7 +41,7 @@ import zmq
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -58,6 +64,17 @@ from sim.openai_api import (
 from sim.openai_serving import ClientDisconnectedError, OpenAIServing, ServedModel
 
 logger = logging.getLogger("sim.server")
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1"})
+
+
+class EngineSpeed(BaseModel):
+    """The body of ``POST /admin/engine-speed``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: str | None = None
+    slowdown: float = Field(1.0, gt=0.0, le=1000.0)
+
 
 ENGINE_OVERRIDES = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks", "max_model_len")
 
@@ -194,6 +211,18 @@ def _create_app(replica: SimulatedVllm) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(replica.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/admin/engine-speed")
+    async def engine_speed(body: EngineSpeed, raw: Request) -> JSONResponse:
+        if raw.client is None or raw.client.host not in LOOPBACK_HOSTS:
+            return error_response(403, "PermissionDenied", "admin routes answer loopback clients only", None)
+        try:
+            profile = load_profile(body.profile) if body.profile else replica.profile
+        except ProfileError as exc:
+            return error_response(400, "BadRequestError", str(exc), "profile")
+        replica.engine.cost_model = profile.cost.scaled(body.slowdown)
+        logger.info("engine steps now cost %s x %.3g", profile.name, body.slowdown)
+        return JSONResponse({"profile": profile.name, "slowdown": body.slowdown})
 
     @app.get("/kv_event_sources")
     async def kv_event_sources() -> dict[str, Any]:

@@ -79,3 +79,28 @@ class TrainerMetrics:
             "trainer_retrain_failures_total", "Retraining rounds that failed", registry=r
         )
         self.model_version = Gauge("trainer_model_version", "Version of the published models", registry=r)
+        self.holdout_error = Gauge(
+            "trainer_model_version_holdout_error",
+            "Holdout loss of each model version written and kept (MAPE for mean models, pinball "
+            "loss in ms for quantile models)",
+            ["model", "version"],
+            registry=r,
+        )
+        self.retrain_requests = Counter(
+            "trainer_retrain_requests_total",
+            "Retrains asked for by an EPP whose predictions drifted",
+            registry=r,
+        )
+        self._versions: dict[str, list[int]] = {}
+
+    def version_holdout_error(self, model: str, version: int, loss: float | None, keep: int) -> None:
+        """The holdout loss of ``model``'s version ``version`` (the version that trained it);
+        only the ``keep`` newest versions of a model keep their series."""
+        versions = self._versions.setdefault(model, [])
+        if loss is None or version in versions:
+            return
+        self.holdout_error.labels(model, str(version)).set(loss)
+        versions.append(version)
+        versions.sort()
+        while len(versions) > keep:
+            self.holdout_error.remove(model, str(versions.pop(0)))

@@ -5,6 +5,8 @@
                                        ``{"accepted": n}``; any invalid entry → 422 naming each
                                        bad entry's index and field, nothing accepted; body not
                                        JSON → 400; body over ``max_body_bytes`` → 413
+``POST /retrain``                      → 202: retrain now (the EPP saw its predictions drift)
+                                       instead of at the next interval; token-guarded
 ``GET /data/status``                   window sizes, per bucket
 ``GET /model/download/info``           the current manifest (404 before the first version)
 ``GET /model/{ttft|tpot}/info``        that model's manifest entry (plus llm-d's
@@ -18,9 +20,10 @@
 =====================================  ==========================================================
 
 It binds 127.0.0.1 by default: only its own pod reaches it. ``--health-port`` adds a listener on
-every interface that serves ``/healthz`` and ``/readyz`` and nothing else, for kubelet probes.
-Another ``--host`` needs ``--auth-token-file``; the mutating route (``POST
-/add_training_data_bulk``) then answers 401 without ``Authorization: Bearer <token>``, even
+every interface that serves ``/healthz``, ``/readyz`` and ``/metrics`` and nothing else, for
+kubelet probes and Prometheus.
+Another ``--host`` needs ``--auth-token-file``; the mutating routes (``POST
+/add_training_data_bulk``, ``POST /retrain``) then answer 401 without ``Authorization: Bearer <token>``, even
 on loopback.
 """
 
@@ -96,6 +99,14 @@ def create_app(settings: TrainerSettings, service: TrainerService | None = None)
             listed = [{"index": e.index, "field": e.field, "error": e.message} for e in exc.errors]
             return json_error(422, str(exc), errors=listed[:MAX_ERRORS_LISTED], error_count=len(listed))
         return json_response({"accepted": accepted}, 202)
+
+    @app.post("/retrain")
+    async def retrain(request: Request) -> Response:
+        if token is not None and not token.allows(request.headers.get("authorization")):
+            metrics.rejected_requests.labels("unauthorized").inc()
+            return unauthorized()
+        service.request_retrain()
+        return json_response({"retrain": "requested"}, 202)
 
     @app.get("/data/status")
     async def data_status() -> Response:

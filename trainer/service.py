@@ -16,6 +16,12 @@ optional, since non-streaming traffic never trains one.
 Schedule: the first version is fitted as soon as the TTFT window holds ``min_samples`` (the
 EPP routes on its heuristic fallback until then, so every second of waiting counts); after
 that, every ``retrain_interval_s``.
+
+A retrain request (:meth:`TrainerService.request_retrain`: the EPP's live predictions drifted,
+so the engines no longer behave as the windows remember) empties both windows and fits again as
+soon as they hold ``min_samples`` new samples (the TPOT window too, where the current version
+has a TPOT model): a model fitted on the old samples and a few new ones would stay as wrong.
+The current version is served until then (the EPP routes on its heuristics meanwhile).
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class TrainerService:
         self._fitted_mark: dict[ModelName, int] = dict.fromkeys(MODEL_NAMES, -1)
         self._retrain_lock = asyncio.Lock()
         self._first_fit = asyncio.Event()
+        self._refit = False
+        """The windows were emptied on request: fit as soon as they refill."""
         self._rng = np.random.default_rng(settings.seed)
         if self.store.current is not None:
             self._report(self.store.current)
@@ -93,7 +101,7 @@ class TrainerService:
             self.metrics.samples.labels(name).inc(int(measured.sum()))
             self.metrics.window_samples.labels(name).set(len(window))
         self.metrics.samples.labels("unused").inc(int((~used).sum()))
-        if self.first_fit_due:
+        if self.fit_due:
             self._first_fit.set()
         return len(entries)
 
@@ -101,6 +109,31 @@ class TrainerService:
     def first_fit_due(self) -> bool:
         """No version exists yet and the TTFT window holds enough samples for the first."""
         return self.store.current is None and len(self.windows["ttft"]) >= self.settings.min_samples
+
+    @property
+    def fit_due(self) -> bool:
+        """A fit is due now rather than at the next interval: the first one, or the one after a
+        retrain request once the emptied windows hold enough new samples."""
+        if self.first_fit_due:
+            return True
+        if not self._refit or len(self.windows["ttft"]) < self.settings.min_samples:
+            return False
+        current = self.store.current
+        has_tpot = current is not None and "tpot" in current.models
+        return not has_tpot or len(self.windows["tpot"]) >= self.settings.min_samples
+
+    def request_retrain(self) -> None:
+        """Forget the samples held and fit again as soon as enough new ones arrived."""
+        self.metrics.retrain_requests.inc()
+        for name in MODEL_NAMES:
+            self.windows[name] = StratifiedWindow(len(FEATURE_COLUMNS), self.settings.bucket_capacity)
+            self._fitted_mark[name] = -1
+            self.metrics.window_samples.labels(name).set(0)
+        self._refit = True
+        log.info(
+            "retrain requested: windows emptied, the next fit waits for %d new samples",
+            self.settings.min_samples,
+        )
 
     def data_status(self) -> dict[str, Any]:
         return {
@@ -118,7 +151,7 @@ class TrainerService:
                     await self._first_fit.wait()
             woken = self._first_fit.is_set()
             self._first_fit.clear()
-            if woken and not self.first_fit_due:
+            if woken and not self.fit_due:
                 continue  # set by samples that came in during a first fit, which has since published
             try:
                 await self.retrain()
@@ -142,6 +175,7 @@ class TrainerService:
                 self._fitted_mark[name] = job.window_mark
             if manifest is None:
                 return None
+            self._refit = False
             self._report(manifest)
             log.info(
                 "published version %d (%s)",
@@ -195,6 +229,7 @@ class TrainerService:
         m.model_version.set(manifest.version)
         for name, info in manifest.models.items():
             m.training_samples.labels(name).set(info.training_samples)
+            m.version_holdout_error(name, info.version, info.holdout.loss, self.settings.keep_versions)
             for gauge, value in (
                 (m.mape, info.holdout.mape),
                 (m.pinball_loss, info.holdout.pinball_loss),

@@ -47,7 +47,10 @@ class TrainerSettings(TrainingSettings):
     )
     port: int = Field(8000, ge=0, le=65535, description="HTTP port")
     health_port: int | None = Field(
-        None, ge=0, le=65535, description="also serve /healthz and /readyz alone on this port, all interfaces"
+        None,
+        ge=0,
+        le=65535,
+        description="also serve /healthz, /readyz and /metrics alone on this port, all interfaces",
     )
     auth_token_file: Path | None = Field(
         None, description="file holding the bearer token that every mutating route then requires"

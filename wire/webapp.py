@@ -86,6 +86,12 @@ def unauthorized() -> Response:
     )
 
 
+def _add_metrics_route(app: FastAPI, registry: CollectorRegistry) -> None:
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
 def _add_probe_routes(app: FastAPI, ready: Callable[[], str | None]) -> None:
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -102,13 +108,11 @@ def _add_probe_routes(app: FastAPI, ready: Callable[[], str | None]) -> None:
 def add_common_routes(app: FastAPI, registry: CollectorRegistry, ready: Callable[[], str | None]) -> None:
     """``/healthz`` (200 while the process serves), ``/readyz`` (200 when ``ready()`` returns
     None, else 503 with its reason) and ``/metrics`` (``registry``), plus JSON for unhandled errors.
-    ``app.state.ready`` keeps ``ready`` for the probe-only listener (:func:`probe_app`)."""
+    ``app.state`` keeps ``ready`` and ``registry`` for the probe listener (:func:`probe_app`)."""
     app.state.ready = ready
+    app.state.registry = registry
     _add_probe_routes(app, ready)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    _add_metrics_route(app, registry)
 
     @app.exception_handler(Exception)
     async def unhandled(request: Request, exc: Exception) -> Response:
@@ -116,10 +120,12 @@ def add_common_routes(app: FastAPI, registry: CollectorRegistry, ready: Callable
 
 
 def probe_app(app: FastAPI) -> FastAPI:
-    """An app with ``app``'s ``/healthz`` and ``/readyz`` and nothing else (every other path 404),
-    for a listener that kubelet probes reach while ``app`` itself binds loopback."""
+    """An app with ``app``'s ``/healthz``, ``/readyz`` and read-only ``/metrics`` and nothing else
+    (every other path 404, every other method 405), for a listener that kubelet probes and
+    Prometheus reach while ``app`` itself binds loopback."""
     probes = FastAPI(title=f"{app.title} probes", openapi_url=None, docs_url=None, redoc_url=None)
     _add_probe_routes(probes, app.state.ready)
+    _add_metrics_route(probes, app.state.registry)
     return probes
 
 
@@ -167,7 +173,8 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, health_port: int |
     """Run ``app`` under uvicorn until SIGINT/SIGTERM, one process, with the compiled HTTP parser
     (httptools) and event loop (uvloop): h11 and asyncio's own loop cost about 0.25 ms more CPU
     per prediction call, a quarter of the predictor's budget at 1,000 calls a second.
-    With ``health_port``, :func:`probe_app` listens there on every interface, in the same loop."""
+    With ``health_port``, :func:`probe_app` (probes and metrics) listens there on every interface,
+    in the same loop."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options: dict[str, Any] = {
         "log_level": log_level,

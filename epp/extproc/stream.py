@@ -149,10 +149,11 @@ class ExtProcStream:
         # headers carry all the EPP needs (status, completion time), so their body is skipped.
         self._watch_response_body = self.record.request is not None and self.record.request.stream
         skip_body = not self._watch_response_body
+        upstream = self.director.upstream_headers(self.record)
         if not self._duplex:
-            extra = {REQUEST_ID_HEADER: self.record.request_id}
+            extra = {REQUEST_ID_HEADER: self.record.request_id, **upstream}
             return [messages.route_to(targets, extra, in_body_reply=True, skip_response_body=skip_body)]
-        extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: self.record.request_id}
+        extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: self.record.request_id, **upstream}
         return [
             messages.route_to(targets, extra, skip_response_body=skip_body),
             *messages.streamed_request_body(body),

@@ -14,6 +14,8 @@ An instance that answers 503 (no model yet) is not called again for ``warmup_rec
 (0.5 s): while no instance has a model, ``predict`` answers ``warming_up`` at once instead of
 paying a round trip per request, and one call per instance per interval finds the first model.
 
+Drift: :meth:`request_retrain` asks the trainer for a fresh model (``POST /retrain``).
+
 Training: samples are buffered (bounded; the oldest are dropped when full) and flushed in
 bulk with ``POST /add_training_data_bulk`` every ``flush_interval_s`` (1 s).
 
@@ -223,7 +225,10 @@ class PredictorClient:
                 if response.status != 200:
                     raise PredictionUnavailable(f"http_{response.status}")
                 body = orjson.loads(await response.read())
-            predictions = [Prediction(float(p["ttft_ms"]), float(p["tpot_ms"])) for p in body["predictions"]]
+            version = body.get("model_version")
+            predictions = [
+                Prediction(float(p["ttft_ms"]), float(p["tpot_ms"]), version) for p in body["predictions"]
+            ]
             if len(predictions) != len(rows):
                 raise PredictionUnavailable("bad_response")
         except PredictionUnavailable as exc:
@@ -277,6 +282,26 @@ class PredictorClient:
             accepted = False
         self.metrics.training_rows.labels("sent" if accepted else "dropped").inc(len(entries))
         return len(entries) if accepted else 0
+
+    def request_retrain(self) -> None:
+        """Ask the trainer to retrain now (``POST /retrain``), in the background; failures are logged."""
+        if self.trainer_url is not None and self._session is not None:
+            self._spawn(self._post_retrain())
+
+    async def _post_retrain(self) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.post(
+                f"{self.trainer_url}/retrain",
+                headers=self._trainer_headers,
+                timeout=aiohttp.ClientTimeout(total=5.0),
+            ) as response:
+                if response.status != 202:
+                    log.warning("trainer refused a retrain request: HTTP %d", response.status)
+                    return
+            log.info("asked the trainer to retrain: the predictions drifted")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("trainer unreachable for a retrain request: %r", exc)
 
     async def _flush_training_forever(self) -> None:
         while True:

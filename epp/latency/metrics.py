@@ -1,10 +1,16 @@
 """The latency predictor's Prometheus metrics: the predictor client's calls and training rows,
-and the prediction report's predicted latencies and fallbacks (``epp.latency.report``)."""
+the prediction report's predicted latencies and fallbacks (``epp.latency.report``), and the
+live prediction error and drift state (``epp.latency.drift``, :class:`DriftCollector`)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from epp.latency.drift import DriftMonitor
 from epp.metrics import LATENCY_BUCKETS, SCHEDULER_BUCKETS, TPOT_BUCKETS, ModelLabels
 
 
@@ -62,3 +68,39 @@ class PredictionMetrics:
         label = self.labels.label(model)
         self.predicted_ttft.labels(label, label).observe(ttft_s)
         self.predicted_tpot.labels(label, label).observe(tpot_s)
+
+
+class DriftCollector(Collector):
+    """The drift monitor's state at each scrape: rolling MAPE and bias per target and model
+    version on the chosen endpoints, whether the model drifts, and how often it started to."""
+
+    def __init__(self, monitor: DriftMonitor) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["target", "model_version"]
+        mape = GaugeMetricFamily(
+            "llm_epp_prediction_mape",
+            "Rolling mean absolute percentage error of the chosen endpoint's prediction (1 = 100%)",
+            labels=labels,
+        )
+        bias = GaugeMetricFamily(
+            "llm_epp_prediction_bias",
+            "Rolling mean of (predicted - actual) / actual on the chosen endpoint (> 0: predicts too slow)",
+            labels=labels,
+        )
+        for stats in self.monitor.stats():
+            mape.add_metric([stats.target, str(stats.version)], stats.mape)
+            bias.add_metric([stats.target, str(stats.version)], stats.bias)
+        yield mape
+        yield bias
+        yield GaugeMetricFamily(
+            "llm_epp_prediction_drifting",
+            "1 while the newest model's live error is over the drift threshold (requests fall back)",
+            value=float(self.monitor.drifting),
+        )
+        yield CounterMetricFamily(
+            "llm_epp_prediction_drift_episodes",
+            "Times the live prediction error went over the drift threshold",
+            value=sum(1 for e in self.monitor.events if e.drifting),
+        )

@@ -23,6 +23,8 @@ class PredictionUnavailable(Exception):
 class Prediction:
     ttft_ms: float
     tpot_ms: float
+    model_version: int | None = None
+    """The model version that predicted it, where the predictor says."""
 
 
 class LatencyPredictor(Protocol):
@@ -35,6 +37,10 @@ class LatencyPredictor(Protocol):
     async def predict(self, rows: Sequence[FeatureRowDict]) -> list[Prediction]: ...
 
     def add_training(self, samples: Sequence[TrainingSampleDict]) -> None: ...
+
+    def request_retrain(self) -> None:
+        """Ask for a model trained on the newest samples soon (the live error drifted)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,8 @@ class LatencyPredictions:
     slo_tpot_ms: float | None
     tpot_applies: bool = False
     """TPOT matters for this request (a streaming request under a streaming-mode model)."""
+    model_version: int | None = None
+    """The model version that predicted them, where the predictor says."""
 
     @property
     def has_slo(self) -> bool:
@@ -74,6 +82,9 @@ class LatencyPredictions:
 LATENCY_PREDICTIONS: DataKey[LatencyPredictions] = DataKey("latency-predictions")
 PREDICTION_FALLBACK: DataKey[str] = DataKey("latency-prediction-fallback")
 """Why this request has no predictions (``disabled``, ``timeout``, ``breaker_open``, ...)."""
+DRIFTED_PREDICTIONS: DataKey[LatencyPredictions] = DataKey("latency-predictions-drifted")
+"""Predictions made while the model drifts (``epp.latency.drift``): kept to measure its error,
+never routed on (``LATENCY_PREDICTIONS`` is absent and the fallback reason is ``drift``)."""
 FEATURE_ROWS: DataKey[dict[str, FeatureRowDict]] = DataKey("latency-feature-rows")
 """Each endpoint's feature row as it was at scheduling time (written even when predictions are
 off or fail), kept so the request can be trained on once it finishes."""

@@ -130,6 +130,24 @@ PREDICTIONS = Row(
             ),
         ),
         Panel(
+            "Live prediction error",
+            "percentunit",
+            "Rolling MAPE and bias of the chosen endpoint's predictions per target and model "
+            "version (bias > 0: predicted too slow), and whether the EPP routes on heuristics "
+            "because the newest model drifted.",
+            (
+                Query(
+                    "max by (target, model_version) (llm_epp_prediction_mape)",
+                    "MAPE {{target}} v{{model_version}}",
+                ),
+                Query(
+                    "max by (target, model_version) (llm_epp_prediction_bias)",
+                    "bias {{target}} v{{model_version}}",
+                ),
+                Query("max (llm_epp_prediction_drifting)", "drifting"),
+            ),
+        ),
+        Panel(
             "Prediction fallbacks by reason",
             "reqps",
             "Requests scheduled without predictions (the heuristic decided), by reason.",
@@ -222,8 +240,14 @@ HEALTH = Row(
         Panel(
             "Trainer holdout error",
             "percentunit",
-            "Holdout MAPE of the current mean models, per target.",
-            (Query("max by (model) (trainer_model_mape)", "{{model}}"),),
+            "Holdout MAPE of the current mean models, per target, and the holdout loss of each kept version.",
+            (
+                Query("max by (model) (trainer_model_mape)", "{{model}}"),
+                Query(
+                    "max by (model, version) (trainer_model_version_holdout_error)",
+                    "{{model}} v{{version}}",
+                ),
+            ),
         ),
         Panel(
             "Training samples",

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.latency.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK
-from epp.scheduling.framework import CycleState, RequestOutcome
+from epp.observability.decision import decision_trace
+from epp.scheduling.framework import RequestOutcome, slo_misses
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
-from epp.scheduling.types import LLMRequest, SchedulingResult
+from epp.scheduling.types import LLMRequest
 
 CAPACITY = 500
 
@@ -25,8 +26,8 @@ class Decision:
     """One routed request: where it went, what was predicted there, what happened.
 
     Latencies are in ms, None where not measured (a non-streaming response has no TTFT) or not
-    predicted. ``slo_met`` is None for a request without an SLO. ``trace`` is the decision as
-    the scheduler saw it (today the picker's scores and every candidate's prediction).
+    predicted. ``slo_met`` is None for a request without an SLO. ``trace`` is the request's
+    decision trace (``epp.observability.decision``).
     """
 
     finished_at: float
@@ -61,38 +62,11 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
-def slo_misses(request: LLMRequest, outcome: RequestOutcome) -> tuple[bool, bool]:
-    """Whether a completed request missed its TTFT and its TPOT objective (False where it set
-    none). A non-streaming client sees its first token when the whole response arrives."""
-    first_token_s = outcome.ttft_s if outcome.streaming else outcome.e2e_s
-    ttft = (
-        request.slo_ttft_ms is not None
-        and first_token_s is not None
-        and first_token_s * 1e3 > request.slo_ttft_ms
-    )
-    tpot_s = outcome.tpot_s if outcome.streaming else None
-    tpot = request.slo_tpot_ms is not None and tpot_s is not None and tpot_s * 1e3 > request.slo_tpot_ms
-    return ttft, tpot
-
-
 def _slo_met(request: LLMRequest, outcome: RequestOutcome) -> bool | None:
     """None without an SLO; an unfinished or failed request missed it."""
     if request.slo_ttft_ms is None and request.slo_tpot_ms is None:
         return None
     return outcome.completed and not any(slo_misses(request, outcome))
-
-
-def decision_trace(result: SchedulingResult, state: CycleState) -> dict[str, Any]:
-    """What the scheduler based the choice on: the picker's scores and each candidate's
-    predicted TTFT/TPOT (ms)."""
-    trace: dict[str, Any] = {"scores": {name: round(score, 4) for name, score in result.scores.items()}}
-    predictions = state.get(LATENCY_PREDICTIONS)
-    if predictions is not None:
-        trace["predicted_ms"] = {
-            name: {"ttft": round(p.ttft_ms, 2), "tpot": round(p.tpot_ms, 3)}
-            for name, p in predictions.by_endpoint.items()
-        }
-    return trace
 
 
 class RecentDecisions(LifecycleObserver):
@@ -134,7 +108,7 @@ class RecentDecisions(LifecycleObserver):
                 slo_tpot_ms=request.slo_tpot_ms,
                 slo_met=met,
                 fallback=fallback,
-                trace=decision_trace(result, state),
+                trace=decision_trace(routed),
             )
         )
 

@@ -19,6 +19,10 @@ predictionBasedSchedulingDefault   true     whether requests without an
                                             ``x-prediction-based-scheduling`` header use it
 skipWhenCachedAt                   none     a prefix match at least this on an endpoint
                                             with no queue: do not predict (see below)
+driftMapeThreshold                 0.5      rolling MAPE above which the model drifts
+                                            (0: never); see ``epp.latency.drift``
+driftRecoverMapeThreshold          0.3      rolling MAPE at or below which drift ends
+driftWindow                        100      requests the rolling error is taken over
 =================================  =======  ===============================================
 
 TTFT headroom is ``SLO × buffer − prediction`` (``−prediction`` with no SLO, so the lowest
@@ -36,16 +40,23 @@ routed without predictions (reason ``cached``); its feature rows are still writt
 still trains the model. In the live replay of agentic-weka sessions (rate scale 4, 150 s) that
 was 78% of the requests, each of which otherwise waited for a round trip (p50 6 ms, p99 80 ms on
 the shared 2-core machine) whose answer no plugin used.
+
+Each completed request's chosen prediction and actuals feed the drift monitor (``drift``). While
+the model drifts, predictions go to ``DRIFTED_PREDICTIONS`` instead, the reason is ``drift``,
+and the predictor is asked once to retrain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import Field
 
+from epp.latency.drift import DriftMonitor, DriftRule
 from epp.latency.predictions import (
+    DRIFTED_PREDICTIONS,
     FEATURE_ROWS,
     LATENCY_PREDICTIONS,
     PREDICTION_FALLBACK,
@@ -60,6 +71,7 @@ from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import (
     CycleState,
     DataProducer,
+    Plugin,
     PluginContext,
     PluginParameters,
     PreRequest,
@@ -70,12 +82,17 @@ from epp.scheduling.registry import register_default_producer
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
 from wire.latency import FeatureRowDict, TrainingSampleDict
 
+log = logging.getLogger(__name__)
+
 
 class PredictedLatencyParameters(PluginParameters):
     streaming_mode: bool = Field(default=False, alias="streamingMode")
     slo_buffer_factor: float = Field(default=1.0, gt=0, le=10, alias="sloBufferFactor")
     prediction_based_scheduling_default: bool = Field(default=True, alias="predictionBasedSchedulingDefault")
     skip_when_cached_at: float | None = Field(default=None, gt=0.0, le=1.0, alias="skipWhenCachedAt")
+    drift_mape_threshold: float = Field(default=0.5, ge=0.0, alias="driftMapeThreshold")
+    drift_recover_mape_threshold: float = Field(default=0.3, gt=0.0, alias="driftRecoverMapeThreshold")
+    drift_window: int = Field(default=100, ge=5, le=100_000, alias="driftWindow")
 
 
 def feature_row(
@@ -114,6 +131,9 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         # Streaming requests' TPOT SLOs on each endpoint, by request id.
         # Per endpoint, keyed by CycleState.key (client request ids need not be unique).
         self._running_tpot_slos: dict[str, dict[Any, float]] = {}
+        self.drift = DriftMonitor(
+            DriftRule(params.drift_mape_threshold, params.drift_recover_mape_threshold, params.drift_window)
+        )
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState):
         match = state.get(PREFIX_MATCH)
@@ -164,7 +184,13 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
                 if binding:
                     tpot_headroom = min(binding) * buffer - p.tpot_ms
             by_endpoint[name] = EndpointPrediction(p.ttft_ms, p.tpot_ms, ttft_headroom, tpot_headroom)
-        state.put(LATENCY_PREDICTIONS, LatencyPredictions(by_endpoint, ttft_slo, tpot_slo, tpot_applies))
+        version = predictions[0].model_version if predictions else None
+        made = LatencyPredictions(by_endpoint, ttft_slo, tpot_slo, tpot_applies, version)
+        if self.drift.drifting:
+            state.put(DRIFTED_PREDICTIONS, made)
+            state.put(PREDICTION_FALLBACK, "drift")
+            return
+        state.put(LATENCY_PREDICTIONS, made)
 
     @property
     def running_tpot_slos(self) -> dict[str, dict[Any, float]]:
@@ -186,7 +212,36 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         row = rows.get(result.endpoint.name) if rows else None
         if row is None or not outcome.completed:
             return
-        self.predictor.add_training(self._samples(row, outcome))
+        samples = self._samples(row, outcome)
+        self.predictor.add_training(samples)
+        self._measure_error(result.endpoint.name, state, samples)
+
+    def _measure_error(self, endpoint: str, state: CycleState, samples: list[dict[str, Any]]) -> None:
+        """Feed the drift monitor the chosen endpoint's predictions against the actuals the
+        request trains on; ask for a retrain when the model starts to drift."""
+        made = state.get(LATENCY_PREDICTIONS) or state.get(DRIFTED_PREDICTIONS)
+        predicted = made.by_endpoint.get(endpoint) if made is not None else None
+        if made is None or predicted is None or made.model_version is None:
+            return
+        now = self.context.clock()
+        drifting = self.drift.drifting
+        version = made.model_version
+        for sample in samples:
+            if (ttft := sample["actual_ttft_ms"]) > 0:
+                self.drift.observe("ttft", version, predicted.ttft_ms, ttft, now)
+            if (tpot := sample["actual_tpot_ms"]) > 0:
+                self.drift.observe("tpot", version, predicted.tpot_ms, tpot, now)
+        if self.drift.drifting != drifting:
+            event = self.drift.events[-1]
+            log.warning(
+                "latency model v%d %s: live %s MAPE %.0f%%",
+                event.version,
+                "drifts, routing on heuristics and asking for a retrain" if event.drifting else "recovered",
+                event.target,
+                event.mape * 100,
+            )
+        if self.drift.take_retrain_request():
+            self.predictor.request_retrain()
 
     def _samples(self, row: FeatureRowDict, outcome: RequestOutcome) -> list[TrainingSampleDict]:
         now = self.context.wall_clock()
@@ -206,3 +261,8 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
                 TrainingSampleDict(**row, actual_ttft_ms=0.0, actual_tpot_ms=tpot * 1e3, timestamp=now)
             )
         return samples
+
+
+def find_predicted_latency(plugins: Iterable[Plugin]) -> PredictedLatencyProducer | None:
+    """The ``predicted-latency-producer`` among ``plugins``, if there is one."""
+    return next((p for p in plugins if isinstance(p, PredictedLatencyProducer)), None)

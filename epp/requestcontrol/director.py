@@ -25,7 +25,7 @@ from epp.metrics import ModelSeries, RequestMetrics
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.requestcontrol.response_meter import ResponseMeter
-from epp.scheduling.framework import RequestOutcome
+from epp.scheduling.framework import RequestOutcome, slo_misses
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import NoCandidates
 from epp.scheduling.types import LLMRequest, SchedulingResult
@@ -153,6 +153,10 @@ class Director:
         log.log(level, "request %s answered %d: %s", record.request_id, error.status, error.log_message())
         self.metrics.error(record.series, str(error.status))
 
+    def upstream_headers(self, record: RequestRecord) -> dict[str, str]:
+        """Headers for the request forwarded to the endpoint (the lifecycle observers')."""
+        return self.lifecycle.upstream_headers(record.routed) if record.routed is not None else {}
+
     def debug_headers(self, record: RequestRecord) -> dict[str, str]:
         """The routing decision, for requests that asked for it with ``x-llm-epp-debug``."""
         routed = record.routed
@@ -252,19 +256,8 @@ class _MetricsObserver(LifecycleObserver):
             series.ttft.observe(ttft)
             if (tpot := outcome.tpot_s) is not None:
                 series.tpot.observe(tpot)
-        # A non-streaming client sees its first token when the whole response arrives.
-        first_token_s = outcome.ttft_s if outcome.streaming else outcome.e2e_s
-        if (
-            request.slo_ttft_ms is not None
-            and first_token_s is not None
-            and first_token_s * 1e3 > request.slo_ttft_ms
-        ):
+        ttft_missed, tpot_missed = slo_misses(request, outcome)
+        if ttft_missed:
             series.ttft_slo_violations.inc()
-        tpot = outcome.tpot_s
-        if (
-            request.slo_tpot_ms is not None
-            and outcome.streaming
-            and tpot is not None
-            and tpot * 1e3 > request.slo_tpot_ms
-        ):
+        if tpot_missed:
             series.tpot_slo_violations.inc()

@@ -169,6 +169,13 @@ class RequestLifecycle:
             observer.on_finished(routed, outcome)
         return outcome
 
+    def upstream_headers(self, routed: RoutedRequest) -> dict[str, str]:
+        """Headers every observer adds to the request forwarded to the endpoint."""
+        headers: dict[str, str] = {}
+        for observer in self.observers:
+            headers.update(observer.upstream_headers(routed))
+        return headers
+
     def debug_headers(self, routed: RoutedRequest) -> dict[str, str]:
         """The routing decision as response headers: the endpoint, then each observer's."""
         headers = {ENDPOINT_HEADER: routed.endpoint_name}

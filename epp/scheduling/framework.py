@@ -206,6 +206,22 @@ class RequestOutcome:
         return (self.finished_at - self.first_token_at) / (self.completion_tokens - 1)
 
 
+def slo_misses(request: LLMRequest, outcome: RequestOutcome) -> tuple[bool, bool]:
+    """Whether a request missed its TTFT and its TPOT objective (False where it set none, or
+    where that latency was not measured). A non-streaming client sees its first token when the
+    whole response arrives; its TPOT is not measured. The one SLO rule of the EPP: its
+    violation counters and the live page both use it."""
+    first_token_s = outcome.ttft_s if outcome.streaming else outcome.e2e_s
+    ttft = (
+        request.slo_ttft_ms is not None
+        and first_token_s is not None
+        and first_token_s * 1e3 > request.slo_ttft_ms
+    )
+    tpot_s = outcome.tpot_s if outcome.streaming else None
+    tpot = request.slo_tpot_ms is not None and tpot_s is not None and tpot_s * 1e3 > request.slo_tpot_ms
+    return ttft, tpot
+
+
 class ResponseObserver(Plugin):
     """Follows a routed request's response. Override the steps you need; each is a no-op here."""
 

@@ -56,6 +56,10 @@ class LifecycleObserver:
     def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
         """The request is over (``outcome.completed`` says whether it ended normally)."""
 
+    def upstream_headers(self, routed: RoutedRequest) -> Mapping[str, str]:
+        """Headers to add to the request forwarded to the endpoint (a trace context)."""
+        return {}
+
     def debug_headers(self, routed: RoutedRequest) -> Mapping[str, str]:
         """Response headers for a request that asked for the routing decision (``x-llm-epp-debug``)."""
         return {}

@@ -19,6 +19,7 @@ from epp.scheduling.framework import (
     ScoredEndpoint,
     Scorer,
 )
+from epp.scheduling.trace import SCHEDULING_TRACE, SchedulingTrace, ScorerStep
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
 
 log = logging.getLogger(__name__)
@@ -45,19 +46,28 @@ class SchedulingProfile:
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
     ) -> SchedulingResult:
         candidates = list(endpoints)
+        trace = SchedulingTrace(tuple(c.name for c in candidates))
+        state.put(SCHEDULING_TRACE, trace)
         for f in self.filters:
-            candidates = f.filter(request, candidates, state)
+            kept = f.filter(request, candidates, state)
+            if len(kept) < len(candidates):
+                left = {id(c) for c in kept}
+                trace.removed.append((f.name, tuple(c.name for c in candidates if id(c) not in left)))
+            candidates = kept
             if not candidates:
                 raise NoCandidates(f"filter {f.name!r} left no endpoint")
+        trace.scored = tuple(c.name for c in candidates)
         totals = [0.0] * len(candidates)
         for ws in self.scorers:
-            scores = ws.scorer.score(request, candidates, state)
-            for i, s in enumerate(scores):
-                totals[i] += ws.weight * s
+            weighted = [ws.weight * s for s in ws.scorer.score(request, candidates, state)]
+            trace.scorers.append(ScorerStep(ws.scorer.name, ws.weight, tuple(weighted)))
+            for i, s in enumerate(weighted):
+                totals[i] += s
         scored = [ScoredEndpoint(c, t) for c, t in zip(candidates, totals, strict=True)]
         ranked = self.picker.pick(request, scored)
         if not ranked:
             raise NoCandidates(f"picker {self.picker.name!r} picked nothing")
+        trace.ranking = tuple(s.name for s in ranked)
         return SchedulingResult(
             targets=tuple(s.endpoint for s in ranked),
             profile=self.name,

@@ -190,13 +190,15 @@ class NatsSyncTransport:
         while True:
             await asyncio.sleep(self.state.tuning.progress_interval_s)
             self.state.flush_progress()
+            # Checked on this short tick, not once a heartbeat, so a dead peer's bookings leave
+            # within peer_timeout_s of its last heartbeat plus one progress interval.
+            self.state.expire()
 
     async def _heartbeat_loop(self) -> None:
         while True:
             await self._publish_pending()
             if self._nc.is_connected:
                 await self._publish(self.state.heartbeat())
-            self.state.expire()
             self._ask_snapshots()
             await asyncio.sleep(self.state.tuning.heartbeat_interval_s)
 

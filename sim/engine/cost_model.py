@@ -28,7 +28,7 @@ grows with the prompt and with the requests already running, whose tokens the fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +110,14 @@ class StepCostModel:
             )
             ms += max(d.min, decode_ms)
         return ms / 1000.0
+
+    def scaled(self, factor: float) -> StepCostModel:
+        """The same model with every step ``factor`` times as long (an engine that slowed down)."""
+        return StepCostModel(
+            PrefillTerms(*(value * factor for value in astuple(self.prefill))),
+            DecodeTerms(*(value * factor for value in astuple(self.decode))),
+            self.base * factor,
+        )
 
 
 def chunk_context_tokens(num_new_tokens: int, num_computed_tokens: int) -> int:

@@ -10,7 +10,7 @@ the discrete-event loop that drives time and ties them together.
 """
 
 from sim.fleet.catalog import ORACLE, make_router, router_names
-from sim.fleet.simulator import FleetConfig, FleetResult, FleetSimulator, SimulatedRequest
+from sim.fleet.simulator import FleetConfig, FleetResult, FleetSimulator, ProfileSwitch, SimulatedRequest
 from sim.fleet.workload import Session, Turn, Workload
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "FleetConfig",
     "FleetResult",
     "FleetSimulator",
+    "ProfileSwitch",
     "Session",
     "SimulatedRequest",
     "Turn",

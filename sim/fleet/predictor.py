@@ -5,8 +5,9 @@ simulator. Training samples go through ``TrainerService.add_samples`` (validatio
 stratified windows); ``retrain`` runs the trainer's retraining and publication into a private
 model directory and loads the published version exactly as a predictor sidecar does
 (``predictor.models.build_model_set``: checksums, XGBoost load, feature columns). The simulator
-calls ``retrain`` every so many virtual seconds; the first model is fitted as soon as the
-trainer's first fit is due (``TrainerService.first_fit_due``), as the live trainer does, and
+calls ``retrain`` every so many virtual seconds; the first model, and the first after a retrain
+request (the EPP's predictions drifted), is fitted as soon as the trainer says a fit is due
+(``TrainerService.fit_due``), as the live trainer does, and
 served at once: the live fit, download and load take about a second that is not modelled here.
 Until a TTFT model exists, ``predict`` answers ``warming_up`` like the sidecars, and the EPP's
 plugins fall back to their heuristics.
@@ -52,12 +53,20 @@ class InProcessPredictor:
         if models is None:
             raise PredictionUnavailable("warming_up")
         ttft, tpot = models.predict(decode_feature_rows(rows))
-        return [Prediction(a, b) for a, b in zip(ttft.tolist(), tpot.tolist(), strict=True)]
+        version = models.version
+        return [Prediction(a, b, version) for a, b in zip(ttft.tolist(), tpot.tolist(), strict=True)]
 
     def add_training(self, samples: Sequence[TrainingSampleDict]) -> None:
         self.service.add_samples(samples)
-        if self.service.first_fit_due:
+        if self.service.fit_due:
             self.retrain()
+
+    def request_retrain(self) -> None:
+        """The EPP saw the predictions drift: the trainer forgets its samples
+        (``TrainerService.request_retrain``) and the model is refitted as soon as enough new ones
+        arrived."""
+        self.service.request_retrain()
+        self._fitted_at = 0
 
     def retrain(self) -> bool:
         """Fit the models that have new samples and serve the new version; False if none was due."""

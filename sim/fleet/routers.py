@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import epp.plugins  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
 from epp.errors import RequestError
+from epp.latency.drift import DriftEvent
 from epp.latency.report import chosen_prediction
+from epp.plugins.predicted_latency import find_predicted_latency
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
@@ -78,6 +80,10 @@ class Router:
 
     def tick(self, now: float) -> None:
         """Periodic work in virtual time (retraining)."""
+
+    def drift_events(self) -> list[DriftEvent]:
+        """When the router's latency model started and stopped drifting (none without one)."""
+        return []
 
     def predicted(self, call: RoutingCall) -> tuple[float, float] | None:
         """Predicted (TTFT ms, TPOT ms) on the chosen endpoint, when the router predicted."""
@@ -158,6 +164,10 @@ class PipelineRouter(Router):
     def tick(self, now: float) -> None:
         if self.predictor.service.windows["ttft"].added_total:
             self.predictor.retrain()
+
+    def drift_events(self) -> list[DriftEvent]:
+        producer = find_predicted_latency(self.pipeline.plugins.values())
+        return list(producer.drift.events) if producer is not None else []
 
     def predicted(self, call: RoutingCall) -> tuple[float, float] | None:
         routed = call.routed

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from epp.flowcontrol.types import Outcome
+from epp.latency.drift import DriftEvent
 from epp.scheduling.types import ApiKind, LLMRequest
 from sim.engine import EngineRequest, Profile, RequestOutput, RequestRejectedError, load_profile
 from sim.fleet.flow_gate import FleetFlowGate, shed_reason
@@ -40,7 +41,17 @@ from sim.fleet.replica import Replica
 from sim.fleet.routers import Router, RoutingCall, RoutingRejected
 from sim.fleet.workload import Session, Workload, session_headers
 
-_ARRIVAL, _ENGINE_ADD, _SAMPLE, _RETRAIN, _FLOW = 0, 1, 2, 3, 4
+_ARRIVAL, _ENGINE_ADD, _SAMPLE, _RETRAIN, _FLOW, _SWITCH = 0, 1, 2, 3, 4, 5
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSwitch:
+    """At ``at_s`` every engine's step costs become ``profile``'s (default: the fleet's own)
+    times ``slowdown``: the engines change speed mid-run, and the latency model goes stale."""
+
+    at_s: float
+    profile: str | None = None
+    slowdown: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +62,7 @@ class FleetConfig:
     sample_interval_s: float = 0.5
     retrain_interval_s: float = 10.0
     seed: int = 0
+    switches: tuple[ProfileSwitch, ...] = ()
 
 
 @dataclass(slots=True)
@@ -110,6 +122,8 @@ class FleetResult:
     virtual_s: float
     wall_s: float
     retrains: int
+    drift_events: list[DriftEvent] = field(default_factory=list)
+    """When the router's latency model started and stopped drifting (virtual seconds)."""
 
 
 @dataclass(slots=True)
@@ -184,6 +198,8 @@ class FleetSimulator:
                 self._waiting_for.setdefault(session.after, []).append(state)
         self._push(self.config.sample_interval_s, _SAMPLE, None)
         self._push(self.config.retrain_interval_s, _RETRAIN, None)
+        for switch in self.config.switches:
+            self._push(switch.at_s, _SWITCH, switch)
         heap = self._heap
         while heap:
             if self._min_think is not None and self._in_flight:
@@ -194,7 +210,7 @@ class FleetSimulator:
             when, _, kind, payload = heapq.heappop(heap)
             if kind == _ARRIVAL:
                 self._pending_arrivals -= 1
-            if kind in (_SAMPLE, _RETRAIN) and not self._busy():
+            if kind in (_SAMPLE, _RETRAIN, _SWITCH) and not self._busy():
                 continue
             self._sync(when)
             if kind == _ARRIVAL:
@@ -203,6 +219,8 @@ class FleetSimulator:
                 self._enter_engine(payload)  # type: ignore[arg-type]
             elif kind == _FLOW:
                 self._flow_tick = False
+            elif kind == _SWITCH:
+                self._switch(payload)  # type: ignore[arg-type]
             elif kind == _SAMPLE:
                 self._sample()
                 self._push(when + self.config.sample_interval_s, _SAMPLE, None)
@@ -228,6 +246,7 @@ class FleetSimulator:
             virtual_s=self.now,
             wall_s=time.perf_counter() - started,
             retrains=retrains,
+            drift_events=self.router.drift_events(),
         )
 
     # ------------------------------------------------------------------ time
@@ -273,6 +292,12 @@ class FleetSimulator:
                 self.now = when  # what the router's clock reads while it hears the event
                 self._lifecycle_event(when, output)
         self.now = until
+
+    def _switch(self, switch: ProfileSwitch) -> None:
+        profile = load_profile(switch.profile) if switch.profile else self.profile
+        cost = profile.cost.scaled(switch.slowdown)
+        for replica in self.replicas:
+            replica.engine.cost_model = cost
 
     def _collect(self, when: float, replica: Replica, output: RequestOutput) -> None:
         self._lifecycle.append((when, replica.index, len(self._lifecycle), output))

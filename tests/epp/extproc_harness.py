@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -30,6 +31,7 @@ from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
+from epp.scheduling.observers import LifecycleObserver
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.tokenization import ModelTokenizer
 from tests.epp.factories import FakeClock
@@ -81,6 +83,7 @@ class Harness:
         config: str = "gie-default",
         tokenizer: ModelTokenizer | None = None,
         default_max_model_len: int | None = None,
+        observers: Sequence[LifecycleObserver] = (),
     ) -> None:
         self.clock = FakeClock()
         self.store = EndpointStore()
@@ -95,7 +98,9 @@ class Harness:
         self.tracker = find_tracker(pipeline.plugins.values())
         if self.tracker is not None:
             pool.export_token_load(self.tracker)
-        lifecycle = RequestLifecycle(pipeline, [PredictionReport(PredictionMetrics(self.registry, labels))])
+        lifecycle = RequestLifecycle(
+            pipeline, [PredictionReport(PredictionMetrics(self.registry, labels)), *observers]
+        )
         self.director = Director(
             lifecycle,
             self.store,

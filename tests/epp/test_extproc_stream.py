@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import json
 import logging
+from collections.abc import Mapping
 
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
@@ -27,6 +28,8 @@ from epp.extproc.messages import (
     header_dict,
 )
 from epp.extproc.stream import Phase
+from epp.observability.decision import DecisionLog
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from tests.epp.extproc_harness import (
     Harness,
     body_msg,
@@ -262,6 +265,32 @@ async def test_debug_header_reports_the_routing_decision_in_the_response() -> No
     await plain.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
     (quiet,) = await plain.on_message(response_headers_msg())
     assert not quiet.response_headers.HasField("response")
+
+
+class TraceContext(LifecycleObserver):
+    """Adds a fixed trace context to every forwarded request."""
+
+    def upstream_headers(self, routed: RoutedRequest) -> Mapping[str, str]:
+        return {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"}
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+async def test_observers_headers_go_on_to_the_engine_and_the_decision_trace_back(buffered: bool) -> None:
+    h = Harness(observers=[TraceContext(), DecisionLog()])
+    s = h.stream()
+    await s.on_message(headers_msg(buffered=buffered, **{"x-llm-epp-debug": "true"}))
+    replies = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    common = replies[0].request_body.response if buffered else replies[0].request_headers.response
+    upstream = {o.header.key: o.header.raw_value.decode() for o in common.header_mutation.set_headers}
+    assert upstream["traceparent"] == f"00-{'1' * 32}-{'2' * 16}-01"
+    (reply,) = await s.on_message(response_headers_msg())
+    added = {
+        o.header.key: o.header.raw_value.decode()
+        for o in reply.response_headers.response.header_mutation.set_headers
+    }
+    decision = json.loads(added["x-llm-epp-decision"])
+    assert decision["picked"] == added["x-llm-epp-endpoint"] and decision["candidates"] == 2
+    assert set(decision["scores"]) == {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
 
 
 async def test_non_streamed_requests_skip_the_response_body_and_finish_on_headers() -> None:

@@ -66,9 +66,20 @@ def test_decisions_keep_prediction_outcome_slo_and_trace() -> None:
     first = decisions[0]
     assert (first.endpoint, first.predicted_ttft_ms) == ("e0", 180.0)
     assert (first.ttft_ms, first.tpot_ms) == (pytest.approx(200.0), pytest.approx(100.0))
+    # The decision trace (epp.observability.decision); this result did not come from a pipeline,
+    # so it has the picker's totals and the predictions but no filter or scorer steps.
     assert first.trace == {
-        "scores": {"e0": 0.9, "e1": 0.1},
-        "predicted_ms": {"e0": {"ttft": 180.0, "tpot": 10.0}, "e1": {"ttft": 900.0, "tpot": 12.0}},
+        "profile": "predicted-latency",
+        "candidates": 2,
+        "total": {"e0": 0.9, "e1": 0.1},
+        "picked": "e0",
+        "fallbacks": [],
+        "model_version": None,
+        "predictions": {
+            "e0": {"ttft_ms": 180.0, "tpot_ms": 10.0, "ttft_headroom_ms": -180.0, "tpot_headroom_ms": None},
+            "e1": {"ttft_ms": 900.0, "tpot_ms": 12.0, "ttft_headroom_ms": -900.0, "tpot_headroom_ms": None},
+        },
+        "fallback": None,
     }
     assert decisions[2].fallback == "unavailable" and decisions[2].predicted_ttft_ms is None
     assert totals.finished == 4 and totals.slo_checked == 3 and totals.slo_met == 1

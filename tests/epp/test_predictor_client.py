@@ -24,6 +24,8 @@ class FakeServer:
     calls: list[list[dict[str, Any]]] = field(default_factory=list)
     training: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
+    model_version: int | None = None
+    retrain_headers: list[str | None] = field(default_factory=list)
 
     async def predict(self, request: web.Request) -> web.Response:
         rows = (await request.json())["requests"]
@@ -31,9 +33,16 @@ class FakeServer:
         await asyncio.sleep(self.delay_s)
         if self.status != 200:
             return web.json_response({"detail": "no"}, status=self.status)
-        return web.json_response(
-            {"predictions": [{"ttft_ms": r["input_token_length"], "tpot_ms": 1.0} for r in rows]}
-        )
+        body: dict[str, Any] = {
+            "predictions": [{"ttft_ms": r["input_token_length"], "tpot_ms": 1.0} for r in rows]
+        }
+        if self.model_version is not None:
+            body["model_version"] = self.model_version
+        return web.json_response(body)
+
+    async def retrain(self, request: web.Request) -> web.Response:
+        self.retrain_headers.append(request.headers.get("authorization"))
+        return web.json_response({"retrain": "requested"}, status=202)
 
     async def train(self, request: web.Request) -> web.Response:
         self.training.extend((await request.json())["entries"])
@@ -47,6 +56,7 @@ async def servers() -> AsyncIterator[list[FakeServer]]:
         app = web.Application()
         app.router.add_post("/predict/bulk/strict", fake.predict)
         app.router.add_post("/add_training_data_bulk", fake.train)
+        app.router.add_post("/retrain", fake.retrain)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -191,5 +201,22 @@ async def test_training_samples_flush_in_bulk(servers: list[FakeServer]) -> None
         assert await client.flush_training() == 2
         assert await client.flush_training() == 0
         assert [e["n"] for e in servers[1].training] == [0, 1, 2, 3, 4]
+    finally:
+        await client.close()
+
+
+async def test_predictions_carry_the_model_version_and_a_retrain_request_reaches_the_trainer(
+    servers: list[FakeServer],
+) -> None:
+    predictor, trainer = servers
+    predictor.model_version = 4
+    client = await client_for([predictor.url], trainer.url, trainer_token="s3cret")
+    try:
+        assert await client.predict(rows(5)) == [Prediction(5.0, 1.0, 4)]
+        client.request_retrain()
+        async with asyncio.timeout(5):
+            while not trainer.retrain_headers:
+                await asyncio.sleep(0.01)
+        assert trainer.retrain_headers == ["Bearer s3cret"]
     finally:
         await client.close()

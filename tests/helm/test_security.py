@@ -73,6 +73,11 @@ def _rules_by_port(policy: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {p["port"]: rule for rule in policy["ingress"] for p in rule["ports"]}
 
 
+def _health_port(container: dict[str, Any]) -> int:
+    flags = dict(a.removeprefix("--").split("=", 1) for a in container["args"] if "=" in a)
+    return int(flags["health-port"])
+
+
 def _bound_ports(name: str, container: dict[str, Any]) -> set[int]:
     """The ports ``container`` listens on: its listed ports and, for a sidecar, its flags' (the
     loopback API port is listed nowhere else)."""
@@ -98,12 +103,27 @@ def test_the_network_policy_is_on_by_default_and_admits_only_the_epps_serving_po
     assert spec["policyTypes"] == ["Ingress"]
     labels = _pod(rendered)["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in spec["podSelector"]["matchLabels"].items())
-    epp_ports = {p["name"] for p in _containers(rendered)["epp"]["ports"]}
-    trainer = _containers(rendered).get("training-server")
+    containers = _containers(rendered)
+    epp_ports = {p["name"] for p in containers["epp"]["ports"]}
+    trainer = containers.get("training-server")
     exposed = {p["name"] for p in trainer["ports"] if p["name"] == "training"} if trainer else set()
-    # Only named ports the pod has, and only these: no sidecar port unless it is exposed.
-    assert set(_rules_by_port(spec)) == {"grpc-ext-proc", "grpc-health", "metrics"} | exposed
-    assert set(_rules_by_port(spec)) <= epp_ports | exposed
+    # The sidecars' probe listeners (they serve their /metrics too), each on its own port.
+    probes = {
+        p["name"]
+        for name, c in containers.items()
+        if name != "epp"
+        for p in c.get("ports", [])
+        if p["containerPort"] == _health_port(c)
+    }
+    rules = _rules_by_port(spec)
+    # Only named ports the pod has, and only these: no sidecar API port unless it is exposed.
+    assert set(rules) == {"grpc-ext-proc", "grpc-health", "metrics"} | exposed | probes
+    assert set(rules) <= epp_ports | exposed | probes
+    # The probe listeners are open to monitoring only, as the EPP's /metrics.
+    assert all(rules[name] is rules["metrics"] for name in probes)
+    assert len(probes) == (
+        1 + len([n for n in containers if n.startswith("prediction-server")]) if trainer else 0
+    )
 
 
 def test_by_default_only_the_named_gateways_pods_open_ext_proc_and_monitoring_scrapes() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sim.envoy_admin import is_healthy
 from sim.nats_server import start_nats_server
 from tests.stacks import start_stack
 from tests.support import metric_sum, scrape, wait_for
@@ -70,9 +71,7 @@ def test_two_synced_epps_share_token_load_and_release_it(tmp_path: Path) -> None
 
 
 def envoy_sees_healthy(admin_port: int, epp_grpc_port: int) -> bool:
-    flags = f"epp::127.0.0.1:{epp_grpc_port}::health_flags::"
-    lines = httpx.get(f"http://127.0.0.1:{admin_port}/clusters", timeout=2).text.splitlines()
-    return f"{flags}healthy" in lines
+    return is_healthy(admin_port, "epp", f"127.0.0.1:{epp_grpc_port}")
 
 
 def test_a_killed_epp_gets_no_new_streams_and_its_bookings_leave_the_survivor(tmp_path: Path) -> None:

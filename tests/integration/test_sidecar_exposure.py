@@ -46,6 +46,8 @@ def test_the_default_trainer_refuses_connections_from_beyond_loopback(tmp_path: 
         # The probe-only listener answers kubelet on the pod address...
         wait_until(trainer, http_ok(f"http://{address}:{health_port}/readyz"))
         assert httpx.get(f"http://{address}:{health_port}/healthz").json() == {"status": "ok"}
+        # ...and Prometheus there (read-only metrics)...
+        assert "trainer_model_version" in httpx.get(f"http://{address}:{health_port}/metrics").text
         sample = {"entries": training_samples(1)}
         assert (
             httpx.post(f"http://{address}:{health_port}/add_training_data_bulk", json=sample).status_code

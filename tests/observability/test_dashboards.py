@@ -74,7 +74,7 @@ def test_alert_rules_pass_promtool_check_and_unit_tests() -> None:
         [promtool, "check", "rules", str(CHART_FILES / "alerts.yaml")], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 6 rules found" in check.stdout
+    assert "SUCCESS: 7 rules found" in check.stdout
     tested = subprocess.run(
         [promtool, "test", "rules", "alerts_test.yaml"], cwd=HERE, capture_output=True, text=True
     )

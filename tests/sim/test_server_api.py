@@ -324,3 +324,25 @@ async def test_long_prompts_are_tokenized_like_short_ones(served_model: ServedMo
         assert body["usage"]["prompt_tokens"] == len(served_model.tokenizer.encode(text))
         tokenized = (await http.post("/tokenize", json={"prompt": text})).json()
         assert tokenized["count"] == body["usage"]["prompt_tokens"]
+
+
+async def test_engine_speed_changes_at_runtime_from_loopback_only(served_model: ServedModel) -> None:
+    async with running_replica(served_model, "default") as (replica, url):
+        before = replica.engine.cost_model.step_time(100, 5050, 2, 300, 0.1)
+        async with httpx.AsyncClient(base_url=url) as client:
+            answer = await client.post("/admin/engine-speed", json={"slowdown": 3})
+            assert (answer.status_code, answer.json()) == (200, {"profile": "default", "slowdown": 3.0})
+            assert replica.engine.cost_model.step_time(100, 5050, 2, 300, 0.1) == pytest.approx(3 * before)
+            other = await client.post("/admin/engine-speed", json={"profile": "instant"})
+            assert other.json() == {"profile": "instant", "slowdown": 1.0}
+            for bad in ({"slowdown": 0}, {"speed": 2}, {"profile": "no-such-profile"}):
+                refused = await client.post("/admin/engine-speed", json=bad)
+                assert refused.status_code == 400 and refused.json()["error"]["code"] == 400, bad
+    # From beyond loopback: refused, and nothing changes.
+    app = create_app(ServerSettings(profile="default"))
+    transport = httpx.ASGITransport(app=app, client=("192.0.2.7", 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
+        refused = await client.post("/admin/engine-speed", json={"slowdown": 3})
+    assert refused.status_code == 403 and refused.json()["error"]["type"] == "PermissionDenied"
+    replica = app.state.replica
+    assert replica.engine.cost_model == replica.profile.cost

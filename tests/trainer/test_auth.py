@@ -69,8 +69,11 @@ async def test_the_mutating_route_needs_the_token(tmp_path: Path, token_file: Pa
             "/add_training_data_bulk", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
         )
         assert (ok.status_code, ok.json()) == (202, {"accepted": 5})
+        assert (await client.post("/retrain")).status_code == 401
+        retrain = await client.post("/retrain", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert retrain.status_code == 202
         text = (await client.get("/metrics")).text
-        assert sample_value(text, "trainer_rejected_requests_total", reason="unauthorized") == 2.0
+        assert sample_value(text, "trainer_rejected_requests_total", reason="unauthorized") == 3.0
         # Reads and probes stay open: what they give away is the model, not control of routing.
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.get("/data/status")).status_code == 200
@@ -84,7 +87,7 @@ def test_an_empty_token_file_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("which", ["trainer", "predictor"])
-async def test_the_probe_app_serves_health_and_readiness_only(tmp_path: Path, which: str) -> None:
+async def test_the_probe_app_serves_health_readiness_and_metrics_only(tmp_path: Path, which: str) -> None:
     app = (
         create_app(TrainerSettings(model_dir=tmp_path / "models"))
         if which == "trainer"
@@ -97,9 +100,14 @@ async def test_the_probe_app_serves_health_and_readiness_only(tmp_path: Path, wh
         # The trainer is not ready until its app's lifespan runs; the predictor has no model yet.
         readyz = await client.get("/readyz")
         assert readyz.status_code == 503 and readyz.json()["detail"]
+        # The sidecar's own metrics, for Prometheus (read-only).
+        metrics = await client.get("/metrics")
+        assert metrics.status_code == 200
+        assert f"# TYPE {which}_model_version gauge" in metrics.text
+        assert (await client.post("/metrics")).status_code == 405
         closed = [
             ("POST", "/add_training_data_bulk"),
-            ("GET", "/metrics"),
+            ("POST", "/retrain"),
             ("GET", "/status"),
             ("POST", "/predict/bulk"),
             ("GET", "/model/ttft/download"),

@@ -284,3 +284,39 @@ async def test_a_restarted_trainer_keeps_serving_and_counting_versions(tmp_path:
         await client.post("/add_training_data_bulk", json={"entries": training_samples(300)})
         assert not service.first_fit_due  # it has a model: no first fit to hurry
         assert (await service.retrain()).version == 2
+
+
+async def test_a_retrain_request_refits_on_new_samples_only_and_each_version_keeps_its_holdout_error(
+    tmp_path: Path,
+) -> None:
+    settings = TrainerSettings(model_dir=tmp_path, retrain_interval_s=3600, min_samples=100, keep_versions=2)
+    async for client, service in started(settings):
+        await client.post("/add_training_data_bulk", json={"entries": training_samples(300)})
+        await published(service, 1)
+        for version, seed in ((2, 11), (3, 12)):
+            response = await client.post("/retrain")
+            assert (response.status_code, response.json()) == (202, {"retrain": "requested"})
+            # The old samples are forgotten; 99 new ones are not enough for a fit ...
+            status = (await client.get("/data/status")).json()["models"]
+            assert status["ttft"]["samples"] == status["tpot"]["samples"] == 0
+            fresh = training_samples(100, seed=seed)
+            await client.post("/add_training_data_bulk", json={"entries": fresh[:99]})
+            assert not service.fit_due
+            # ... 100 are, at once, not after the one-hour interval: fitted on those alone.
+            await client.post("/add_training_data_bulk", json={"entries": fresh[99:]})
+            manifest = await published(service, version)
+            ttft = manifest.models["ttft"]
+            assert ttft.version == version and ttft.training_samples <= 100  # none of the 300 forgotten
+        holdout = "trainer_model_version_holdout_error"
+        async with asyncio.timeout(10):  # reported just after the manifest is published
+            while (
+                sample_value(text := (await client.get("/metrics")).text, holdout, model="ttft", version="3")
+                is None
+            ):
+                await asyncio.sleep(0.01)
+        assert sample_value(text, "trainer_retrain_requests_total") == 2.0
+        errors = {v: sample_value(text, holdout, model="ttft", version=str(v)) for v in (1, 2, 3)}
+        # Only the kept versions have a series, each its own version's holdout MAPE.
+        assert errors[1] is None
+        assert errors[3] == manifest.models["ttft"].holdout.mape
+        assert errors[2] is not None and 0 < errors[2] < 0.5

@@ -36,6 +36,20 @@ app: {{ include "llm-epp.eppName" . }}
 {{- end -}}
 {{- end -}}
 
+{{/* The sidecars' probe listeners, which also serve their /metrics: "name:port" per sidecar,
+comma-separated (empty without the latency predictor). The container ports carry these names. */}}
+{{- define "llm-epp.sidecarMetricsPorts" -}}
+{{- $lp := .Values.inferenceExtension.latencyPredictor -}}
+{{- $ports := list -}}
+{{- if $lp.enabled -}}
+{{- $ports = append $ports (printf "train-health:%d" (int $lp.trainingServer.healthPort)) -}}
+{{- range $i := until (int (include "llm-epp.predictionServerCount" .)) -}}
+{{- $ports = append $ports (printf "pred-health-%d:%d" (add $i 1) (add $lp.predictionServers.healthStartPort $i)) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $ports -}}
+{{- end -}}
+
 {{/* Comma-separated prediction server URLs, as the EPP's --predictor-url takes them. */}}
 {{- define "llm-epp.predictorUrls" -}}
 {{- $start := int .Values.inferenceExtension.latencyPredictor.predictionServers.startPort -}}

@@ -1,0 +1,143 @@
+"""The decision trace: why a request went where it went, compact and bounded.
+
+One JSON-able dict per routed request, built from what the scheduling cycle recorded
+(``epp.scheduling.trace``) and what the predicted-latency producer wrote:
+
+=================  =========================================================================
+``profile``        the scheduling profile
+``candidates``     how many endpoints the cycle started with
+``removed``        per filter that removed any, the endpoints it removed
+``scores``         per scorer, its weighted score (weight × score) per endpoint
+``total``          the summed score per endpoint (what the picker saw)
+``picked``         the picker's choice; ``fallbacks`` the ranked rest
+``predictions``    per endpoint: predicted TTFT/TPOT and their SLO headroom (ms), with the
+                   ``model_version``; while the model drifts, the predictions not routed on
+``fallback``       why the request was scheduled without predictions, or null
+=================  =========================================================================
+
+Bounded: each per-endpoint map lists at most ``MAX_ENDPOINTS`` endpoints (the picked one and
+the fallbacks first, then by total score), ``omitted`` counts the rest, and numbers are
+rounded; if the JSON still exceeds ``MAX_BYTES``, the per-scorer scores and then the
+predictions are dropped and ``truncated`` is set. The same dict is the response header
+``x-llm-epp-decision`` (for ``x-llm-epp-debug: true``), the attributes of the request's span
+(``epp.observability.tracing``), a debug-level log line per request (logger
+``epp.decisions``) and the live page's trace. It holds endpoint, filter and scorer names and
+numbers, never prompt text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from epp.latency.predictions import DRIFTED_PREDICTIONS, LATENCY_PREDICTIONS, PREDICTION_FALLBACK
+from epp.scheduling.framework import DataKey, RequestOutcome
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
+from epp.scheduling.trace import SCHEDULING_TRACE
+
+DECISION_HEADER = "x-llm-epp-decision"
+MAX_ENDPOINTS = 8
+MAX_BYTES = 4096
+DECISION_TRACE: DataKey[dict[str, Any]] = DataKey("decision-trace")
+"""The request's decision trace, once built (it is built at most once per request)."""
+log = logging.getLogger("epp.decisions")
+
+
+def decision_trace(routed: RoutedRequest) -> dict[str, Any]:
+    """The decision trace of ``routed`` (see the module docstring), built once and kept."""
+    state = routed.state
+    cached = state.get(DECISION_TRACE)
+    if cached is None:
+        cached = _bounded(_build(routed))
+        state.put(DECISION_TRACE, cached)
+    return cached
+
+
+def _build(routed: RoutedRequest) -> dict[str, Any]:
+    state, result = routed.state, routed.result
+    steps = state.get(SCHEDULING_TRACE)
+    total = dict(result.scores)
+    ranking = list(steps.ranking) if steps is not None else [t.name for t in result.targets]
+    candidates = steps.candidates if steps is not None else tuple(total)
+    listed = _listed(ranking, total, candidates)
+    trace: dict[str, Any] = {"profile": result.profile, "candidates": len(candidates)}
+    if steps is not None:
+        trace["removed"] = {name: list(removed) for name, removed in steps.removed}
+        trace["scores"] = {
+            step.scorer: {
+                name: round(score, 4)
+                for name, score in zip(steps.scored, step.weighted, strict=True)
+                if name in listed
+            }
+            for step in steps.scorers
+        }
+    trace["total"] = {name: round(score, 4) for name, score in total.items() if name in listed}
+    trace["picked"] = ranking[0] if ranking else routed.endpoint_name
+    trace["fallbacks"] = [name for name in ranking[1:] if name in listed]
+    made = state.get(LATENCY_PREDICTIONS) or state.get(DRIFTED_PREDICTIONS)
+    if made is not None:
+        trace["model_version"] = made.model_version
+        trace["predictions"] = {
+            name: {
+                "ttft_ms": round(p.ttft_ms, 1),
+                "tpot_ms": round(p.tpot_ms, 2),
+                "ttft_headroom_ms": round(p.ttft_headroom_ms, 1),
+                "tpot_headroom_ms": None if p.tpot_headroom_ms is None else round(p.tpot_headroom_ms, 2),
+            }
+            for name, p in made.by_endpoint.items()
+            if name in listed
+        }
+    trace["fallback"] = state.get(PREDICTION_FALLBACK)
+    if (omitted := len(set(candidates) - listed)) > 0:
+        trace["omitted"] = omitted
+    return trace
+
+
+def _listed(ranking: list[str], total: Mapping[str, float], candidates: tuple[str, ...]) -> set[str]:
+    """The endpoints the per-endpoint maps show: the ranking first, then the best totals."""
+    order = [*ranking, *sorted(total, key=lambda name: -total[name]), *candidates]
+    listed: dict[str, None] = {}
+    for name in order:
+        if len(listed) == MAX_ENDPOINTS:
+            break
+        listed.setdefault(name)
+    return set(listed)
+
+
+def _bounded(trace: dict[str, Any]) -> dict[str, Any]:
+    for section in ("scores", "predictions", "removed"):
+        if len(encode(trace)) <= MAX_BYTES:
+            return trace
+        trace.pop(section, None)
+        trace["truncated"] = True
+    return trace
+
+
+def encode(trace: Mapping[str, Any]) -> str:
+    """Compact ASCII JSON (fit for a header value)."""
+    return json.dumps(trace, separators=(",", ":"))
+
+
+class DecisionLog(LifecycleObserver):
+    """Puts the decision trace in the debug response header and, at debug level, logs one line
+    per finished request: its id, model, endpoint, outcome and trace."""
+
+    def debug_headers(self, routed: RoutedRequest) -> Mapping[str, str]:
+        return {DECISION_HEADER: encode(decision_trace(routed))}
+
+    def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        line = {
+            "request_id": routed.request.request_id,
+            "model": routed.request.model,
+            "endpoint": routed.endpoint_name,
+            "status": outcome.status,
+            "completed": outcome.completed,
+            "e2e_ms": round(outcome.e2e_s * 1e3, 1),
+            "ttft_ms": None if outcome.ttft_s is None else round(outcome.ttft_s * 1e3, 1),
+            "decision": decision_trace(routed),
+        }
+        log.debug("decision %s", encode(line))
