@@ -263,9 +263,21 @@ def _add_flow_control(sub: argparse._SubParsersAction) -> None:
         "--duration", type=_positive, default=defaults.duration_s, help="seconds of arrivals per run"
     )
     p.add_argument("--replicas", type=int, default=defaults.replicas)
-    p.add_argument("--max-tokens-per-endpoint", type=int, default=defaults.max_tokens_per_endpoint)
+    p.add_argument(
+        "--max-tokens-per-endpoint",
+        type=int,
+        default=defaults.max_tokens_per_endpoint,
+        help="token-load detector room per replica (default: the profile's KV cache in tokens)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
+    p.add_argument(
+        "--epp-replicas",
+        type=int,
+        default=defaults.epp_replicas,
+        help="above 1: also run 'las + prefill limit' with this many synced EPP replicas (per-replica "
+        "and pool-wide token load) at each load above 1x",
+    )
 
 
 def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -273,8 +285,9 @@ def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     unknown = [v for v in variants if v not in flow_control.VARIANTS]
     if unknown or not variants:
         parser.error(f"--variants must be among {', '.join(flow_control.VARIANTS)}; got {unknown or 'none'}")
-    if args.replicas < 1 or args.max_tokens_per_endpoint < 1:
-        parser.error("--replicas and --max-tokens-per-endpoint must be >= 1")
+    tokens = args.max_tokens_per_endpoint
+    if args.replicas < 1 or args.epp_replicas < 1 or (tokens is not None and tokens < 1):
+        parser.error("--replicas, --epp-replicas and --max-tokens-per-endpoint must be >= 1")
     settings = flow_control.OverloadSettings(
         loads=args.loads,
         variants=variants,
@@ -282,6 +295,7 @@ def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         replicas=args.replicas,
         profile=args.profile,
         max_tokens_per_endpoint=args.max_tokens_per_endpoint,
+        epp_replicas=args.epp_replicas,
         seed=args.seed,
     )
     flow_control.run(settings, args.out)

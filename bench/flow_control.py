@@ -10,10 +10,13 @@ The workload, at ``load`` × the pool's measured capacity in requests per second
   on top.
 
 Sessions start open loop (Poisson); a session's turns follow each other closed loop. Capacity is
-measured, not assumed: the completion rate of the mix at ``CALIBRATION_LOAD`` × a first guess,
-without flow control. Each run reports, per tenant: TTFT p50/p99, SLO attainment (B: completed
-with TTFT within the objective; A and batch have none, so: completed), goodput (those per second),
-shed count (429s) and flow-control queue time p50/p99. Writes ``flow-control.json``,
+measured, not assumed: the highest offered rate of the mix at which the pool's backlog, without
+flow control, stays bounded (:func:`measure_capacity`). Each run reports, per tenant: TTFT
+p50/p99, SLO attainment (B: completed with TTFT within the objective; A and batch have none, so:
+completed), goodput (those per second of the run's busy span, :func:`busy_span`),
+shed count (429s) and flow-control queue time p50/p99. With ``epp_replicas`` K > 1, the
+``replica_variant`` also runs on K synced EPP replicas, each with its own flow control, its
+token-load detector counting its own bookings only or the pool's (issue 14 §3). Writes ``flow-control.json``,
 ``flow-control.md`` (the tenant × policy table, and the issue's goals) and ``flow-control.png``.
 """
 
@@ -32,16 +35,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from bench.report import cell, machine, markdown_table, save_figure, write_results
+from sim.engine.profile import load_profile
 from sim.fleet import FleetConfig, FleetSimulator, Session, SimulatedRequest, Turn, Workload
-from sim.fleet.flow_gate import flow_controlled_router
+from sim.fleet.flow_gate import flow_controlled_replicas, flow_controlled_router
 
 SLO_TTFT_MS = 500.0
 BATCH_SHARE = 0.25
 A_SHARE = 0.8
-CALIBRATION_LOAD = 3.0
+CAPACITY_SEARCH_MAX = 3.0
+CAPACITY_SEARCH_STEPS = 7
+UNSTABLE_GROWTH = 0.07
 TENANTS = ("A", "B", "batch")
 BASE_PLUGINS = """
 plugins:
+- type: token-load-producer
 - type: approximate-prefix-cache-producer
   parameters: {blockSizeTokens: 64, maxPrefixBlocksToMatch: 2048, lruCapacityPerServer: auto}
 - type: queue-scorer
@@ -49,7 +56,7 @@ plugins:
 - type: prefix-cache-scorer
 - type: max-score-picker
 - type: token-load-saturation-detector
-  parameters: {maxTokensPerEndpoint: %(tokens)d}
+  parameters: {maxTokensPerEndpoint: %(tokens)d%(prefill)s}
 - type: queue-kv-saturation-detector
 schedulingProfiles:
 - name: default
@@ -69,12 +76,15 @@ flowControl:
   bands:
   - {priority: -1, maxRequests: 500, ttlSeconds: 8}
 """
-VARIANTS: dict[str, tuple[str, str] | None] = {
+VARIANTS: dict[str, tuple[str, str, bool] | None] = {
     "no flow control": None,
-    "round-robin": ("round-robin-fairness", "fcfs-ordering"),
-    "least-attained-service": ("least-attained-service-fairness", "fcfs-ordering"),
-    "las + earliest deadline": ("least-attained-service-fairness", "earliest-deadline-ordering"),
+    "round-robin": ("round-robin-fairness", "fcfs-ordering", False),
+    "least-attained-service": ("least-attained-service-fairness", "fcfs-ordering", False),
+    "las + earliest deadline": ("least-attained-service-fairness", "earliest-deadline-ordering", False),
+    "las + prefill limit": ("least-attained-service-fairness", "fcfs-ordering", True),
 }
+"""Fairness, ordering, and whether the token-load detector also limits each endpoint's prompt
+tokens waiting for their first token (to one engine step's token budget)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +94,16 @@ class OverloadSettings:
     duration_s: float = 40.0
     replicas: int = 2
     profile: str = "llama-3.1-8b-h100"
-    max_tokens_per_endpoint: int = 250_000
-    """The token-load detector's room per replica (booked prompt + expected output tokens)."""
+    max_tokens_per_endpoint: int | None = None
+    """The token-load detector's room per replica (booked prompt + expected output tokens);
+    None: the profile's KV cache, in tokens (booked beyond it, the engine must preempt)."""
     first_guess_rps: float = 40.0
+    epp_replicas: int = 1
+    """Above 1: also run ``replica_variant`` at each load above 1× with this many EPP replicas,
+    counting per-replica and pool-wide token load (issue 14 §3)."""
+    replica_variant: str = "las + prefill limit"
+    sync_delay_s: float = 0.005
+    """Between the EPP replicas (their NATS hop)."""
     seed: int = 0
 
 
@@ -139,21 +156,54 @@ def overload_workload(rate_rps: float, duration_s: float, seed: int) -> Workload
     )
 
 
+def detector_limits(settings: OverloadSettings) -> tuple[int, int]:
+    """The token-load detector's limits per endpoint, from the engine profile: booked tokens up to
+    the KV cache's size (unless set), prompt tokens awaiting their first token up to one step's
+    token budget."""
+    engine = load_profile(settings.profile).engine
+    kv_tokens = (engine.num_gpu_blocks - 1) * engine.block_size
+    return settings.max_tokens_per_endpoint or kv_tokens, engine.max_num_batched_tokens
+
+
 def config_yaml(variant: str, settings: OverloadSettings) -> str:
-    text = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-    text += BASE_PLUGINS % {"tokens": settings.max_tokens_per_endpoint}
+    tokens, step_tokens = detector_limits(settings)
     policies = VARIANTS[variant]
+    prefill = f", maxPrefillTokensPerEndpoint: {step_tokens}" if policies is not None and policies[2] else ""
+    text = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+    text += BASE_PLUGINS % {"tokens": tokens, "prefill": prefill}
     if policies is not None:
         text += FLOW_CONTROL % {"fairness": policies[0], "ordering": policies[1]}
     return text
 
 
-def _simulate(variant: str, workload: Workload, settings: OverloadSettings, config_dir: Path):
+EPP_REPLICA_MODES = ("per-replica tokens", "pool-wide tokens")
+"""With K EPP replicas: each token-load detector counts its own bookings, or also its peers'."""
+
+
+def _simulate(
+    variant: str, workload: Workload, settings: OverloadSettings, config_dir: Path, mode: str | None = None
+):
+    """One run; ``mode`` (one of ``EPP_REPLICA_MODES``): ``settings.epp_replicas`` synced EPP
+    replicas, each with its own flow control."""
     path = config_dir / f"{variant.replace(' ', '-').replace('+', 'and')}.yaml"
     path.write_text(config_yaml(variant, settings))
+
+    def router(clock):
+        if mode is None:
+            return flow_controlled_router(str(path), clock, settings.seed, name=variant)
+        return flow_controlled_replicas(
+            str(path),
+            clock,
+            settings.seed,
+            replicas=settings.epp_replicas,
+            sync_delay_s=settings.sync_delay_s,
+            pool_wide=mode == "pool-wide tokens",
+            name=variant,
+        )
+
     simulator = FleetSimulator(
         workload,
-        lambda clock: flow_controlled_router(str(path), clock, settings.seed, name=variant),
+        router,
         FleetConfig(replicas=settings.replicas, profile=settings.profile, seed=settings.seed),
     )
     result = simulator.run()
@@ -190,20 +240,35 @@ def tenant_metrics(
     return out
 
 
+def backlog_growth(records: Sequence[SimulatedRequest], duration_s: float) -> float:
+    """How fast interactive requests pile up in the pool (arrived, not finished), in requests per
+    second, over the second half of the arrival window (the first half is the sessions' ramp-up).
+    Near zero while the pool keeps up; the arrival rate less the service rate once it does not."""
+    interactive = [r for r in records if not r.session_id.startswith("batch")]
+
+    def in_system(t: float) -> int:
+        return sum(1 for r in interactive if r.arrival <= t and (r.finish is None or r.finish > t))
+
+    half = duration_s / 2
+    return (in_system(duration_s) - in_system(half)) / half
+
+
 def measure_capacity(settings: OverloadSettings, config_dir: Path) -> float:
-    """Interactive requests per second the pool completes, without flow control, when offered
-    ``CALIBRATION_LOAD`` × the first guess: completions over the last three quarters of the
-    arrival window (the first quarter is the sessions' ramp-up)."""
-    duration = settings.duration_s / 2
-    workload = overload_workload(CALIBRATION_LOAD * settings.first_guess_rps, duration, settings.seed + 1)
-    result, _ = _simulate("no flow control", workload, settings, config_dir)
-    start = duration / 4
-    done = [
-        r
-        for r in result.records
-        if not r.session_id.startswith("batch") and r.completed and start <= r.finish <= duration  # type: ignore[operator]
-    ]
-    return len(done) / (duration - start)
+    """The highest interactive rate (requests per second, batch on top) the pool sustains without
+    flow control: bisection on the offered rate for the point where the backlog starts to grow
+    without bound (grows by more than ``UNSTABLE_GROWTH`` of the offered rate). The completion
+    rate under a far higher offered load is no measure: the engines' queues then hold prompts that
+    are preempted and recomputed, and closed-loop turns arrive late."""
+    low, high = 0.0, CAPACITY_SEARCH_MAX * settings.first_guess_rps
+    for _ in range(CAPACITY_SEARCH_STEPS):
+        rate = (low + high) / 2
+        workload = overload_workload(rate, settings.duration_s, settings.seed + 1)
+        result, _ = _simulate("no flow control", workload, settings, config_dir)
+        if backlog_growth(result.records, settings.duration_s) > UNSTABLE_GROWTH * rate:
+            high = rate
+        else:
+            low = rate
+    return low
 
 
 def run(settings: OverloadSettings, out_dir: Path) -> dict[str, Any]:
@@ -217,19 +282,12 @@ def run(settings: OverloadSettings, out_dir: Path) -> dict[str, Any]:
         tenants = {s.session_id: s.tenant for s in workload.sessions}
         for variant in settings.variants:
             result, queue_s = _simulate(variant, workload, settings, config_dir)
-            span = settings.duration_s
-            runs.append(
-                {
-                    "load": load,
-                    "variant": variant,
-                    "tenants": tenant_metrics(result.records, tenants, queue_s, span),
-                    "offered_interactive_rps": _offered(result.records, settings.duration_s),
-                    "total_goodput_req_s": None,
-                    "wall_s": result.wall_s,
-                    "virtual_s": result.virtual_s,
-                }
-            )
-            runs[-1]["total_goodput_req_s"] = sum(t["goodput_req_s"] for t in runs[-1]["tenants"].values())
+            runs.append(_run_row(load, variant, result, tenants, queue_s, settings))
+        if settings.epp_replicas > 1 and load > 1:
+            for mode in EPP_REPLICA_MODES:
+                result, queue_s = _simulate(settings.replica_variant, workload, settings, config_dir, mode)
+                label = f"{settings.replica_variant}, K={settings.epp_replicas} {mode}"
+                runs.append(_run_row(load, label, result, tenants, queue_s, settings))
     data = {
         "benchmark": "flow-control",
         "settings": asdict(settings),
@@ -244,6 +302,35 @@ def run(settings: OverloadSettings, out_dir: Path) -> dict[str, Any]:
     json_path, md_path = write_results(out_dir, "flow-control", data, render_markdown(data, plot))
     data["outputs"] = {"json": str(json_path), "markdown": str(md_path), "plot": str(out_dir / plot)}
     return data
+
+
+def _run_row(
+    load: float,
+    variant: str,
+    result: Any,
+    tenants: dict[str, str],
+    queue_s: dict[str, float],
+    settings: OverloadSettings,
+) -> dict[str, Any]:
+    span = busy_span(result.records, settings.duration_s)
+    per_tenant = tenant_metrics(result.records, tenants, queue_s, span)
+    return {
+        "load": load,
+        "variant": variant,
+        "tenants": per_tenant,
+        "offered_interactive_rps": _offered(result.records, settings.duration_s),
+        "total_goodput_req_s": sum(t["goodput_req_s"] for t in per_tenant.values()),
+        "span_s": span,
+        "wall_s": result.wall_s,
+        "virtual_s": result.virtual_s,
+    }
+
+
+def busy_span(records: Sequence[SimulatedRequest], duration_s: float) -> float:
+    """Goodput's denominator: from the first arrival until the last request finished (at least the
+    arrival window). A pool that falls behind finishes the last requests long after the arrivals
+    stop; counting those over the arrival window alone would credit it with work it did later."""
+    return max([duration_s, *(r.finish for r in records if r.finish is not None)])
 
 
 def _offered(records: Sequence[SimulatedRequest], duration_s: float) -> float:
@@ -326,7 +413,10 @@ def render_markdown(data: dict[str, Any], plot: str) -> str:
     lines += [markdown_table(headers, rows), ""]
     lines += [
         "Total goodput (req/s): "
-        + ", ".join(f"{r['load']:g}× {r['variant']}: {r['total_goodput_req_s']:.2f}" for r in data["runs"]),
+        + ", ".join(
+            f"{r['load']:g}× {r['variant']}: {r['total_goodput_req_s']:.2f} (over {r['span_s']:.0f} s)"
+            for r in data["runs"]
+        ),
         "",
     ]
     if data["goals"]:

@@ -40,6 +40,7 @@ class FlowControl:
             band=request.priority,
             flow=flow,
             tokens=request.input_tokens + output,
+            prompt_tokens=request.input_tokens,
             received_at=received_at,
             slo_ttft_ms=request.slo_ttft_ms,
         )

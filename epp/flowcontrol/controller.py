@@ -79,6 +79,7 @@ class FlowController:
         self._seq = itertools.count()
         self._bookings: dict[int, Booking] = {}
         self._booked_tokens: dict[str, int] = {}
+        self._prefill_tokens: dict[str, int] = {}
         self._routed_at: dict[str, dict[int, float]] = {}
         self._pending_requests = 0
         self._pending_tokens = 0
@@ -86,6 +87,10 @@ class FlowController:
         """Whether the last dispatch attempt found the pool saturated."""
         self.peer_tokens: Mapping[str, int] = {}
         """Per endpoint, peer replicas' in-flight tokens (set by the adapter when replicas sync)."""
+        self.peer_prefill_tokens: Mapping[str, int] = {}
+        """Per endpoint, peer replicas' prompt tokens still to prefill (set with ``peer_tokens``)."""
+        self.replicas = 1
+        """EPP replicas sharing the pool's token load, this one included (set with ``peer_tokens``)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -195,7 +200,7 @@ class FlowController:
             flow_id, head = chosen
             self._remove(head)
             self.fairness.charged(band, flow_id, head.tokens)
-            self._bookings[head.key] = Booking(head.tokens, now)
+            self._bookings[head.key] = Booking(head.tokens, now, prefill_tokens=head.prompt_tokens)
             self._pending_requests += 1
             self._pending_tokens += head.tokens
             decisions.append(Decision(head, Outcome.DISPATCHED, now))
@@ -235,10 +240,13 @@ class FlowController:
             now=now,
             endpoints=endpoints,
             booked_tokens=self._booked_tokens,
+            prefill_tokens=self._prefill_tokens,
             routed_at=self._routed_at,
             pending_requests=self._pending_requests,
             pending_tokens=self._pending_tokens,
             peer_tokens=self.peer_tokens,
+            peer_prefill_tokens=self.peer_prefill_tokens,
+            replicas=self.replicas,
         )
 
     # ------------------------------------------------------------------ after dispatch
@@ -251,10 +259,19 @@ class FlowController:
         booking.endpoint, booking.routed_at = endpoint, now
         self._pending_requests -= 1
         self._pending_tokens -= booking.tokens
-        self._booked_tokens[endpoint] = self._booked_tokens.get(endpoint, 0) + booking.tokens
+        _add(self._booked_tokens, endpoint, booking.tokens)
+        _add(self._prefill_tokens, endpoint, booking.prefill_tokens)
         self._routed_at.setdefault(endpoint, {})[key] = now
         for detector in self.detectors:
             detector.routed(endpoint, state, now)
+
+    def first_token(self, key: int) -> None:
+        """Routed request ``key`` produced its first token: its prompt is no longer prefill. Idempotent."""
+        booking = self._bookings.get(key)
+        if booking is None or booking.endpoint is None:
+            return
+        _add(self._prefill_tokens, booking.endpoint, -booking.prefill_tokens)
+        booking.prefill_tokens = 0
 
     def finished(self, key: int) -> None:
         """Dispatched request ``key`` is over (completed, failed, refused or cancelled). Idempotent."""
@@ -265,12 +282,18 @@ class FlowController:
             self._pending_requests -= 1
             self._pending_tokens -= booking.tokens
             return
-        left = self._booked_tokens[booking.endpoint] - booking.tokens
-        if left:
-            self._booked_tokens[booking.endpoint] = left
-        else:
-            del self._booked_tokens[booking.endpoint]
+        _add(self._booked_tokens, booking.endpoint, -booking.tokens)
+        _add(self._prefill_tokens, booking.endpoint, -booking.prefill_tokens)
         times = self._routed_at[booking.endpoint]
         del times[key]
         if not times:
             del self._routed_at[booking.endpoint]
+
+
+def _add(tokens: dict[str, int], endpoint: str, delta: int) -> None:
+    """Add ``delta`` to ``endpoint``'s count, dropping it at zero (the maps hold busy endpoints only)."""
+    left = tokens.get(endpoint, 0) + delta
+    if left:
+        tokens[endpoint] = left
+    else:
+        tokens.pop(endpoint, None)

@@ -41,6 +41,11 @@ class FlowTicket:
         """The scheduler picked ``endpoint`` (``state``: its cycle's data, for the detectors)."""
         self._gate.controller.routed(self.key, endpoint, state, now)
 
+    def first_token(self) -> None:
+        """The first token came back (idempotent): the prompt's prefill booking goes."""
+        self._gate.controller.first_token(self.key)
+        self._gate.wake()
+
     def finished(self) -> None:
         """The request is over, however it ended (idempotent): its booking goes, and the
         dispatcher looks again at once."""
@@ -90,6 +95,10 @@ class FlowGate:
 
     def released(self, key: int) -> None:
         self.controller.finished(key)
+        self.wake()
+
+    def wake(self) -> None:
+        """Bookings went down: the dispatcher looks again at once (when anything waits)."""
         if len(self.controller):
             self._wake.set()
 

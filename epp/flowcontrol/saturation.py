@@ -57,6 +57,12 @@ class QueueKvSaturationDetector(SaturationDetector):
 
 class TokenLoadParameters(PluginParameters):
     max_tokens_per_endpoint: int = Field(default=200_000, ge=1, alias="maxTokensPerEndpoint")
+    max_prefill_tokens_per_endpoint: int | None = Field(
+        default=None, ge=1, alias="maxPrefillTokensPerEndpoint"
+    )
+    """Prompt tokens an endpoint may have waiting for their first token (None: no such limit).
+    About one engine step's token budget keeps a short prompt from queueing in the engine behind
+    several long ones: it waits in the EPP instead, where fairness can put it first."""
 
 
 @register
@@ -65,7 +71,13 @@ class TokenLoadSaturationDetector(SaturationDetector):
     released when the request finishes, so it is exact between scrapes. Room while the endpoints'
     headroom (each endpoint's capacity less its bookings, never below zero) covers the head
     request and those on their way; an idle pool always takes one, however large. Peer replicas'
-    bookings count too when the replicas share token load."""
+    bookings count too when the replicas share token load; then a replica also has room while its
+    own bookings leave headroom in its share of the capacity (1/K of it, ``PoolView.replicas``):
+    fairness is per replica, and without a share a peer's fresh arrivals would take every bit of
+    room that frees up while this replica's waiting requests expire. With ``maxPrefillTokensPerEndpoint``,
+    also saturated unless some endpoint has room for the head's prompt among the prompt tokens
+    routed there and not yet answered, peers' too (an endpoint without any always has); while a dispatched
+    request is on its way to the pick (its endpoint still unknown), none has."""
 
     type_name = "token-load-saturation-detector"
     Parameters = TokenLoadParameters
@@ -73,13 +85,28 @@ class TokenLoadSaturationDetector(SaturationDetector):
 
     def saturated(self, pool: PoolView, head: FlowRequest) -> bool:
         cap = self.params.max_tokens_per_endpoint
-        headroom = 0
+        share = cap // pool.replicas
+        headroom = own_headroom = 0
         busy = pool.pending_requests > 0
         for e in pool.endpoints:
-            booked = pool.booked_tokens.get(e.name, 0) + pool.peer_tokens.get(e.name, 0)
+            own = pool.booked_tokens.get(e.name, 0)
+            booked = own + pool.peer_tokens.get(e.name, 0)
             busy = busy or booked > 0
             headroom += max(0, cap - booked)
-        return busy and headroom - pool.pending_tokens < head.tokens
+            own_headroom += max(0, share - own)
+        if busy and max(headroom, own_headroom) - pool.pending_tokens < head.tokens:
+            return True
+        return not self._prefill_room(pool, head)
+
+    def _prefill_room(self, pool: PoolView, head: FlowRequest) -> bool:
+        cap = self.params.max_prefill_tokens_per_endpoint
+        if cap is None or pool.pending_requests > 0:
+            return cap is None
+        return any(
+            (prefill := pool.prefill_tokens.get(e.name, 0) + pool.peer_prefill_tokens.get(e.name, 0)) == 0
+            or prefill + head.prompt_tokens <= cap
+            for e in pool.endpoints
+        )
 
 
 class PredictedTtftParameters(PluginParameters):

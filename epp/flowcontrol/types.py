@@ -39,6 +39,8 @@ class FlowRequest:
     """What dispatching it books: prompt tokens plus the output expected."""
     received_at: float
     slo_ttft_ms: float | None = None
+    prompt_tokens: int = 0
+    """Of ``tokens``, the prompt's: also booked as prefill, from routing to the first token."""
     enqueued_at: float = 0.0
     seq: int = 0
     """Arrival order, assigned by the controller."""
@@ -70,6 +72,8 @@ class Booking:
 
     tokens: int
     dispatched_at: float
+    prefill_tokens: int = 0
+    """The prompt tokens still to prefill: 0 once its first token came."""
     endpoint: str | None = None
     """None between dispatch and the pick (the request is on its way to the scheduler)."""
     routed_at: float | None = None
@@ -89,8 +93,14 @@ class PoolView:
     pending_requests: int = 0
     """Dispatched and not routed yet (their endpoint is still unknown)."""
     pending_tokens: int = 0
+    prefill_tokens: Mapping[str, int] = field(default_factory=dict)
+    """Per endpoint, prompt tokens of routed requests that have no first token yet."""
     peer_tokens: Mapping[str, int] = field(default_factory=dict)
     """Per endpoint, tokens other EPP replicas have in flight there (active-active sync)."""
+    peer_prefill_tokens: Mapping[str, int] = field(default_factory=dict)
+    """Per endpoint, other EPP replicas' prompt tokens there still to prefill."""
+    replicas: int = 1
+    """EPP replicas whose bookings ``peer_tokens`` holds, this one included."""
 
     def routed_since(self, endpoint: str, since: float) -> int:
         """Unfinished requests routed to ``endpoint`` after ``since`` (a scrape's time)."""

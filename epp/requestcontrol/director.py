@@ -198,6 +198,8 @@ class Director:
             now = self.clock()
             self.lifecycle.first_token(routed, now)
             self.lifecycle.progress(routed, meter.tokens, now)
+            if record.flow_ticket is not None:
+                record.flow_ticket.first_token()
         if end_of_stream:
             record.response_complete = True
 

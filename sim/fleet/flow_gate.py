@@ -7,6 +7,13 @@ event and, while requests are held, every ``pollIntervalMs`` of virtual time (th
 dispatcher's cadence). :class:`FlowControlledRouter` wraps the config's own router and tells the
 controller where each dispatched request went and when it finished, as the live director's
 ticket does.
+
+With K EPP replicas (:class:`~sim.fleet.router_replicas.ReplicatedRouter`) each has its own
+controller, as live replicas do: request i waits at replica i mod K (Envoy's round-robin over
+ext_proc streams) and is routed there (:class:`ReplicatedFlowGate`). With ``pool_wide`` token
+load, each controller's token-load detector also counts its peers' in-flight tokens as the sync
+state applied them to the replica's token-load producer (``epp.sync``), that is, as of the sync
+delay ago; without it, each counts only its own.
 """
 
 from __future__ import annotations
@@ -18,9 +25,12 @@ from typing import Any
 from epp.configs import config_path
 from epp.flowcontrol.config import FlowControl, build_flow_control
 from epp.flowcontrol.types import Decision, Outcome
+from epp.load.token_load import TokenLoadTracker
+from epp.plugins.token_load import find_token_load
 from epp.scheduling.config import EndpointPickerConfig
 from epp.scheduling.types import EndpointState
 from sim.fleet.replica import Replica
+from sim.fleet.router_replicas import ReplicatedRouter
 from sim.fleet.routers import PipelineRouter, Router, RoutingCall, RoutingRejected
 
 
@@ -75,6 +85,11 @@ class FleetFlowGate:
         if key is not None and call.routed is not None:
             self.controller.routed(key, endpoint, call.routed.state, now)
 
+    def first_token(self, request_id: str) -> None:
+        key = self.keys.get(request_id)
+        if key is not None:
+            self.controller.first_token(key)
+
     def finished(self, request_id: str) -> None:
         key = self.keys.pop(request_id, None)
         if key is not None:
@@ -114,15 +129,19 @@ class FlowControlledRouter(Router):
     def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
         request_id = call.request.request_id
         try:
-            replica = self.inner.route(call, replicas, now)
+            replica = self._route_inner(call, replicas, now)
         except RoutingRejected:
             self.flow_gate.finished(request_id)
             raise
         self.flow_gate.routed(request_id, replica.name, call, now)
         return replica
 
+    def _route_inner(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
+        return self.inner.route(call, replicas, now)
+
     def on_first_token(self, call: RoutingCall, now: float) -> None:
         self.inner.on_first_token(call, now)
+        self.flow_gate.first_token(call.request.request_id)
 
     def on_progress(self, call: RoutingCall, tokens: int, now: float) -> None:
         self.inner.on_progress(call, tokens, now)
@@ -144,6 +163,136 @@ class FlowControlledRouter(Router):
     def predictor(self) -> Any:
         """The inner router's latency predictor (the simulator reports its retrains)."""
         return self.inner.predictor
+
+
+class ReplicatedFlowGate:
+    """K replicas' gates behind the simulator's one (see the module): the same calls as
+    :class:`FleetFlowGate`, each passed to the gate of the replica the request went to."""
+
+    def __init__(
+        self, router: ReplicatedRouter, flow_controls: Sequence[FlowControl], *, pool_wide: bool
+    ) -> None:
+        self.router = router
+        self.gates = [FleetFlowGate(fc) for fc in flow_controls]
+        self.poll_interval_s = self.gates[0].poll_interval_s
+        self._peers: list[TokenLoadTracker | None] = [
+            _peer_tracker(member) if pool_wide else None for member in router.members
+        ]
+        self._turn = 0
+        self._first = 0
+        self.member: dict[str, int] = {}
+        """Request id → the replica it went to, from admission to finish."""
+
+    def __len__(self) -> int:
+        return sum(len(gate) for gate in self.gates)
+
+    @property
+    def queue_time_s(self) -> dict[str, float]:
+        return {rid: s for gate in self.gates for rid, s in gate.queue_time_s.items()}
+
+    def admit(
+        self, call: RoutingCall, payload: Any, replicas: Sequence[Replica], now: float
+    ) -> Outcome | None:
+        index = self._turn
+        self._turn = (index + 1) % len(self.gates)
+        self.member[call.request.request_id] = index
+        self._refresh(index, replicas, now)
+        outcome = self.gates[index].admit(call, payload, replicas, now)
+        if outcome is not None and outcome is not Outcome.DISPATCHED:
+            del self.member[call.request.request_id]
+        return outcome
+
+    def poll(self, now: float, replicas: Sequence[Replica]) -> Released:
+        """Each replica's releases; the replica that looks first takes the room that freed up, so
+        the first is another one at each call (live replicas' dispatchers race; none always wins)."""
+        released = Released()
+        k = len(self.gates)
+        self._first = (self._first + 1) % k
+        for index in [(self._first + i) % k for i in range(k)]:
+            self._refresh(index, replicas, now)
+            mine = self.gates[index].poll(now, replicas)
+            released.dispatched += mine.dispatched
+            released.shed += mine.shed
+        for (_, _, call, *_), _ in released.shed:
+            del self.member[call.request.request_id]
+        return released
+
+    def routed(self, request_id: str, endpoint: str, call: RoutingCall, now: float) -> None:
+        self.gates[self.member[request_id]].routed(request_id, endpoint, call, now)
+
+    def first_token(self, request_id: str) -> None:
+        self.gates[self.member[request_id]].first_token(request_id)
+
+    def finished(self, request_id: str) -> None:
+        index = self.member.pop(request_id, None)
+        if index is not None:
+            self.gates[index].finished(request_id)
+
+    def _refresh(self, index: int, replicas: Sequence[Replica], now: float) -> None:
+        """Hand replica ``index``'s controller its peers' tokens per endpoint as synced by ``now``:
+        KV tokens plus the output still expected (what its own bookings count), and the uncached
+        prompt tokens still to prefill."""
+        peers = self._peers[index]
+        if peers is None:
+            return
+        self.router.catch_up(now)
+        loads = {r.name: load for r in replicas if (load := peers.load(r.name)).requests}
+        controller = self.gates[index].controller
+        controller.peer_tokens = {
+            n: load.kv_tokens + load.expected_remaining_tokens for n, load in loads.items()
+        }
+        controller.peer_prefill_tokens = {n: load.prefill_tokens for n, load in loads.items()}
+        controller.replicas = len(self.gates)
+
+
+def _peer_tracker(member: PipelineRouter) -> TokenLoadTracker:
+    producer = find_token_load(member.pipeline.plugins.values())
+    if producer is None:
+        raise ValueError(
+            "pool-wide token load needs a token-load-producer in the config (it holds the peers')"
+        )
+    return producer.peers
+
+
+class FlowControlledReplicas(FlowControlledRouter):
+    """K EPP replicas, each behind its own flow control (see the module)."""
+
+    def __init__(
+        self, inner: ReplicatedRouter, flow_controls: Sequence[FlowControl], *, pool_wide: bool
+    ) -> None:
+        self.inner = inner  # type: ignore[assignment]
+        self.name = inner.name
+        self.wants_progress = inner.wants_progress
+        self.flow_gate = ReplicatedFlowGate(inner, flow_controls, pool_wide=pool_wide)  # type: ignore[assignment]
+
+    def _route_inner(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
+        index = self.flow_gate.member[call.request.request_id]  # type: ignore[attr-defined]
+        return self.inner.route_on(index, call, replicas, now)  # type: ignore[attr-defined]
+
+
+def flow_controlled_replicas(
+    config: str,
+    clock: Callable[[], float],
+    seed: int,
+    *,
+    replicas: int,
+    sync_delay_s: float | None,
+    pool_wide: bool,
+    name: str | None = None,
+) -> Router:
+    """``replicas`` EPP replicas of ``config`` (synced with ``sync_delay_s``, or never when None),
+    each behind flow control when the config turns it on; ``pool_wide``: their token-load
+    detectors count the peers' synced tokens too (needs a sync delay)."""
+    if pool_wide and sync_delay_s is None:
+        raise ValueError("pool-wide token load needs synced replicas (a sync delay)")
+    inner = ReplicatedRouter(
+        str(config_path(config)), clock, seed, replicas=replicas, sync_delay_s=sync_delay_s, name=name
+    )
+    spec = EndpointPickerConfig.from_file(config_path(config))
+    controls = [build_flow_control(spec, m.pipeline, m.context) for m in inner.members]
+    if any(c is None for c in controls):
+        return inner
+    return FlowControlledReplicas(inner, controls, pool_wide=pool_wide)  # type: ignore[arg-type]
 
 
 def flow_controlled_router(

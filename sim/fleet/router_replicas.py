@@ -86,9 +86,13 @@ class ReplicatedRouter(Router):
         self._next_flush = 0.0
 
     def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
-        self.catch_up(now)
         index = self._turn
         self._turn = (index + 1) % len(self.members)
+        return self.route_on(index, call, replicas, now)
+
+    def route_on(self, index: int, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
+        """Route ``call`` on member ``index`` (the replica its ext_proc stream went to)."""
+        self.catch_up(now)
         chosen = self.members[index].route(call, replicas, now)
         self._owner[call.request.request_id] = index
         self._publish(index, now)

@@ -1,13 +1,21 @@
 """Flow control in the fleet simulator: the live controller in virtual time. A saturated pool holds
 arrivals, releases them highest band first, answers what waits past its TTL, loses nothing; a
-config without flow control routes exactly as before."""
+config without flow control routes exactly as before; K EPP replicas gate their own requests, counting
+their peers' synced tokens when asked."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sim.fleet import FleetConfig, FleetSimulator, Session, Turn, Workload
-from sim.fleet.flow_gate import FlowControlledRouter, flow_controlled_router
+from sim.fleet.flow_gate import (
+    FlowControlledReplicas,
+    FlowControlledRouter,
+    flow_controlled_replicas,
+    flow_controlled_router,
+)
 from sim.fleet.routers import PipelineRouter
 
 CONFIG = """
@@ -72,3 +80,41 @@ def test_a_config_without_flow_control_gets_the_plain_router(tmp_path: Path) -> 
     simulator = _simulate(tmp_path, [_one_shot("a", 0.0)], config="plugins:\n- type: queue-scorer\n")
     assert type(simulator.router) is PipelineRouter and simulator.router.flow_gate is None
     assert simulator.records[0].completed
+
+
+def _simulate_replicas(tmp_path: Path, sessions: list[Session], *, pool_wide: bool) -> FleetSimulator:
+    path = tmp_path / "fc.yaml"
+    path.write_text("plugins:\n- type: token-load-producer\n" + CONFIG.removeprefix("\nplugins:\n"))
+    simulator = FleetSimulator(
+        Workload("t", sessions),
+        lambda clock: flow_controlled_replicas(
+            str(path), clock, 0, replicas=2, sync_delay_s=0.001, pool_wide=pool_wide
+        ),
+        FleetConfig(replicas=1, profile="llama-3.1-8b-h100"),
+    )
+    simulator.run()
+    return simulator
+
+
+def test_k_replicas_each_gate_their_own_requests_and_pool_wide_load_counts_the_peers(tmp_path: Path) -> None:
+    # "first" goes to EPP replica 0, "second" to replica 1: each books 1400 of the engine's 1500
+    # tokens. Counting only its own bookings, replica 1 sends "second" at once; counting its
+    # peer's synced booking, it holds "second" until "first" finishes.
+    sessions = [_one_shot("first", 0.0), _one_shot("second", 0.01)]
+    alone = _simulate_replicas(tmp_path, sessions, pool_wide=False)
+    shared = _simulate_replicas(tmp_path, sessions, pool_wide=True)
+    for simulator in (alone, shared):
+        assert isinstance(simulator.router, FlowControlledReplicas)
+        gate = simulator.router.flow_gate
+        assert all(r.completed for r in simulator.records)
+        assert len(gate) == 0 and gate.member == {}
+        assert [g.controller.booked() for g in gate.gates] == [0, 0]
+    assert alone.router.flow_gate.queue_time_s == {"first#0": 0.0, "second#0": 0.0}
+    waited = shared.router.flow_gate.queue_time_s
+    first = next(r for r in shared.records if r.session_id == "first")
+    assert waited["first#0"] == 0.0 and waited["second#0"] >= first.finish - 0.01 - 0.002  # type: ignore[operator]
+
+
+def test_pool_wide_token_load_needs_synced_replicas(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs synced replicas"):
+        flow_controlled_replicas(CONFIG, lambda: 0.0, 0, replicas=2, sync_delay_s=None, pool_wide=True)

@@ -168,3 +168,23 @@ def test_a_large_head_of_one_flow_does_not_hold_back_a_smaller_request_of_anothe
     assert fc.poll(0.4, POOL) == [] and fc.saturated
     fc.finished(running.key)
     assert dispatched(fc.poll(0.5, POOL)) == [big]
+
+
+def test_a_prompt_is_booked_as_prefill_from_routing_to_its_first_token():
+    detector = policy(
+        TokenLoadSaturationDetector, maxTokensPerEndpoint=100_000, maxPrefillTokensPerEndpoint=5000
+    )
+    fc = FlowController(FlowSettings(), policy(RoundRobinFairness), policy(FcfsOrdering), [detector])
+    first, second, third = (request(flow="a", tokens=4400) for _ in range(3))
+    for r in (first, second, third):
+        r.prompt_tokens = 4000
+        fc.enqueue(r, 0.0)
+    assert dispatched(fc.poll(0.0, POOL)) == [first]  # on its way to the pick: nothing else goes
+    fc.routed(first.key, "e0", CycleState(), 0.01)
+    assert fc.poll(0.02, POOL) == [] and fc.saturated  # 4000 + 4000 prompt tokens > 5000
+    fc.first_token(first.key)
+    fc.first_token(first.key)  # idempotent
+    assert dispatched(fc.poll(0.03, POOL)) == [second]
+    fc.routed(second.key, "e0", CycleState(), 0.04)
+    fc.finished(second.key)  # over before its first token (cancelled): its prefill goes too
+    assert dispatched(fc.poll(0.05, POOL)) == [third]

@@ -51,7 +51,42 @@ def test_token_load_books_per_endpoint_and_always_lets_an_idle_pool_take_one():
     assert not detector.saturated(view(pool, booked={"e0": 5000, "e1": 200}), request(tokens=800))
     assert detector.saturated(view(pool, booked={"e0": 5000, "e1": 200}), request(tokens=801))
     assert detector.saturated(view(pool, booked={"e1": 200}, pending_tokens=1000), request(tokens=900))
-    assert detector.saturated(view(pool, peer_tokens={"e0": 1000, "e1": 900}), request(tokens=200))
+    # Two EPP replicas: the peer's bookings count, but each replica keeps its share (half) of the room.
+    peers = {"e0": 500, "e1": 500}
+    assert detector.saturated(
+        view(pool, booked={"e0": 500, "e1": 400}, peer_tokens=peers, replicas=2), request(tokens=200)
+    )
+    assert not detector.saturated(
+        view(pool, booked={"e1": 400}, peer_tokens=peers, replicas=2), request(tokens=200)
+    )
+    crowded = {"e0": 1000, "e1": 900}
+    assert not detector.saturated(view(pool, peer_tokens=crowded, replicas=2), request(tokens=200))
+    assert detector.saturated(
+        view(pool, booked={"e0": 450, "e1": 450}, peer_tokens=crowded, replicas=2), request(tokens=200)
+    )
+
+
+def test_token_load_prefill_limit_holds_a_long_prompt_while_a_short_one_fits():
+    detector = policy(
+        TokenLoadSaturationDetector, maxTokensPerEndpoint=100_000, maxPrefillTokensPerEndpoint=8192
+    )
+    pool = [endpoint_state(0), endpoint_state(1)]
+    long_prompt, short_prompt = request(tokens=6400), request(tokens=600)
+    long_prompt.prompt_tokens, short_prompt.prompt_tokens = 6000, 300
+    busy = {"e0": 4000, "e1": 4000}
+    assert detector.saturated(view(pool, booked=busy, prefill_tokens=busy), long_prompt)
+    assert not detector.saturated(view(pool, booked=busy, prefill_tokens=busy), short_prompt)
+    # An endpoint whose prompts all got their first token takes any prompt.
+    assert not detector.saturated(view(pool, booked=busy, prefill_tokens={"e0": 4000}), long_prompt)
+    # Peer replicas' prompts on their way through prefill count too.
+    peers = {"e0": 100, "e1": 4000}
+    assert detector.saturated(
+        view(pool, booked=busy, prefill_tokens={"e0": 4000}, peer_prefill_tokens=peers), long_prompt
+    )
+    # A dispatched request not yet picked may be headed anywhere: no prefill room is known.
+    assert detector.saturated(view(pool, booked=busy, pending_requests=1), short_prompt)
+    unlimited = policy(TokenLoadSaturationDetector, maxTokensPerEndpoint=100_000)
+    assert not unlimited.saturated(view(pool, booked=busy, prefill_tokens=busy), long_prompt)
 
 
 def _predicted(state: CycleState, **ttft_ms: float) -> CycleState:
