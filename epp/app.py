@@ -28,6 +28,7 @@ from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.flowcontrol.config import build_flow_control
 from epp.flowcontrol.gate import FlowGate
 from epp.flowcontrol.metrics import FlowMetrics
+from epp.flowcontrol.peers import PeerTokenLoad
 from epp.k8s.client import api_client, default_identity, default_namespace
 from epp.k8s.leader import LeaseElector, LeaseSettings
 from epp.k8s.source import ApiGroupVersion, KubernetesSource, PoolWatch
@@ -132,6 +133,8 @@ class EppApp:
         self.sync: NatsSyncTransport | None = None
         if settings.sync_nats_url:
             self.sync = self._replica_sync()
+            if self.flow_gate is not None and token_load is not None:  # count the whole pool's tokens
+                self.flow_gate.controller.peers = PeerTokenLoad(self.sync.state)
         if token_load is not None:
             self.pool_metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
         # The live page's recent decisions.

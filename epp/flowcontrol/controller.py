@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from epp.flowcontrol.fairness import FairnessPolicy
 from epp.flowcontrol.ordering import OrderingPolicy
+from epp.flowcontrol.peers import NO_PEERS, PeerTokenLoad
 from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.types import Booking, Decision, FlowRequest, Outcome, PoolView
 from epp.scheduling.framework import CycleState
@@ -85,12 +86,9 @@ class FlowController:
         self._pending_tokens = 0
         self.saturated = False
         """Whether the last dispatch attempt found the pool saturated."""
-        self.peer_tokens: Mapping[str, int] = {}
-        """Per endpoint, peer replicas' in-flight tokens (set by the adapter when replicas sync)."""
-        self.peer_prefill_tokens: Mapping[str, int] = {}
-        """Per endpoint, peer replicas' prompt tokens still to prefill (set with ``peer_tokens``)."""
-        self.replicas = 1
-        """EPP replicas sharing the pool's token load, this one included (set with ``peer_tokens``)."""
+        self.peers: PeerTokenLoad | None = None
+        """Peer replicas' synced token load, read at each dispatch attempt (set by the driver
+        when replicas share token load; None: this replica counts its own bookings only)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -236,6 +234,7 @@ class FlowController:
         return decisions
 
     def _view(self, now: float, endpoints: Sequence[EndpointState]) -> PoolView:
+        peers = NO_PEERS if self.peers is None else self.peers.read(endpoints)
         return PoolView(
             now=now,
             endpoints=endpoints,
@@ -244,9 +243,9 @@ class FlowController:
             routed_at=self._routed_at,
             pending_requests=self._pending_requests,
             pending_tokens=self._pending_tokens,
-            peer_tokens=self.peer_tokens,
-            peer_prefill_tokens=self.peer_prefill_tokens,
-            replicas=self.replicas,
+            peer_tokens=peers.tokens,
+            peer_prefill_tokens=peers.prefill_tokens,
+            replicas=peers.replicas,
         )
 
     # ------------------------------------------------------------------ after dispatch

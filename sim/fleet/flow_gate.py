@@ -11,9 +11,9 @@ ticket does.
 With K EPP replicas (:class:`~sim.fleet.router_replicas.ReplicatedRouter`) each has its own
 controller, as live replicas do: request i waits at replica i mod K (Envoy's round-robin over
 ext_proc streams) and is routed there (:class:`ReplicatedFlowGate`). With ``pool_wide`` token
-load, each controller's token-load detector also counts its peers' in-flight tokens as the sync
-state applied them to the replica's token-load producer (``epp.sync``), that is, as of the sync
-delay ago; without it, each counts only its own.
+load, each controller's token-load detector also counts its peers' in-flight tokens as the
+replica's sync state applied them (:class:`~epp.flowcontrol.peers.PeerTokenLoad`, as the live
+EPP does), that is, as of the sync delay ago; without it, each counts only its own.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from typing import Any
 
 from epp.configs import config_path
 from epp.flowcontrol.config import FlowControl, build_flow_control
+from epp.flowcontrol.peers import PeerTokenLoad
 from epp.flowcontrol.types import Decision, Outcome
-from epp.load.token_load import TokenLoadTracker
-from epp.plugins.token_load import find_token_load
 from epp.scheduling.config import EndpointPickerConfig
 from epp.scheduling.types import EndpointState
 from sim.fleet.replica import Replica
@@ -175,9 +174,10 @@ class ReplicatedFlowGate:
         self.router = router
         self.gates = [FleetFlowGate(fc) for fc in flow_controls]
         self.poll_interval_s = self.gates[0].poll_interval_s
-        self._peers: list[TokenLoadTracker | None] = [
-            _peer_tracker(member) if pool_wide else None for member in router.members
-        ]
+        self.pool_wide = pool_wide
+        if pool_wide:
+            for gate, sync in zip(self.gates, router.sync, strict=True):
+                gate.controller.peers = PeerTokenLoad(sync)
         self._turn = 0
         self._first = 0
         self.member: dict[str, int] = {}
@@ -196,7 +196,7 @@ class ReplicatedFlowGate:
         index = self._turn
         self._turn = (index + 1) % len(self.gates)
         self.member[call.request.request_id] = index
-        self._refresh(index, replicas, now)
+        self._catch_up(now)
         outcome = self.gates[index].admit(call, payload, replicas, now)
         if outcome is not None and outcome is not Outcome.DISPATCHED:
             del self.member[call.request.request_id]
@@ -208,8 +208,8 @@ class ReplicatedFlowGate:
         released = Released()
         k = len(self.gates)
         self._first = (self._first + 1) % k
+        self._catch_up(now)
         for index in [(self._first + i) % k for i in range(k)]:
-            self._refresh(index, replicas, now)
             mine = self.gates[index].poll(now, replicas)
             released.dispatched += mine.dispatched
             released.shed += mine.shed
@@ -228,30 +228,11 @@ class ReplicatedFlowGate:
         if index is not None:
             self.gates[index].finished(request_id)
 
-    def _refresh(self, index: int, replicas: Sequence[Replica], now: float) -> None:
-        """Hand replica ``index``'s controller its peers' tokens per endpoint as synced by ``now``:
-        KV tokens plus the output still expected (what its own bookings count), and the uncached
-        prompt tokens still to prefill."""
-        peers = self._peers[index]
-        if peers is None:
-            return
-        self.router.catch_up(now)
-        loads = {r.name: load for r in replicas if (load := peers.load(r.name)).requests}
-        controller = self.gates[index].controller
-        controller.peer_tokens = {
-            n: load.kv_tokens + load.expected_remaining_tokens for n, load in loads.items()
-        }
-        controller.peer_prefill_tokens = {n: load.prefill_tokens for n, load in loads.items()}
-        controller.replicas = len(self.gates)
-
-
-def _peer_tracker(member: PipelineRouter) -> TokenLoadTracker:
-    producer = find_token_load(member.pipeline.plugins.values())
-    if producer is None:
-        raise ValueError(
-            "pool-wide token load needs a token-load-producer in the config (it holds the peers')"
-        )
-    return producer.peers
+    def _catch_up(self, now: float) -> None:
+        """Deliver the sync messages due by ``now``: the controllers read their peers' tokens as
+        synced by then."""
+        if self.pool_wide:
+            self.router.catch_up(now)
 
 
 class FlowControlledReplicas(FlowControlledRouter):
