@@ -4,7 +4,8 @@ gauge; a request that waits past its band's TTL gets 429 with Retry-After, in th
 
 The pool is one replica and a token-load detector with room for 60 booked tokens, so each
 request (prompt plus ``max_tokens``, at least 40 tokens) saturates it alone: requests run one at
-a time, and finish in the order flow control dispatched them.
+a time, and finish in the order flow control dispatched them. Two EPPs synced over NATS count
+each other's token load: one holds a request because of what the other has in flight.
 """
 
 from __future__ import annotations
@@ -125,3 +126,49 @@ def test_a_saturated_pool_dispatches_held_requests_in_band_order(stack: LocalSta
         client.join()
     assert finished == [5, 3, 0]
     assert queued(stack) == 0
+
+
+POOL_WIDE_CONFIG = """
+plugins:
+- type: queue-scorer
+- type: token-load-producer
+- type: token-load-saturation-detector
+  parameters: {maxTokensPerEndpoint: 100}
+flowControl:
+  saturationDetectors: [token-load-saturation-detector]
+"""
+
+
+def test_a_synced_epp_holds_a_request_because_of_its_peers_load(tmp_path: Path) -> None:
+    # Two EPPs share the pool's token load over NATS, so each has half of its 100 tokens to itself:
+    # a 400-token request on one leaves the other no room for a 60-token one of its own.
+    config = tmp_path / "pool-wide.yaml"
+    config.write_text(POOL_WIDE_CONFIG)
+    stack = start_stack(tmp_path, replicas=1, epp_config=str(config), epp_replicas=2)
+    try:
+        urls = stack.epp_metrics_urls
+        assert wait_for(lambda: all(metric_sum(u, "llm_epp_sync_peers_alive") == 1 for u in urls))
+        blocker = threading.Thread(target=post, args=(stack, 400))
+        blocker.start()
+        assert wait_for(lambda: sum(metric_sum(u, LEFT, outcome="dispatched") for u in urls) == 1)
+        holder = 0 if metric_sum(urls[0], LEFT, outcome="dispatched") else 1
+        other = urls[1 - holder]
+        assert wait_for(lambda: metric_sum(other, "llm_epp_endpoint_remote_token_share") > 0)
+        clients: list[threading.Thread] = []
+        statuses: list[int] = []
+        # Envoy takes turns over the EPPs' streams; a request that lands on the holder waits too.
+        while metric_sum(other, QUEUE) == 0 and len(clients) < 3:
+            clients.append(threading.Thread(target=lambda: statuses.append(post(stack, 60).status_code)))
+            clients[-1].start()
+            n = len(clients)
+            assert wait_for(lambda n=n: sum(metric_sum(u, QUEUE) for u in urls) == n)
+        assert metric_sum(other, QUEUE) == 1
+        assert metric_sum(other, LEFT, outcome="dispatched") == 0  # it had nothing of its own in flight
+        blocker.join()
+        for client in clients:
+            client.join()
+        assert statuses == [200] * len(clients)
+        assert metric_sum(other, LEFT, outcome="dispatched") >= 1
+        assert sum(metric_sum(u, QUEUE) for u in urls) == 0
+    finally:
+        stack.stop()
