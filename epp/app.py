@@ -135,6 +135,11 @@ class EppApp:
             self.sync = self._replica_sync()
             if self.flow_gate is not None and token_load is not None:  # count the whole pool's tokens
                 self.flow_gate.controller.peers = PeerTokenLoad(self.sync.state)
+            elif self.flow_gate is not None:
+                log.warning(
+                    "flow control counts only this replica's own load: peers' bookings need a "
+                    "token-load-producer in the EndpointPickerConfig"
+                )
         if token_load is not None:
             self.pool_metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
         # The live page's recent decisions.
