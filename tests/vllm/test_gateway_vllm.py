@@ -11,7 +11,7 @@ import pytest
 
 from sim.stack import LocalStack
 from tests.stacks import start_stack
-from tests.support import metric_sum, scrape, wait_for
+from tests.support import matching, metric_sum, scrape, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 LONG_PROMPT = "def handler(event, context):\n    return {'status': 200, 'body': event['body']}\n" * 20
@@ -44,9 +44,9 @@ def test_completions_and_chat_streamed_and_not(vllm_client: openai.OpenAI) -> No
 
 
 def test_epp_scrapes_real_vllm_metrics(vllm_stack: LocalStack) -> None:
-    metrics = scrape(vllm_stack.epp_metrics_url)
+    samples = scrape(vllm_stack.epp_metrics_url)
     assert metric_sum(vllm_stack.epp_metrics_url, "inference_pool_ready_pods") == 2
-    ages = [v for k, v in metrics.items() if k.startswith("llm_epp_endpoint_metrics_age_seconds")]
+    ages = [s.value for s in matching(samples, "llm_epp_endpoint_metrics_age_seconds")]
     assert len(ages) == 2 and max(ages) < 2.0  # fresh scrapes of both replicas
 
 
