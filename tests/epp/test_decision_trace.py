@@ -6,54 +6,23 @@ import dataclasses
 import json
 import logging
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from epp.latency.predictions import Prediction
 from epp.observability.decision import DECISION_HEADER, MAX_BYTES, MAX_ENDPOINTS, DecisionLog, decision_trace
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
 from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.types import EndpointState
-from tests.epp.factories import FakeClock, endpoint_state, make_request
-from tests.epp.test_drift import VersionedPredictor
-from tests.epp.test_latency_plugins import run
-
-CONFIG = """
-apiVersion: llm-d.ai/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: predicted-latency-producer
-  parameters: {streamingMode: true}
-- type: slo-headroom-tier-filter
-  parameters: {epsilonExploreNeg: 0}
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: slo-headroom-tier-filter
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-  - pluginRef: max-score-picker
-"""
-
-
-class QueuePredictor(VersionedPredictor):
-    """TTFT 100 ms plus 100 ms per waiting request; model version 3."""
-
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
-        return [Prediction(100.0 + 100.0 * r["num_request_waiting"], 10.0, 3) for r in rows]
+from tests.epp.factories import FakeClock, endpoint_state, make_request, run
+from tests.epp.latency_fakes import DECISION_CONFIG, QueuePredictor
 
 
 def _route(endpoints: list[EndpointState], **request: Any) -> tuple[RequestLifecycle, RoutedRequest]:
     context = PluginContext(clock=FakeClock(), rng=random.Random(1), latency_predictor=QueuePredictor())
-    pipeline = build_pipeline(EndpointPickerConfig.from_yaml(CONFIG), context)
+    pipeline = build_pipeline(EndpointPickerConfig.from_yaml(DECISION_CONFIG), context)
     lifecycle = RequestLifecycle(pipeline, [DecisionLog()])
     req = dataclasses.replace(make_request(list(range(20))), stream=True, debug=True, **request)
     return lifecycle, run(lifecycle.route(req, endpoints, 0.0, 0.0))

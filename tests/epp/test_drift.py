@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from prometheus_client import CollectorRegistry
 
 from epp.latency.drift import DriftMonitor, DriftRule
@@ -13,12 +10,11 @@ from epp.latency.predictions import (
     DRIFTED_PREDICTIONS,
     LATENCY_PREDICTIONS,
     PREDICTION_FALLBACK,
-    Prediction,
 )
 from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import endpoint_state
-from tests.epp.test_latency_plugins import produce, producer, streaming_request
+from tests.epp.latency_fakes import VersionedPredictor, produce, producer, streaming_request
 
 
 def test_rolling_mape_and_bias_over_the_last_window() -> None:
@@ -83,23 +79,6 @@ def test_collector_exports_error_per_target_and_version() -> None:
     assert registry.get_sample_value("llm_epp_prediction_bias", labels) == 2.0
     assert registry.get_sample_value("llm_epp_prediction_drifting") == 1.0
     assert registry.get_sample_value("llm_epp_prediction_drift_episodes_total") == 1.0
-
-
-class VersionedPredictor:
-    """Predicts 100 ms TTFT / 10 ms TPOT with model version 3; counts retrain requests."""
-
-    def __init__(self) -> None:
-        self.retrains = 0
-        self.samples: list[dict[str, Any]] = []
-
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
-        return [Prediction(100.0, 10.0, 3) for _ in rows]
-
-    def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
-        self.samples.extend(samples)
-
-    def request_retrain(self) -> None:
-        self.retrains += 1
 
 
 def _finish(plugin, request, state, ttft_s: float, tpot_s: float) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
@@ -19,7 +18,6 @@ from epp.latency.predictions import (
 from epp.load.token_load import EndpointLoad
 from epp.plugins.latency_scorer import LatencyScorer, LatencyScorerParameters, composite_heuristic
 from epp.plugins.latency_slo_admitter import LatencySloAdmitter, LatencySloAdmitterParameters
-from epp.plugins.predicted_latency import PredictedLatencyParameters, PredictedLatencyProducer
 from epp.plugins.prefix_affinity_filter import PrefixAffinityParameters, PrefixCacheAffinityFilter
 from epp.plugins.slo_headroom_tier_filter import SloHeadroomTierFilter, SloHeadroomTierParameters
 from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
@@ -27,29 +25,8 @@ from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
+from tests.epp.latency_fakes import produce, producer, streaming_request
 from wire.latency import FeatureRow
-
-
-def producer(predictor: FakePredictor, **params: Any) -> PredictedLatencyProducer:
-    context = PluginContext(clock=FakeClock(), rng=random.Random(1), wall_clock=lambda: 1.7e9,
-                            latency_predictor=predictor)  # fmt: skip
-    return PredictedLatencyProducer("p", PredictedLatencyParameters(**params), context)
-
-
-def produce(plugin: PredictedLatencyProducer, request, endpoints) -> CycleState:
-    state = CycleState()
-    pending = plugin.produce(request, endpoints, state)
-    if pending is not None:
-        run(pending)
-    return state
-
-
-def streaming_request(**kw: Any):
-    request = make_request(list(range(50)))
-    request.stream = True
-    for k, v in kw.items():
-        setattr(request, k, v)
-    return request
 
 
 def test_producer_predicts_every_candidate_in_one_call_with_headroom() -> None:

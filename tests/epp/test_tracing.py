@@ -17,9 +17,8 @@ from epp.observability.tracing import SPAN_NAME, RequestTracer, otlp_tracer_prov
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
-from tests.epp.factories import FakeClock, endpoint_state, make_request
-from tests.epp.test_decision_trace import CONFIG, QueuePredictor
-from tests.epp.test_latency_plugins import run
+from tests.epp.factories import FakeClock, endpoint_state, make_request, run
+from tests.epp.latency_fakes import DECISION_CONFIG, QueuePredictor
 
 CLIENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"
@@ -85,7 +84,7 @@ def test_one_span_per_request_with_its_decision_and_the_trace_context_for_the_en
     clock = FakeClock(1000.0)
     provider = otlp_tracer_provider(receiver.url, "llm-epp-test")
     context = PluginContext(clock=clock, latency_predictor=QueuePredictor())
-    pipeline = build_pipeline(EndpointPickerConfig.from_yaml(CONFIG), context)
+    pipeline = build_pipeline(EndpointPickerConfig.from_yaml(DECISION_CONFIG), context)
     tracer = RequestTracer(provider, clock, wall_clock_ns=lambda: 1_700_000_000 * 10**9 + int(clock() * 1e9))
     lifecycle = RequestLifecycle(pipeline, [DecisionLog(), tracer])
     client_context = {"traceparent": f"00-{CLIENT_TRACE_ID}-{CLIENT_SPAN_ID}-01"}
@@ -135,7 +134,7 @@ def test_a_request_without_predictions_names_its_fallback_and_starts_a_new_trace
     clock = FakeClock(5.0)
     provider = otlp_tracer_provider(receiver.url, "llm-epp")
     context = PluginContext(clock=clock, latency_predictor=QueuePredictor())
-    pipeline = build_pipeline(EndpointPickerConfig.from_yaml(CONFIG), context)
+    pipeline = build_pipeline(EndpointPickerConfig.from_yaml(DECISION_CONFIG), context)
     lifecycle = RequestLifecycle(pipeline, [RequestTracer(provider, clock)])
     request = dataclasses.replace(make_request([1, 2, 3]), prediction_based=False)
     routed = run(lifecycle.route(request, [endpoint_state(0)], 5.0, 5.0))

@@ -17,7 +17,7 @@ import pytest
 
 from epp.configs import config_path
 from sim.stack import LocalStack
-from tests.integration.test_predicted_latency import Reply, model_version, send, small_engine_profile
+from tests.latency_traffic import Reply, model_version, send, small_engine_profile
 from tests.stacks import start_stack
 from tests.support import metric_sum, wait_for
 

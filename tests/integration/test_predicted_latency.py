@@ -6,101 +6,24 @@ time dominates the scheduling noise of a busy 2-core machine."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import signal
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import yaml
 
-from sim.engine import profiles
 from sim.stack import LocalStack
+from tests.latency_traffic import model_version, prompt, send, small_engine_profile
 from tests.stacks import start_stack
 from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
-WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "epsilon",
-    "zeta",
-    "eta",
-    "theta",
-    "iota",
-    "kappa",
-    "lambda",
-    "mu",
-    "nu",
-    "xi",
-    "omicron",
-    "pi",
-    "rho",
-]
-
-
-def small_engine_profile(path: Path, slowdown: float = 4.0) -> Path:
-    """The default (Dynamo-polynomial) step times, scaled, on a deliberately small engine."""
-    data = yaml.safe_load((Path(profiles.__file__).parent / "default.yaml").read_text())
-    data["name"] = "small-test-engine"
-    data["engine"].update({"max_num_seqs": 4, "num_gpu_blocks": 8000, "max_num_batched_tokens": 4096})
-    for part in data["step_time_ms"].values():
-        for term in part:
-            part[term] *= slowdown
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def prompt(i: int, words: int) -> str:
-    return f"request {i}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(words))
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: httpx.Headers
-    text: str
-    ttft_ms: float | None
-    """Client-side time to the first event carrying generated text."""
-
-    def json(self) -> dict:
-        return json.loads(self.text)
-
-
-def send(
-    stack: LocalStack, i: int, words: int, max_tokens: int, headers: dict[str, str] | None = None
-) -> Reply:
-    body = {"model": "tiny", "prompt": prompt(i, words), "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
-    started, ttft_ms, lines = time.perf_counter(), None, []
-    with httpx.stream("POST", f"{stack.gateway_url}/v1/completions", json=body, timeout=60,
-                      headers={"x-llm-epp-debug": "true", **(headers or {})}) as response:  # fmt: skip
-        for line in response.iter_lines():
-            lines.append(line)
-            if (
-                ttft_ms is None
-                and line.startswith("data: {")
-                and '"text":"' in line
-                and '"text":""' not in line
-            ):
-                ttft_ms = (time.perf_counter() - started) * 1e3
-        return Reply(response.status_code, response.headers, "\n".join(lines), ttft_ms)
 
 
 def rank_correlation(a: list[float], b: list[float]) -> float:
     """Spearman's rho: the correlation of ranks, robust to a few scheduling-noise outliers."""
     return float(np.corrcoef(np.argsort(np.argsort(a)), np.argsort(np.argsort(b)))[0, 1])
-
-
-def model_version(stack: LocalStack) -> int:
-    status = httpx.get(f"{stack.predictor_url(0)}/status", timeout=5).json()
-    return int(status.get("model_version") or 0)
 
 
 @pytest.fixture(scope="module")
