@@ -261,8 +261,11 @@ async def test_user_password_and_nkey_auth(tmp_path: Path, started) -> None:
         a.route("c", 10, 0, 1)
         await eventually(converged(b, a))
         for refused in (wrong_password, unknown_nkey):
-            await eventually(lambda r=refused: r.transport.last_error is not None)
-            assert "authorization violation" in refused.transport.last_error.lower()
+            # The server sends -ERR and closes; a client may read the reset before the -ERR on one
+            # attempt, so the refusal is judged by the reason its retries come to report.
+            await eventually(
+                lambda r=refused: "authorization violation" in (r.transport.last_error or "").lower()
+            )
             assert not refused.transport.connected
     finally:
         server.stop()
