@@ -37,12 +37,13 @@ Failure mode (what happens when the EPP is down, slow, or errors):
   mode it hands the first chunk to the EPP before it learns the EPP is down (requests with a
   body then get a 500: the "gateways ignore FailOpen" bug), so fail-open gateways need BUFFERED.
 
-Request bodies (``body_mode``): BUFFERED by default in both failure modes. Envoy holds the
-body (up to ``max_request_bytes``) and sends it whole once the EPP answered the headers (at
-once; waiting for that answer is what lets the EPP skip a response body, see
-:func:`ext_proc_filter`); the EPP never changes the body, so its reply carries no body at all. FULL_DUPLEX_STREAMED (what the anchor's gateways configure, and the EPP serves
-too) makes the EPP collect the body and send every byte back: on a 110 KB (26k-token) body
-that is twice the EPP's gRPC CPU for the request (0.85 against 0.45 ms), and Envoy CPU besides.
+Request bodies (``body_mode``): BUFFERED by default in both failure modes. Envoy holds the body
+(up to ``max_request_bytes``) and sends it whole once the EPP answered the headers (at once;
+waiting for that answer is what lets the EPP skip a response body, see
+:func:`ext_proc_filter`); the EPP never changes the body, so its reply carries no body at all.
+FULL_DUPLEX_STREAMED (what the anchor's gateways configure, and the EPP serves too) makes the
+EPP collect the body and send every byte back: on a 110 KB (26k-token) body that is twice the
+EPP's gRPC CPU for the request (0.85 against 0.45 ms), and Envoy CPU besides.
 
 Without an EPP address the same gateway has no ext_proc filter at all and round-robins over
 the model servers: the baseline the overhead benchmark compares against.
