@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValueOption
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
     BodyMutation,
@@ -19,7 +19,6 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     TrailersResponse,
 )
 from envoy.type.v3.http_status_pb2 import HttpStatus
-from google.protobuf.struct_pb2 import Struct, Value
 
 from epp.errors import RequestError
 
@@ -87,16 +86,16 @@ def status_and_content_type(headers: HeaderMap) -> tuple[int, str]:
     return status, content_type
 
 
-def _set_headers(headers: Mapping[str, str]) -> HeaderMutation:
-    return HeaderMutation(
-        set_headers=[
-            HeaderValueOption(
-                header=HeaderValue(key=k, raw_value=v.encode()),
-                append_action=HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-            )
-            for k, v in headers.items()
-        ]
-    )
+def _set_headers(mutation: HeaderMutation, headers: Mapping[str, str]) -> HeaderMutation:
+    """Add ``headers`` to ``mutation`` as overwriting sets, in place (building the messages
+    inside their parent, not copying them in: a third of the cost on the hot path)."""
+    add = mutation.set_headers.add
+    for key, value in headers.items():
+        option = add()
+        option.header.key = key
+        option.header.raw_value = value.encode()
+        option.append_action = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+    return mutation
 
 
 def route_to(
@@ -117,15 +116,12 @@ def route_to(
     :func:`add_response_headers`).
     """
     targets = list(targets)
-    headers = {DESTINATION_HEADER: targets[0], **extra_headers}
-    destination = Struct(fields={DESTINATION_HEADER: Value(string_value=",".join(targets))})
-    metadata = Struct(fields={LB_METADATA_NAMESPACE: Value(struct_value=destination)})
-    common = CommonResponse(header_mutation=_set_headers(headers), clear_route_cache=True)
-    reply = ProcessingResponse(dynamic_metadata=metadata)
-    if in_body_reply:
-        reply.request_body.response.CopyFrom(common)
-    else:
-        reply.request_headers.response.CopyFrom(common)
+    reply = ProcessingResponse()
+    common = (reply.request_body if in_body_reply else reply.request_headers).response
+    common.clear_route_cache = True
+    _set_headers(common.header_mutation, {DESTINATION_HEADER: targets[0], **extra_headers})
+    lb = reply.dynamic_metadata.fields[LB_METADATA_NAMESPACE].struct_value
+    lb.fields[DESTINATION_HEADER].string_value = ",".join(targets)
     if skip_response_body:
         reply.mode_override.CopyFrom(SKIP_RESPONSE_BODY)
     return reply
@@ -138,8 +134,8 @@ def add_response_headers(headers: Mapping[str, str], *, skip_body: bool = False)
     off and the filter allowing overrides)."""
     if not headers:
         return CONTINUE_SKIPPING_RESPONSE_BODY if skip_body else CONTINUE_RESPONSE_HEADERS
-    common = CommonResponse(header_mutation=_set_headers(headers))
-    reply = ProcessingResponse(response_headers=HeadersResponse(response=common))
+    reply = ProcessingResponse()
+    _set_headers(reply.response_headers.response.header_mutation, headers)
     if skip_body:
         reply.mode_override.CopyFrom(SKIP_RESPONSE_BODY)
     return reply
@@ -168,7 +164,7 @@ def immediate(error: RequestError) -> ProcessingResponse:
     return ProcessingResponse(
         immediate_response=ImmediateResponse(
             status=HttpStatus(code=error.status),
-            headers=_set_headers(error.headers()),
+            headers=_set_headers(HeaderMutation(), error.headers()),
             body=error.body(),
             details=error.dropped_reason or error.error_type,
         )
