@@ -32,10 +32,18 @@ _SHED_MESSAGES = {
 class FlowTicket:
     """A dispatched request's hold on the pool, from dispatch to finish."""
 
-    __slots__ = ("_gate", "key")
+    __slots__ = ("_gate", "endpoints", "key")
 
-    def __init__(self, gate: FlowGate, key: int) -> None:
-        self._gate, self.key = gate, key
+    def __init__(self, gate: FlowGate, key: int, endpoints: frozenset[str] | None = None) -> None:
+        self._gate, self.key, self.endpoints = gate, key, endpoints
+
+    def restrict(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        """Of ``candidates``, those the request was dispatched to fit (all of them when flow
+        control named none, or none of those named is a candidate any more)."""
+        if self.endpoints is None:
+            return candidates
+        fitting = [e for e in candidates if e.name in self.endpoints]
+        return fitting or candidates
 
     def routed(self, endpoint: str, state: CycleState, now: float) -> None:
         """The scheduler picked ``endpoint`` (``state``: its cycle's data, for the detectors)."""
@@ -65,14 +73,14 @@ class FlowGate:
         self.endpoints = endpoints
         self.clock = clock
         self.metrics = metrics
-        self._waiters: dict[int, asyncio.Future[Outcome]] = {}
+        self._waiters: dict[int, asyncio.Future[Decision]] = {}
         self._wake = asyncio.Event()
         self._dispatcher: asyncio.Task[None] | None = None
 
     async def wait(self, request: LLMRequest, received_at: float) -> FlowTicket:
         """Return when ``request`` may be scheduled; raise :class:`RequestShed` when it may not."""
         item = self.flow_control.flow_request(request, received_at)
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self._waiters[item.key] = future
         now = self.clock()
         self._settle(self.controller.enqueue(item, now))
@@ -80,7 +88,7 @@ class FlowGate:
         if not future.done():
             self._ensure_dispatcher()
         try:
-            outcome = await future
+            decision = await future
         except asyncio.CancelledError:
             self._waiters.pop(item.key, None)
             cancelled = self.controller.cancel(item.key, self.clock())
@@ -89,9 +97,11 @@ class FlowGate:
             else:  # dispatched in the same loop turn as the hang-up: release its booking
                 self.controller.finished(item.key)
             raise
-        if outcome is not Outcome.DISPATCHED:
-            raise RequestShed(_SHED_MESSAGES[outcome], retry_after_s=self.controller.settings.retry_after_s)
-        return FlowTicket(self, item.key)
+        if decision.outcome is not Outcome.DISPATCHED:
+            raise RequestShed(
+                _SHED_MESSAGES[decision.outcome], retry_after_s=self.controller.settings.retry_after_s
+            )
+        return FlowTicket(self, item.key, decision.endpoints)
 
     def released(self, key: int) -> None:
         self.controller.finished(key)
@@ -107,7 +117,7 @@ class FlowGate:
             self._record(decision)
             future = self._waiters.pop(decision.request.key, None)
             if future is not None and not future.done():
-                future.set_result(decision.outcome)
+                future.set_result(decision)
 
     def _record(self, decision: Decision) -> None:
         if self.metrics is not None:

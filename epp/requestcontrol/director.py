@@ -126,6 +126,8 @@ class Director:
         candidates = self.store.candidates()
         if not candidates:
             raise NoEndpointAvailable("no model server endpoint is ready")
+        if record.flow_ticket is not None:  # dispatched to fit some endpoints only
+            candidates = record.flow_ticket.restrict(candidates)
         started = self.clock()
         try:
             record.routed = await self.lifecycle.route(request, candidates, record.received_at, started)
