@@ -5,8 +5,9 @@ dispatches it, or raises :class:`RequestShed` (429 with ``Retry-After``) when it
 pushed out of a full queue. The driver tells the ticket where the request was routed and, once,
 that it finished (however it ended), which releases its booking. A waiter that is cancelled
 (the client hung up, so Envoy reset the stream) leaves the queue at once. One dispatcher task
-re-polls the controller while requests wait: at once when a request finishes, at the next
-expiry, and every ``pollIntervalMs`` otherwise (scrapes and predictions change unannounced).
+re-polls the controller while requests wait: at once when a request finishes or gets its first
+token, here or (with :meth:`FlowGate.share_load`) at a peer replica, at the next expiry, and
+every ``pollIntervalMs`` otherwise (scrapes and predictions change unannounced).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from collections.abc import Callable, Sequence
 from epp.errors import RequestShed
 from epp.flowcontrol.config import FlowControl
 from epp.flowcontrol.metrics import FlowMetrics
+from epp.flowcontrol.peers import PeerTokenLoad
 from epp.flowcontrol.types import Decision, Outcome
 from epp.scheduling.framework import CycleState
 from epp.scheduling.types import EndpointState, LLMRequest
+from epp.sync.state import ReplicaSyncState
 
 _SHED_MESSAGES = {
     Outcome.EXPIRED: "the pool is saturated and the request waited past its queue's time limit",
@@ -102,6 +105,12 @@ class FlowGate:
                 _SHED_MESSAGES[decision.outcome], retry_after_s=self.controller.settings.retry_after_s
             )
         return FlowTicket(self, item.key, decision.endpoints)
+
+    def share_load(self, sync: ReplicaSyncState) -> None:
+        """Count the peers' synced token load too (:class:`PeerTokenLoad`, which see for the
+        errors), and look again at once when a peer's load goes down."""
+        self.controller.peers = PeerTokenLoad(sync)
+        sync.on_peer_freed = self.wake
 
     def released(self, key: int) -> None:
         self.controller.finished(key)
