@@ -80,8 +80,12 @@ class FlowGate:
         self._wake = asyncio.Event()
         self._dispatcher: asyncio.Task[None] | None = None
 
-    async def wait(self, request: LLMRequest, received_at: float) -> FlowTicket:
-        """Return when ``request`` may be scheduled; raise :class:`RequestShed` when it may not."""
+    async def wait(
+        self, request: LLMRequest, received_at: float, on_held: Callable[[float], None] | None = None
+    ) -> FlowTicket:
+        """Return when ``request`` may be scheduled; raise :class:`RequestShed` when it may not.
+        ``on_held`` is called when it is held, with the most it may wait (its band's TTL, seconds):
+        the ext_proc stream then extends Envoy's message timeout."""
         item = self.flow_control.flow_request(request, received_at)
         future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self._waiters[item.key] = future
@@ -90,6 +94,8 @@ class FlowGate:
         self._settle(self.controller.poll(now, self.endpoints()))
         if not future.done():
             self._ensure_dispatcher()
+            if on_held is not None:
+                on_held(self.controller.settings.limits(item.band).ttl_s)
         try:
             decision = await future
         except asyncio.CancelledError:
