@@ -87,7 +87,7 @@ VARIANTS: dict[str, tuple[str, str, str | None] | None] = {
 """Fairness, ordering, and the token-load detector's prefill rule: None; ``limit``: each
 endpoint's prompt tokens waiting for their first token at most one engine step's token budget
 (dispatched per endpoint); ``isolation``: that, and prefill isolation
-(``OverloadSettings.isolated_prefill_tokens``)."""
+(``OverloadSettings.isolated_prefill_tokens``, ``isolation_prefix_lru_blocks``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +112,12 @@ class OverloadSettings:
     requests with a TTFT objective may have in flight (half a step's token budget)."""
     capacity_rps: float | None = None
     """The pool's capacity, when known from an earlier run (None: measured)."""
-    prefix_lru_blocks: int | None = 4000
-    """The approximate prefix index's ``lruCapacityPerServer`` (None: ``auto``, the whole KV
-    cache). Under this load running requests hold about half the KV cache, so the engine keeps
-    about half of it as prefix cache; an index that remembers more takes evicted prompts for
-    cached, and the prefill rules book them as a few tokens where the engine computes thousands."""
+    isolation_prefix_lru_blocks: int | None = 4000
+    """The ``isolation`` variants' approximate prefix index ``lruCapacityPerServer`` (None:
+    ``auto``, the whole KV cache, as the other variants have). Under overload running requests
+    hold about half the KV cache, so the engine keeps about half of it as prefix cache; an index
+    that remembers more takes evicted prompts for cached, and prefill isolation books them as a
+    few tokens where the engine computes thousands."""
     seed: int = 0
 
 
@@ -186,7 +187,8 @@ def config_yaml(variant: str, settings: OverloadSettings) -> str:
     if rule == "isolation":
         prefill += f", isolatedPrefillTokens: {settings.isolated_prefill_tokens}"
     text = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-    lru = "auto" if settings.prefix_lru_blocks is None else settings.prefix_lru_blocks
+    lru = settings.isolation_prefix_lru_blocks if rule == "isolation" else None
+    lru = "auto" if lru is None else lru
     text += BASE_PLUGINS % {"tokens": tokens, "prefill": prefill, "lru": lru}
     if policies is not None:
         text += FLOW_CONTROL % {"fairness": policies[0], "ordering": policies[1]}
