@@ -225,7 +225,7 @@ def model_servers_cluster(endpoints_file: Path) -> dict[str, Any]:
 
 
 MESSAGE_TIMEOUT_S = 5
-"""How long Envoy waits for the EPP's answer to each ext_proc message."""
+"""How long Envoy waits for the EPP's answer to each ext_proc message (``message_timeout``)."""
 MAX_MESSAGE_TIMEOUT_S = 120
 """The most the EPP may extend that wait to, with a ProcessingResponse carrying only
 ``override_message_timeout`` (Envoy honours one per message): what flow control needs to hold a
@@ -242,11 +242,11 @@ def ext_proc_filter(
         "name": _EXT_PROC_FILTER,
         "typed_config": {
             "@type": _EXT_PROC,
-            "grpc_service": {"envoy_grpc": {"cluster_name": epp_cluster}, "timeout": "30s"},
-            "failure_mode_allow": fail_open,
-            "message_timeout": f"{MESSAGE_TIMEOUT_S}s",
             # Flow control holds a request past message_timeout: the EPP then asks for up to this.
             "max_message_timeout": f"{MAX_MESSAGE_TIMEOUT_S}s",
+            "grpc_service": {"envoy_grpc": {"cluster_name": epp_cluster}, "timeout": "30s"},
+            "failure_mode_allow": fail_open,
+            "message_timeout": "5s",
             "send_body_without_waiting_for_header_response": True,
             # Envoy drops the EPP's dynamic metadata (its picks) unless the namespace is listed.
             "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE]}},
