@@ -247,7 +247,7 @@ def ext_proc_filter(
             "max_message_timeout": f"{MAX_MESSAGE_TIMEOUT_S}s",
             "grpc_service": {"envoy_grpc": {"cluster_name": epp_cluster}, "timeout": "30s"},
             "failure_mode_allow": fail_open,
-            "message_timeout": "5s",
+            "message_timeout": f"{MESSAGE_TIMEOUT_S}s",
             # Off, so that Envoy honours the EPP's mode_override: the response headers reply skips
             # the body of a non-streamed response (two messages each way fewer per request), at
             # the cost of one EPP round trip before Envoy sends the request body.
