@@ -30,12 +30,19 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from epp.latency.predictions import DRIFTED_PREDICTIONS, LATENCY_PREDICTIONS, PREDICTION_FALLBACK
+from epp.latency.predictions import (
+    DRIFTED_PREDICTIONS,
+    LATENCY_PREDICTIONS,
+    PREDICTION_FALLBACK,
+    LatencyPredictions,
+)
 from epp.scheduling.framework import DataKey, RequestOutcome
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
-from epp.scheduling.trace import SCHEDULING_TRACE
+from epp.scheduling.trace import SCHEDULING_TRACE, SchedulingTrace
+from epp.scheduling.types import SchedulingResult
 
 DECISION_HEADER = "x-llm-epp-decision"
 MAX_ENDPOINTS = 8
@@ -45,19 +52,46 @@ DECISION_TRACE: DataKey[dict[str, Any]] = DataKey("decision-trace")
 log = logging.getLogger("epp.decisions")
 
 
+@dataclass(frozen=True, slots=True)
+class TraceSource:
+    """What a request's decision trace is built from, without the request or its cycle state:
+    small enough to keep for a while, so that a trace is built only when someone reads it."""
+
+    result: SchedulingResult
+    steps: SchedulingTrace | None
+    predictions: LatencyPredictions | None
+    """The predictions made (routed on, or not routed on while the model drifts)."""
+    fallback: str | None
+    endpoint: str
+
+    @classmethod
+    def of(cls, routed: RoutedRequest) -> TraceSource:
+        state = routed.state
+        return cls(
+            routed.result,
+            state.get(SCHEDULING_TRACE),
+            state.get(LATENCY_PREDICTIONS) or state.get(DRIFTED_PREDICTIONS),
+            state.get(PREDICTION_FALLBACK),
+            routed.endpoint_name,
+        )
+
+    def build(self) -> dict[str, Any]:
+        """The decision trace (see the module docstring)."""
+        return _bounded(_build(self))
+
+
 def decision_trace(routed: RoutedRequest) -> dict[str, Any]:
     """The decision trace of ``routed`` (see the module docstring), built once and kept."""
     state = routed.state
     cached = state.get(DECISION_TRACE)
     if cached is None:
-        cached = _bounded(_build(routed))
+        cached = TraceSource.of(routed).build()
         state.put(DECISION_TRACE, cached)
     return cached
 
 
-def _build(routed: RoutedRequest) -> dict[str, Any]:
-    state, result = routed.state, routed.result
-    steps = state.get(SCHEDULING_TRACE)
+def _build(source: TraceSource) -> dict[str, Any]:
+    steps, result = source.steps, source.result
     total = dict(result.scores)
     ranking = list(steps.ranking) if steps is not None else [t.name for t in result.targets]
     candidates = steps.candidates if steps is not None else tuple(total)
@@ -74,9 +108,9 @@ def _build(routed: RoutedRequest) -> dict[str, Any]:
             for step in steps.scorers
         }
     trace["total"] = {name: round(score, 4) for name, score in total.items() if name in listed}
-    trace["picked"] = ranking[0] if ranking else routed.endpoint_name
+    trace["picked"] = ranking[0] if ranking else source.endpoint
     trace["fallbacks"] = [name for name in ranking[1:] if name in listed]
-    made = state.get(LATENCY_PREDICTIONS) or state.get(DRIFTED_PREDICTIONS)
+    made = source.predictions
     if made is not None:
         trace["model_version"] = made.model_version
         trace["predictions"] = {
@@ -89,7 +123,7 @@ def _build(routed: RoutedRequest) -> dict[str, Any]:
             for name, p in made.by_endpoint.items()
             if name in listed
         }
-    trace["fallback"] = state.get(PREDICTION_FALLBACK)
+    trace["fallback"] = source.fallback
     if (omitted := len(set(candidates) - listed)) > 0:
         trace["omitted"] = omitted
     return trace
