@@ -62,12 +62,31 @@ class PredictionMetrics:
             buckets=TPOT_BUCKETS,
             registry=registry,
         )
+        # Labelled children, resolved once per label value (``labels()`` is slow per request).
+        self._predicted: dict[str, tuple[Histogram, Histogram]] = {}
+        self._fallbacks: dict[str, Counter] = {}
 
     def observe_predicted(self, model: str, ttft_s: float, tpot_s: float) -> None:
         """The chosen endpoint's prediction for a completed request of ``model``."""
-        label = self.labels.label(model)
-        self.predicted_ttft.labels(label, label).observe(ttft_s)
-        self.predicted_tpot.labels(label, label).observe(tpot_s)
+        children = self._predicted.get(model)
+        if children is None:  # kept by label, so that the dict is bounded like the labels
+            label = self.labels.label(model)
+            children = self._predicted.get(label)
+            if children is None:
+                children = self._predicted[label] = (
+                    self.predicted_ttft.labels(label, label),
+                    self.predicted_tpot.labels(label, label),
+                )
+        ttft, tpot = children
+        ttft.observe(ttft_s)
+        tpot.observe(tpot_s)
+
+    def count_fallback(self, reason: str) -> None:
+        """A request scheduled without predictions, for ``reason`` (a small fixed set)."""
+        child = self._fallbacks.get(reason)
+        if child is None:
+            child = self._fallbacks[reason] = self.prediction_fallbacks.labels(reason)
+        child.inc()
 
 
 class DriftCollector(Collector):

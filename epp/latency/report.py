@@ -31,7 +31,7 @@ class PredictionReport(LifecycleObserver):
     def on_routed(self, routed: RoutedRequest, now: float) -> None:
         fallback = routed.state.get(PREDICTION_FALLBACK)
         if fallback is not None and self.metrics is not None:
-            self.metrics.prediction_fallbacks.labels(fallback).inc()
+            self.metrics.count_fallback(fallback)
 
     def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
         if not outcome.completed or self.metrics is None:
