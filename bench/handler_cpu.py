@@ -1,0 +1,152 @@
+"""The EPP handler's own CPU per short request, in process: no Envoy, no gRPC, no sockets.
+
+One ~200-token non-streamed completion goes through ``ExtProcStream`` as Envoy's ext_proc
+messages (request headers, the body, response headers, the response body), routed by a shipped
+config over four endpoints with the live EPP's lifecycle observers (prediction report, decision
+log, the live page's recent decisions, the director's request metrics). The predictor is an
+in-process stand-in answering constant predictions, so its HTTP round trip is not counted.
+
+Cases: the same prompt every time (what ``stack_overhead``'s short requests send: the prefix
+is cached, so the predicted-latency producer skips the prediction), and a new prompt every time
+(every request is predicted). Reports process CPU µs per request (best of ``--trials``); with
+``--profile``, the top functions by own time from cProfile.
+
+    PYTHONPATH=$PWD .venv/bin/python -m bench.handler_cpu [--config predicted-latency] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import pstats
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
+from prometheus_client import CollectorRegistry
+
+from epp.configs import config_path
+from epp.datalayer.endpoints import EndpointStore
+from epp.extproc.stream import ExtProcStream
+from epp.latency.metrics import PredictionMetrics
+from epp.latency.predictions import Prediction
+from epp.latency.report import PredictionReport
+from epp.metrics import ModelLabels, RequestMetrics
+from epp.observability.decision import DecisionLog
+from epp.observability.recent import RecentDecisions
+from epp.requestcontrol.director import Director
+from epp.requestcontrol.lifecycle import RequestLifecycle
+from epp.scheduling.config import EndpointPickerConfig, build_pipeline
+from epp.scheduling.framework import PluginContext
+from epp.scheduling.types import Endpoint, EngineMetrics
+from epp.tokenization import ModelTokenizer
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 10
+RESPONSE = json.dumps(
+    {
+        "choices": [{"text": "x"}],
+        "usage": {"prompt_tokens": 200, "completion_tokens": 16, "total_tokens": 216},
+    }
+).encode()
+
+
+class ConstantPredictor:
+    """100 ms TTFT, 10 ms TPOT on every endpoint; training samples are dropped."""
+
+    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
+        return [Prediction(100.0, 10.0, 1) for _ in rows]
+
+    def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
+        pass
+
+    def request_retrain(self) -> None:
+        pass
+
+
+def _headers(pairs: dict[str, str]) -> HttpHeaders:
+    return HttpHeaders(
+        headers=HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
+    )
+
+
+def _messages(body: bytes, request_id: str) -> list[ProcessingRequest]:
+    request = {":path": "/v1/completions", ":method": "POST", "content-type": "application/json"}
+    return [
+        ProcessingRequest(request_headers=_headers({**request, "x-request-id": request_id})),
+        ProcessingRequest(request_body=HttpBody(body=body, end_of_stream=True)),
+        ProcessingRequest(response_headers=_headers({":status": "200", "content-type": "application/json"})),
+        ProcessingRequest(response_body=HttpBody(body=RESPONSE, end_of_stream=True)),
+    ]
+
+
+def _director(config: str) -> Director:
+    clock = time.monotonic
+    store = EndpointStore()
+    store.replace([Endpoint(f"e{i}", "10.0.0.1", 8000 + i) for i in range(4)])
+    for i in range(4):
+        store.record_scrape(f"e{i}", EngineMetrics(updated_at=clock()))
+    context = PluginContext(clock=clock, rng=random.Random(1), latency_predictor=ConstantPredictor())
+    pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), context)
+    registry, labels = CollectorRegistry(), ModelLabels()
+    observers = [PredictionReport(PredictionMetrics(registry, labels)), DecisionLog(), RecentDecisions()]
+    lifecycle = RequestLifecycle(pipeline, observers)
+    return Director(
+        lifecycle, store, ModelTokenizer(), RequestMetrics(registry, labels), clock, random.Random(1)
+    )
+
+
+async def _requests(director: Director, count: int, fresh: bool, start: int) -> None:
+    for i in range(start, start + count):
+        prompt = f"{i} {PROMPT}" if fresh else PROMPT
+        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 16}).encode()
+        stream = ExtProcStream(director, 1 << 20)
+        for message in _messages(body, f"r{i}"):
+            await stream.on_message(message)
+        stream.close()
+
+
+def measure(config: str, fresh: bool, requests: int, trials: int) -> float:
+    """Best-of-``trials`` process CPU µs per request."""
+    director = _director(config)
+    asyncio.run(_requests(director, 200, fresh, 0))  # warm up: tokenizer, caches, first labels
+    best = float("inf")
+    for trial in range(trials):
+        started = time.process_time()
+        asyncio.run(_requests(director, requests, fresh, (trial + 1) * requests))
+        best = min(best, (time.process_time() - started) / requests * 1e6)
+    return best
+
+
+def profile(config: str, fresh: bool, requests: int, top: int) -> None:
+    director = _director(config)
+    asyncio.run(_requests(director, 200, fresh, 0))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    asyncio.run(_requests(director, requests, fresh, requests))
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="predicted-latency")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="cProfile the repeated-prompt case")
+    args = parser.parse_args()
+    if args.profile:
+        profile(args.config, False, args.requests, 40)
+        return
+    for fresh in (False, True):
+        us = measure(args.config, fresh, args.requests, args.trials)
+        case = "new prompt each request" if fresh else "same prompt each request"
+        print(f"{args.config}, {case}: {us:.1f} µs CPU per request")
+
+
+if __name__ == "__main__":
+    main()
