@@ -32,9 +32,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class DataKey(Generic[T]):
-    """Names one kind of per-request data a producer writes and plugins read."""
+    """Names one kind of per-request data a producer writes and plugins read.
+
+    Each key is one module-level object and compares by identity: the cycle state is read dozens
+    of times per request, and identity hashing is native where a dataclass's is Python code."""
 
     name: str
 
