@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from epp.observability.decision import DECISION_HEADER, MAX_BYTES, MAX_ENDPOINTS, DecisionLog, decision_trace
+from epp.observability.decision import (
+    DECISION_HEADER,
+    DECISION_TRACE,
+    MAX_BYTES,
+    MAX_ENDPOINTS,
+    DecisionLog,
+    decision_trace,
+)
+from epp.observability.recent import RecentDecisions
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
@@ -87,3 +95,30 @@ def test_one_debug_log_line_per_finished_request_without_prompt_text(
     )
     assert line["decision"] == decision_trace(routed)
     assert "secret" not in record.getMessage()
+
+
+def test_the_live_page_shows_the_trace_built_when_it_is_read() -> None:
+    """The recent decisions keep what the trace is built from, not the trace: built when the page
+    reads it, it is the trace the debug header carries, and it is built once."""
+    endpoints = [endpoint_state(0, waiting=5), endpoint_state(1, waiting=1, kv=0.5), endpoint_state(2)]
+    lifecycle, routed = _route(endpoints, slo_ttft_ms=300.0)
+    recent = RecentDecisions()
+    lifecycle.add_observer(recent)
+    lifecycle.finished(routed, 1.0, status=200, completed=True, streaming=True, completion_tokens=4)
+    assert DECISION_TRACE not in routed.state  # nobody asked for it yet
+    (decision,), _ = recent.snapshot()
+    assert decision.trace == json.loads(lifecycle.debug_headers(routed)[DECISION_HEADER])
+    assert decision.trace["removed"] == {"slo-headroom-tier-filter": ["e0"]}
+    assert decision.trace["picked"] == "e2" and decision.trace["model_version"] == 3
+    assert recent.snapshot()[0][0].trace is decision.trace
+
+
+def test_the_live_page_reuses_a_trace_the_debug_header_built() -> None:
+    endpoints = [endpoint_state(0, waiting=5), endpoint_state(1, waiting=1, kv=0.5), endpoint_state(2)]
+    lifecycle, routed = _route(endpoints, slo_ttft_ms=300.0)
+    recent = RecentDecisions()
+    lifecycle.add_observer(recent)
+    header = lifecycle.debug_headers(routed)[DECISION_HEADER]
+    lifecycle.finished(routed, 1.0, status=200, completed=True, streaming=True, completion_tokens=4)
+    (decision,), _ = recent.snapshot()
+    assert decision.trace is routed.state.get(DECISION_TRACE) and decision.trace == json.loads(header)
