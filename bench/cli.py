@@ -275,16 +275,31 @@ def _add_flow_control(sub: argparse._SubParsersAction) -> None:
         "--epp-replicas",
         type=int,
         default=defaults.epp_replicas,
-        help="above 1: also run 'las + prefill limit' with this many synced EPP replicas (per-replica "
+        help="above 1: also run --replica-variant with this many synced EPP replicas (per-replica "
         "and pool-wide token load) at each load above 1x",
+    )
+    p.add_argument("--replica-variant", default=defaults.replica_variant, help="among --variants' choices")
+    p.add_argument(
+        "--isolated-prefill-tokens",
+        type=int,
+        default=defaults.isolated_prefill_tokens,
+        help="the prefill isolation variants' isolatedPrefillTokens",
+    )
+    p.add_argument(
+        "--capacity", type=_positive, default=None, help="the pool's capacity in req/s (default: measured)"
     )
 
 
 def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     unknown = [v for v in variants if v not in flow_control.VARIANTS]
-    if unknown or not variants:
-        parser.error(f"--variants must be among {', '.join(flow_control.VARIANTS)}; got {unknown or 'none'}")
+    if unknown or not variants or args.replica_variant not in flow_control.VARIANTS:
+        parser.error(
+            f"--variants and --replica-variant must be among {', '.join(flow_control.VARIANTS)}; "
+            f"got {unknown or variants or 'none'}, {args.replica_variant!r}"
+        )
+    if args.isolated_prefill_tokens < 1:
+        parser.error("--isolated-prefill-tokens must be >= 1")
     tokens = args.max_tokens_per_endpoint
     if args.replicas < 1 or args.epp_replicas < 1 or (tokens is not None and tokens < 1):
         parser.error("--replicas, --epp-replicas and --max-tokens-per-endpoint must be >= 1")
@@ -296,6 +311,9 @@ def _flow_control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         profile=args.profile,
         max_tokens_per_endpoint=args.max_tokens_per_endpoint,
         epp_replicas=args.epp_replicas,
+        replica_variant=args.replica_variant,
+        isolated_prefill_tokens=args.isolated_prefill_tokens,
+        capacity_rps=args.capacity,
         seed=args.seed,
     )
     flow_control.run(settings, args.out)

@@ -50,7 +50,7 @@ BASE_PLUGINS = """
 plugins:
 - type: token-load-producer
 - type: approximate-prefix-cache-producer
-  parameters: {blockSizeTokens: 64, maxPrefixBlocksToMatch: 2048, lruCapacityPerServer: auto}
+  parameters: {blockSizeTokens: 64, maxPrefixBlocksToMatch: 2048, lruCapacityPerServer: %(lru)s}
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
@@ -76,15 +76,18 @@ flowControl:
   bands:
   - {priority: -1, maxRequests: 500, ttlSeconds: 8}
 """
-VARIANTS: dict[str, tuple[str, str, bool] | None] = {
+VARIANTS: dict[str, tuple[str, str, str | None] | None] = {
     "no flow control": None,
-    "round-robin": ("round-robin-fairness", "fcfs-ordering", False),
-    "least-attained-service": ("least-attained-service-fairness", "fcfs-ordering", False),
-    "las + earliest deadline": ("least-attained-service-fairness", "earliest-deadline-ordering", False),
-    "las + prefill limit": ("least-attained-service-fairness", "fcfs-ordering", True),
+    "round-robin": ("round-robin-fairness", "fcfs-ordering", None),
+    "least-attained-service": ("least-attained-service-fairness", "fcfs-ordering", None),
+    "las + earliest deadline": ("least-attained-service-fairness", "earliest-deadline-ordering", None),
+    "las + prefill limit": ("least-attained-service-fairness", "fcfs-ordering", "limit"),
+    "las + prefill isolation": ("least-attained-service-fairness", "fcfs-ordering", "isolation"),
 }
-"""Fairness, ordering, and whether the token-load detector also limits each endpoint's prompt
-tokens waiting for their first token (to one engine step's token budget)."""
+"""Fairness, ordering, and the token-load detector's prefill rule: None; ``limit``: each
+endpoint's prompt tokens waiting for their first token at most one engine step's token budget
+(dispatched per endpoint); ``isolation``: that, and prefill isolation
+(``OverloadSettings.isolated_prefill_tokens``, ``isolation_prefix_lru_blocks``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,17 @@ class OverloadSettings:
     replica_variant: str = "las + prefill limit"
     sync_delay_s: float = 0.005
     """Between the EPP replicas (their NATS hop)."""
+    isolated_prefill_tokens: int = 4096
+    """The ``isolation`` variants' ``isolatedPrefillTokens``: the prefill an endpoint kept for
+    requests with a TTFT objective may have in flight (half a step's token budget)."""
+    capacity_rps: float | None = None
+    """The pool's capacity, when known from an earlier run (None: measured)."""
+    isolation_prefix_lru_blocks: int | None = 4000
+    """The ``isolation`` variants' approximate prefix index ``lruCapacityPerServer`` (None:
+    ``auto``, the whole KV cache, as the other variants have). Under overload running requests
+    hold about half the KV cache, so the engine keeps about half of it as prefix cache; an index
+    that remembers more takes evicted prompts for cached, and prefill isolation books them as a
+    few tokens where the engine computes thousands."""
     seed: int = 0
 
 
@@ -168,9 +182,14 @@ def detector_limits(settings: OverloadSettings) -> tuple[int, int]:
 def config_yaml(variant: str, settings: OverloadSettings) -> str:
     tokens, step_tokens = detector_limits(settings)
     policies = VARIANTS[variant]
-    prefill = f", maxPrefillTokensPerEndpoint: {step_tokens}" if policies is not None and policies[2] else ""
+    rule = None if policies is None else policies[2]
+    prefill = "" if rule is None else f", maxPrefillTokensPerEndpoint: {step_tokens}"
+    if rule == "isolation":
+        prefill += f", isolatedPrefillTokens: {settings.isolated_prefill_tokens}"
     text = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
-    text += BASE_PLUGINS % {"tokens": tokens, "prefill": prefill}
+    lru = settings.isolation_prefix_lru_blocks if rule == "isolation" else None
+    lru = "auto" if lru is None else lru
+    text += BASE_PLUGINS % {"tokens": tokens, "prefill": prefill, "lru": lru}
     if policies is not None:
         text += FLOW_CONTROL % {"fairness": policies[0], "ordering": policies[1]}
     return text
@@ -275,7 +294,7 @@ def run(settings: OverloadSettings, out_dir: Path) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     config_dir = out_dir / "flow-control-configs"
     config_dir.mkdir(exist_ok=True)
-    capacity = measure_capacity(settings, config_dir)
+    capacity = settings.capacity_rps or measure_capacity(settings, config_dir)
     runs = []
     for load in settings.loads:
         workload = overload_workload(load * capacity, settings.duration_s, settings.seed)

@@ -28,7 +28,6 @@ from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.flowcontrol.config import build_flow_control
 from epp.flowcontrol.gate import FlowGate
 from epp.flowcontrol.metrics import FlowMetrics
-from epp.flowcontrol.peers import PeerTokenLoad
 from epp.k8s.client import api_client, default_identity, default_namespace
 from epp.k8s.leader import LeaseElector, LeaseSettings
 from epp.k8s.source import ApiGroupVersion, KubernetesSource, PoolWatch
@@ -134,7 +133,7 @@ class EppApp:
         if settings.sync_nats_url:
             self.sync = self._replica_sync()
             if self.flow_gate is not None and token_load is not None:  # count the whole pool's tokens
-                self.flow_gate.controller.peers = PeerTokenLoad(self.sync.state)
+                self.flow_gate.share_load(self.sync.state)
             elif self.flow_gate is not None:
                 log.warning(
                     "flow control counts only this replica's own load: peers' bookings need a "

@@ -224,6 +224,14 @@ def model_servers_cluster(endpoints_file: Path) -> dict[str, Any]:
     }
 
 
+MESSAGE_TIMEOUT_S = 5
+"""How long Envoy waits for the EPP's answer to each ext_proc message (``message_timeout``)."""
+MAX_MESSAGE_TIMEOUT_S = 120
+"""The most the EPP may extend that wait to, with a ProcessingResponse carrying only
+``override_message_timeout`` (Envoy honours one per message): what flow control needs to hold a
+request for its band's TTL."""
+
+
 def ext_proc_filter(
     epp_cluster: str, failure_mode: FailureMode, body_mode: BodyMode = "BUFFERED"
 ) -> dict[str, Any]:
@@ -234,6 +242,8 @@ def ext_proc_filter(
         "name": _EXT_PROC_FILTER,
         "typed_config": {
             "@type": _EXT_PROC,
+            # Flow control holds a request past message_timeout: the EPP then asks for up to this.
+            "max_message_timeout": f"{MAX_MESSAGE_TIMEOUT_S}s",
             "grpc_service": {"envoy_grpc": {"cluster_name": epp_cluster}, "timeout": "30s"},
             "failure_mode_allow": fail_open,
             "message_timeout": "5s",

@@ -19,6 +19,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     TrailersResponse,
 )
 from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.struct_pb2 import Struct, Value
 
 from epp.errors import RequestError
@@ -144,4 +145,13 @@ def immediate(error: RequestError) -> ProcessingResponse:
             body=error.body(),
             details=error.dropped_reason or error.error_type,
         )
+    )
+
+
+def extend_timeout(seconds: float) -> ProcessingResponse:
+    """The reply that tells Envoy to wait ``seconds`` (from now) for the answer to the message in
+    flight; Envoy honours one per message, up to the filter's ``max_message_timeout``."""
+    whole = int(seconds)
+    return ProcessingResponse(
+        override_message_timeout=Duration(seconds=whole, nanos=int((seconds - whole) * 1e9))
     )

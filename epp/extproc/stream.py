@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
+from epp.envoy_config import MAX_MESSAGE_TIMEOUT_S, MESSAGE_TIMEOUT_S
 from epp.errors import InternalServerError, PayloadTooLarge, RequestError
 from epp.extproc import messages
 from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestRecord
@@ -45,6 +47,10 @@ _CONTINUE = {
     "response_body": messages.CONTINUE_RESPONSE_BODY,
     "response_trailers": messages.CONTINUE_RESPONSE_TRAILERS,
 }
+
+
+_ROUTING_MESSAGES = ("request_body", "request_trailers")
+"""The messages whose answer may wait for the pick (and so for flow control)."""
 
 
 class Phase(enum.Enum):
@@ -68,6 +74,9 @@ class ExtProcStream:
         self._body_size = 0
         self._duplex = True
         self._watch_response_body = True
+        self.on_interim: Callable[[ProcessingResponse], None] | None = None
+        """Where replies go that Envoy must get while a message is still being answered (set by
+        the server around messages that may wait in flow control)."""
 
     async def on_message(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         try:
@@ -139,6 +148,8 @@ class ExtProcStream:
         body = b"".join(self._body)
         self._body.clear()
         path = self._headers.get(":path", "/")
+        if self.on_interim is not None:
+            self.record.on_held = self._held
         try:
             result = await self.director.schedule(self.record, path, self._headers, body)
         except RequestError as error:
@@ -158,6 +169,22 @@ class ExtProcStream:
             messages.route_to(targets, extra, skip_response_body=skip_body),
             *messages.streamed_request_body(body),
         ]
+
+    def may_wait(self, message: ProcessingRequest) -> bool:
+        """Whether answering ``message`` may wait in flow control, past Envoy's message timeout
+        (a BUFFERED body's: Envoy times no message of a FULL_DUPLEX_STREAMED one)."""
+        return (
+            self.director.flow_gate is not None
+            and not self._duplex
+            and message.WhichOneof("request") in _ROUTING_MESSAGES
+        )
+
+    def _held(self, max_wait_s: float) -> None:
+        """Flow control holds the request: Envoy is to wait for it (and a little for the pick)."""
+        if self.on_interim is not None:
+            self.on_interim(
+                messages.extend_timeout(min(max_wait_s + MESSAGE_TIMEOUT_S, MAX_MESSAGE_TIMEOUT_S))
+            )
 
     def _response_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         record = self.record

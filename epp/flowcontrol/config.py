@@ -9,6 +9,7 @@ from typing import TypeVar
 from epp.flowcontrol.controller import BandLimits, FlowController, FlowSettings
 from epp.flowcontrol.fairness import FairnessPolicy
 from epp.flowcontrol.ordering import OrderingPolicy
+from epp.flowcontrol.prefix import PrefixEstimate
 from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.spec import FEATURE_GATE, FlowControlSpec
 from epp.flowcontrol.types import FAIRNESS_ID_HEADER, FlowRequest
@@ -43,6 +44,7 @@ class FlowControl:
             prompt_tokens=request.input_tokens,
             received_at=received_at,
             slo_ttft_ms=request.slo_ttft_ms,
+            block_hashes=() if (prefix := self.controller.prefix) is None else prefix.block_hashes(request),
         )
 
 
@@ -85,4 +87,6 @@ def build_flow_control(
         _resolve(spec.ordering_policy, OrderingPolicy, plugins, context),
         detectors,
     )
+    if any(d.uses_prefix_estimate() for d in detectors):
+        controller.prefix = PrefixEstimate.of(plugins.values())
     return FlowControl(spec, controller)

@@ -8,8 +8,11 @@ Dispatch is strict by band (a lower band waits while a higher one has requests),
 band's flows (the fairness policy), ordered inside a flow (the ordering policy), and only while
 no saturation detector objects to the request at the head. When the detectors object to the
 chosen flow's head but not to another flow's (a smaller request), that one goes: no flow waits
-behind another flow's large request while the pool has room for its own. The controller books what it
-dispatches until the request finishes, so detectors see its load before the next scrape does.
+behind another flow's large request while the pool has room for its own. A detector may also
+say the head fits only some endpoints: it is dispatched with those (``Decision.endpoints``), and
+the driver holds the pick to them. The controller books what it dispatches until the request
+finishes, so detectors see its load before the next scrape does; once routed, its prompt is
+booked as prefill by its uncached tokens there (the pick's prefix match).
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from dataclasses import dataclass, field
 from epp.flowcontrol.fairness import FairnessPolicy
 from epp.flowcontrol.ordering import OrderingPolicy
 from epp.flowcontrol.peers import NO_PEERS, PeerTokenLoad
+from epp.flowcontrol.prefix import PrefixEstimate
 from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.types import Booking, Decision, FlowRequest, Outcome, PoolView
+from epp.scheduling.cycle_data import PREFIX_MATCH
 from epp.scheduling.framework import CycleState
 from epp.scheduling.types import EndpointState
 
@@ -89,6 +94,9 @@ class FlowController:
         self.peers: PeerTokenLoad | None = None
         """Peer replicas' synced token load, read at each dispatch attempt (set by the driver
         when replicas share token load; None: this replica counts its own bookings only)."""
+        self.prefix: PrefixEstimate | None = None
+        """Where held requests' prompts are likely cached (set by the builder when a detector uses
+        it and the pipeline has an approximate prefix index; None: nowhere)."""
 
     # ------------------------------------------------------------------ queries
 
@@ -195,24 +203,24 @@ class FlowController:
             self.saturated = chosen is None
             if chosen is None:
                 break
-            flow_id, head = chosen
+            flow_id, head, fitting = chosen
             self._remove(head)
             self.fairness.charged(band, flow_id, head.tokens)
             self._bookings[head.key] = Booking(head.tokens, now, prefill_tokens=head.prompt_tokens)
             self._pending_requests += 1
             self._pending_tokens += head.tokens
-            decisions.append(Decision(head, Outcome.DISPATCHED, now))
+            decisions.append(Decision(head, Outcome.DISPATCHED, now, fitting))
         else:
             self.saturated = False
         return decisions
 
     def _fitting_head(
         self, band: int, now: float, endpoints: Sequence[EndpointState]
-    ) -> tuple[str, FlowRequest] | None:
+    ) -> tuple[str, FlowRequest, frozenset[str] | None] | None:
         """The head of the flow the fairness policy picks, or, when the pool has no room for that
         request (a detector that weighs its size), of the next flow it would pick: a large
-        request at the head of one flow does not hold back a smaller one of another. None when
-        no flow's head fits."""
+        request at the head of one flow does not hold back a smaller one of another. With it,
+        the endpoints it fits (None: any). None when no flow's head fits."""
         flows = self._bands[band]
         candidates = list(flows)
         view = self._view(now, endpoints)
@@ -220,9 +228,20 @@ class FlowController:
             flow_id = self.fairness.pick(band, candidates)
             head = self._head(flows[flow_id])
             if not any(d.saturated(view, head) for d in self.detectors):
-                return flow_id, head
+                fitting = self._fitting_endpoints(view, head)
+                if fitting is None or fitting:
+                    return flow_id, head, fitting
             candidates.remove(flow_id)
         return None
+
+    def _fitting_endpoints(self, view: PoolView, head: FlowRequest) -> frozenset[str] | None:
+        """The endpoints every detector says ``head`` fits (None: any)."""
+        fitting = None
+        for detector in self.detectors:
+            mine = detector.endpoints(view, head)
+            if mine is not None:
+                fitting = mine if fitting is None else fitting & mine
+        return fitting
 
     def _expire(self, now: float) -> list[Decision]:
         decisions = []
@@ -246,16 +265,21 @@ class FlowController:
             peer_tokens=peers.tokens,
             peer_prefill_tokens=peers.prefill_tokens,
             replicas=peers.replicas,
+            cached_tokens=None if self.prefix is None else self.prefix.cached_tokens,
         )
 
     # ------------------------------------------------------------------ after dispatch
 
     def routed(self, key: int, endpoint: str, state: CycleState, now: float) -> None:
-        """Dispatched request ``key`` was scheduled onto ``endpoint``."""
+        """Dispatched request ``key`` was scheduled onto ``endpoint``; ``state``'s prefix match
+        (when the pipeline made one) says how much of the prompt is left to prefill there."""
         booking = self._bookings.get(key)
         if booking is None or booking.endpoint is not None:
             return
         booking.endpoint, booking.routed_at = endpoint, now
+        match = state.get(PREFIX_MATCH)
+        if match is not None:
+            booking.prefill_tokens -= match.cached_tokens(endpoint, booking.prefill_tokens)
         self._pending_requests -= 1
         self._pending_tokens -= booking.tokens
         _add(self._booked_tokens, endpoint, booking.tokens)

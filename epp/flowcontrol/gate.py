@@ -5,8 +5,9 @@ dispatches it, or raises :class:`RequestShed` (429 with ``Retry-After``) when it
 pushed out of a full queue. The driver tells the ticket where the request was routed and, once,
 that it finished (however it ended), which releases its booking. A waiter that is cancelled
 (the client hung up, so Envoy reset the stream) leaves the queue at once. One dispatcher task
-re-polls the controller while requests wait: at once when a request finishes, at the next
-expiry, and every ``pollIntervalMs`` otherwise (scrapes and predictions change unannounced).
+re-polls the controller while requests wait: at once when a request finishes or gets its first
+token, here or (with :meth:`FlowGate.share_load`) at a peer replica, at the next expiry, and
+every ``pollIntervalMs`` otherwise (scrapes and predictions change unannounced).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from collections.abc import Callable, Sequence
 from epp.errors import RequestShed
 from epp.flowcontrol.config import FlowControl
 from epp.flowcontrol.metrics import FlowMetrics
+from epp.flowcontrol.peers import PeerTokenLoad
 from epp.flowcontrol.types import Decision, Outcome
 from epp.scheduling.framework import CycleState
 from epp.scheduling.types import EndpointState, LLMRequest
+from epp.sync.state import ReplicaSyncState
 
 _SHED_MESSAGES = {
     Outcome.EXPIRED: "the pool is saturated and the request waited past its queue's time limit",
@@ -32,10 +35,18 @@ _SHED_MESSAGES = {
 class FlowTicket:
     """A dispatched request's hold on the pool, from dispatch to finish."""
 
-    __slots__ = ("_gate", "key")
+    __slots__ = ("_gate", "endpoints", "key")
 
-    def __init__(self, gate: FlowGate, key: int) -> None:
-        self._gate, self.key = gate, key
+    def __init__(self, gate: FlowGate, key: int, endpoints: frozenset[str] | None = None) -> None:
+        self._gate, self.key, self.endpoints = gate, key, endpoints
+
+    def restrict(self, candidates: Sequence[EndpointState]) -> Sequence[EndpointState]:
+        """Of ``candidates``, those the request was dispatched to fit (all of them when flow
+        control named none, or none of those named is a candidate any more)."""
+        if self.endpoints is None:
+            return candidates
+        fitting = [e for e in candidates if e.name in self.endpoints]
+        return fitting or candidates
 
     def routed(self, endpoint: str, state: CycleState, now: float) -> None:
         """The scheduler picked ``endpoint`` (``state``: its cycle's data, for the detectors)."""
@@ -65,22 +76,28 @@ class FlowGate:
         self.endpoints = endpoints
         self.clock = clock
         self.metrics = metrics
-        self._waiters: dict[int, asyncio.Future[Outcome]] = {}
+        self._waiters: dict[int, asyncio.Future[Decision]] = {}
         self._wake = asyncio.Event()
         self._dispatcher: asyncio.Task[None] | None = None
 
-    async def wait(self, request: LLMRequest, received_at: float) -> FlowTicket:
-        """Return when ``request`` may be scheduled; raise :class:`RequestShed` when it may not."""
+    async def wait(
+        self, request: LLMRequest, received_at: float, on_held: Callable[[float], None] | None = None
+    ) -> FlowTicket:
+        """Return when ``request`` may be scheduled; raise :class:`RequestShed` when it may not.
+        ``on_held`` is called when it is held, with the most it may wait (its band's TTL, seconds):
+        the ext_proc stream then extends Envoy's message timeout."""
         item = self.flow_control.flow_request(request, received_at)
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self._waiters[item.key] = future
         now = self.clock()
         self._settle(self.controller.enqueue(item, now))
         self._settle(self.controller.poll(now, self.endpoints()))
         if not future.done():
             self._ensure_dispatcher()
+            if on_held is not None:
+                on_held(self.controller.settings.limits(item.band).ttl_s)
         try:
-            outcome = await future
+            decision = await future
         except asyncio.CancelledError:
             self._waiters.pop(item.key, None)
             cancelled = self.controller.cancel(item.key, self.clock())
@@ -89,9 +106,17 @@ class FlowGate:
             else:  # dispatched in the same loop turn as the hang-up: release its booking
                 self.controller.finished(item.key)
             raise
-        if outcome is not Outcome.DISPATCHED:
-            raise RequestShed(_SHED_MESSAGES[outcome], retry_after_s=self.controller.settings.retry_after_s)
-        return FlowTicket(self, item.key)
+        if decision.outcome is not Outcome.DISPATCHED:
+            raise RequestShed(
+                _SHED_MESSAGES[decision.outcome], retry_after_s=self.controller.settings.retry_after_s
+            )
+        return FlowTicket(self, item.key, decision.endpoints)
+
+    def share_load(self, sync: ReplicaSyncState) -> None:
+        """Count the peers' synced token load too (:class:`PeerTokenLoad`, which see for the
+        errors), and look again at once when a peer's load goes down."""
+        self.controller.peers = PeerTokenLoad(sync)
+        sync.on_peer_freed = self.wake
 
     def released(self, key: int) -> None:
         self.controller.finished(key)
@@ -107,7 +132,7 @@ class FlowGate:
             self._record(decision)
             future = self._waiters.pop(decision.request.key, None)
             if future is not None and not future.done():
-                future.set_result(decision.outcome)
+                future.set_result(decision)
 
     def _record(self, decision: Decision) -> None:
         if self.metrics is not None:

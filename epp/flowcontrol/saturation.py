@@ -23,6 +23,16 @@ class SaturationDetector(Plugin, ABC):
     def saturated(self, pool: PoolView, head: FlowRequest) -> bool:
         """True when dispatching ``head`` now would only queue it in an engine."""
 
+    def endpoints(self, pool: PoolView, head: FlowRequest) -> frozenset[str] | None:
+        """The endpoints ``head`` fits when it fits only some: dispatched, it is picked among
+        them. None: any endpoint; empty: none (it waits). Asked only when not :meth:`saturated`."""
+        return None
+
+    def uses_prefix_estimate(self) -> bool:
+        """Whether :meth:`endpoints` reads ``PoolView.cached_tokens`` (requests then carry their
+        prefix blocks)."""
+        return False
+
     def routed(self, endpoint: str, state: CycleState, now: float) -> None:
         """A dispatched request was routed to ``endpoint`` (``state`` holds its cycle's data)."""
 
@@ -63,6 +73,10 @@ class TokenLoadParameters(PluginParameters):
     """Prompt tokens an endpoint may have waiting for their first token (None: no such limit).
     About one engine step's token budget keeps a short prompt from queueing in the engine behind
     several long ones: it waits in the EPP instead, where fairness can put it first."""
+    isolated_prefill_tokens: int | None = Field(default=None, ge=1, alias="isolatedPrefillTokens")
+    """Prefill isolation (needs ``maxPrefillTokensPerEndpoint`` and two endpoints or more): keep
+    some endpoint with at most this many prompt tokens waiting for their first token, for
+    requests with a TTFT objective, which go only where they keep within it. None: off."""
 
 
 @register
@@ -74,10 +88,18 @@ class TokenLoadSaturationDetector(SaturationDetector):
     bookings count too when the replicas share token load; then a replica also has room while its
     own bookings leave headroom in its share of the capacity (1/K of it, ``PoolView.replicas``):
     fairness is per replica, and without a share a peer's fresh arrivals would take every bit of
-    room that frees up while this replica's waiting requests expire. With ``maxPrefillTokensPerEndpoint``,
-    also saturated unless some endpoint has room for the head's prompt among the prompt tokens
-    routed there and not yet answered, peers' too (an endpoint without any always has); while a dispatched
-    request is on its way to the pick (its endpoint still unknown), none has."""
+    room that frees up while this replica's waiting requests expire.
+
+    With ``maxPrefillTokensPerEndpoint`` the decision is per endpoint: the head fits an endpoint
+    whose prompt tokens routed there and not yet answered (peers' too), plus the head's uncached
+    tokens there (``PoolView.uncached_tokens``), stay within the limit (an endpoint without any
+    always fits), and it is picked among those; while a dispatched request is on its way to the
+    pick (its endpoint still unknown), none fits. With ``isolatedPrefillTokens`` as well, a
+    request with a TTFT objective fits only where that sum stays within it (or the endpoint has
+    none); one without fits an endpoint only while another endpoint is within it, or if this
+    one stays within half of it (the other half is kept for requests with an objective). So
+    some endpoint is always within it: long prefills take turns, and a short prompt with an
+    objective never queues in an engine behind one."""
 
     type_name = "token-load-saturation-detector"
     Parameters = TokenLoadParameters
@@ -96,17 +118,26 @@ class TokenLoadSaturationDetector(SaturationDetector):
             own_headroom += max(0, share - own)
         if busy and max(headroom, own_headroom) - pool.pending_tokens < head.tokens:
             return True
-        return not self._prefill_room(pool, head)
+        return self.params.max_prefill_tokens_per_endpoint is not None and pool.pending_requests > 0
 
-    def _prefill_room(self, pool: PoolView, head: FlowRequest) -> bool:
+    def uses_prefix_estimate(self) -> bool:
+        return self.params.max_prefill_tokens_per_endpoint is not None
+
+    def endpoints(self, pool: PoolView, head: FlowRequest) -> frozenset[str] | None:
         cap = self.params.max_prefill_tokens_per_endpoint
-        if cap is None or pool.pending_requests > 0:
-            return cap is None
-        return any(
-            (prefill := pool.prefill_tokens.get(e.name, 0) + pool.peer_prefill_tokens.get(e.name, 0)) == 0
-            or prefill + head.prompt_tokens <= cap
-            for e in pool.endpoints
-        )
+        if cap is None:
+            return None
+        names = [e.name for e in pool.endpoints]
+        added = pool.uncached_tokens(head, names)
+        load = {name: pool.prefill_in_flight(name) for name in names}
+        fits = {name for name in names if load[name] == 0 or load[name] + added[name] <= cap}
+        isolated = self.params.isolated_prefill_tokens
+        if isolated is None or len(names) < 2:
+            return frozenset(fits)
+        if head.slo_ttft_ms is not None:
+            return frozenset(name for name in fits if load[name] == 0 or load[name] + added[name] <= isolated)
+        clear = {name for name in names if load[name] <= isolated}
+        return frozenset(name for name in fits if clear - {name} or load[name] + added[name] <= isolated // 2)
 
 
 class PredictedTtftParameters(PluginParameters):

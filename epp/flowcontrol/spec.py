@@ -32,8 +32,10 @@ class _Strict(BaseModel):
 class BandLimitsSpec(_Strict):
     max_requests: int = Field(default=1000, ge=1, alias="maxRequests")
     ttl_seconds: float = Field(default=4.0, gt=0, alias="ttlSeconds")
-    """Below the gateway's ext_proc ``message_timeout`` (5 s in the shipped Envoy config): a
-    request held longer is failed by the gateway before flow control can answer it 429."""
+    """Up to the gateway's ext_proc ``max_message_timeout`` less its ``message_timeout`` (120 s
+    and 5 s in the shipped Envoy config): while it holds a request the EPP extends Envoy's wait
+    for its answer by the TTL and one ``message_timeout``, as far as ``max_message_timeout``
+    allows; a request held longer is failed by the gateway (504) before flow control answers it 429."""
 
 
 class BandSpec(BandLimitsSpec):
@@ -54,6 +56,7 @@ class FlowControlSpec(_Strict):
     """Output tokens booked for a request without ``max_tokens`` (and at most, with it)."""
     poll_interval_ms: float = Field(default=5.0, gt=0, alias="pollIntervalMs")
     """How often the live dispatcher re-checks saturation while requests wait (scrapes and
-    predictions change without telling it); finishes and arrivals wake it at once."""
+    predictions change without telling it); arrivals, finishes and first tokens, this replica's
+    and (with replica sync) its peers', wake it at once."""
     default_band: BandLimitsSpec = Field(default_factory=BandLimitsSpec, alias="defaultBand")
     bands: list[BandSpec] = Field(default_factory=list)

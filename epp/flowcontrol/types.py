@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from epp.scheduling.types import EndpointState
@@ -44,6 +44,9 @@ class FlowRequest:
     enqueued_at: float = 0.0
     seq: int = 0
     """Arrival order, assigned by the controller."""
+    block_hashes: Sequence[int] = ()
+    """The prompt's prefix blocks, as the pipeline's approximate prefix index names them (empty
+    without one): what the detectors estimate each endpoint's cached share of the prompt from."""
 
     @property
     def sheddable(self) -> bool:
@@ -60,6 +63,8 @@ class Decision:
     request: FlowRequest
     outcome: Outcome
     at: float
+    endpoints: frozenset[str] | None = None
+    """Dispatched: the endpoints the request fits (the pick must choose among them); None: any."""
 
     @property
     def queue_time_s(self) -> float:
@@ -73,7 +78,7 @@ class Booking:
     tokens: int
     dispatched_at: float
     prefill_tokens: int = 0
-    """The prompt tokens still to prefill: 0 once its first token came."""
+    """The prompt tokens still to prefill (the uncached ones, once routed): 0 once its first token came."""
     endpoint: str | None = None
     """None between dispatch and the pick (the request is on its way to the scheduler)."""
     routed_at: float | None = None
@@ -101,6 +106,18 @@ class PoolView:
     """Per endpoint, other EPP replicas' prompt tokens there still to prefill."""
     replicas: int = 1
     """EPP replicas whose bookings ``peer_tokens`` holds, this one included."""
+    cached_tokens: Callable[[FlowRequest], Mapping[str, int]] | None = None
+    """Per endpoint, how many of a request's prompt tokens are likely cached there (None: no
+    estimate, the whole prompt is to prefill everywhere)."""
+
+    def uncached_tokens(self, request: FlowRequest, endpoints: Collection[str]) -> dict[str, int]:
+        """Per endpoint of ``endpoints``, the prompt tokens ``request`` would prefill there."""
+        cached = {} if self.cached_tokens is None else self.cached_tokens(request)
+        return {name: request.prompt_tokens - cached.get(name, 0) for name in endpoints}
+
+    def prefill_in_flight(self, endpoint: str) -> int:
+        """Prompt tokens routed to ``endpoint`` still to prefill, by this replica and its peers."""
+        return self.prefill_tokens.get(endpoint, 0) + self.peer_prefill_tokens.get(endpoint, 0)
 
     def routed_since(self, endpoint: str, since: float) -> int:
         """Unfinished requests routed to ``endpoint`` after ``since`` (a scrape's time)."""

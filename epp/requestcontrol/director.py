@@ -58,6 +58,8 @@ class RequestRecord:
     series: ModelSeries | None = None
     flow_ticket: FlowTicket | None = None
     """Held from flow control's dispatch to the finish (with flow control on)."""
+    on_held: Callable[[float], None] | None = None
+    """Called when flow control holds the request, with the most it may wait (seconds)."""
 
     @property
     def endpoint_name(self) -> str | None:
@@ -122,10 +124,12 @@ class Director:
         record.series = self.metrics.for_model(request.model)
         record.series.requests.inc()
         if self.flow_gate is not None:  # waits while the pool is saturated
-            record.flow_ticket = await self.flow_gate.wait(request, record.received_at)
+            record.flow_ticket = await self.flow_gate.wait(request, record.received_at, record.on_held)
         candidates = self.store.candidates()
         if not candidates:
             raise NoEndpointAvailable("no model server endpoint is ready")
+        if record.flow_ticket is not None:  # dispatched to fit some endpoints only
+            candidates = record.flow_ticket.restrict(candidates)
         started = self.clock()
         try:
             record.routed = await self.lifecycle.route(request, candidates, record.received_at, started)

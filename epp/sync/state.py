@@ -208,6 +208,9 @@ class ReplicaSyncState:
         self.stats = SyncStats()
         self.on_pending: Callable[[], None] | None = None
         """Called when the outbox goes from empty to not empty (the transport's wake-up)."""
+        self.on_peer_freed: Callable[[], None] | None = None
+        """Called when a peer's booking was released or its prompt got its first token (its load
+        went down: flow control's wake-up)."""
         self.connected = True
         self._seq = 0
         self._own: dict[int, _Own] = {}
@@ -519,6 +522,7 @@ class ReplicaSyncState:
         if kind == DeltaKind.FIRST_TOKEN:
             if tracker is not None:
                 tracker.first_token((peer.index, key))
+            self._peer_freed()
         elif kind == DeltaKind.PROGRESS:
             if len(delta) != 3 or not _is_count(delta[2]):
                 return "malformed"
@@ -559,6 +563,11 @@ class ReplicaSyncState:
             self.targets.token_load.finish((peer.index, key))
         if self.targets.tpot_slos is not None and (running := self.targets.tpot_slos.get(endpoint)):
             running.pop((peer.index, key), None)
+        self._peer_freed()
+
+    def _peer_freed(self) -> None:
+        if self.on_peer_freed is not None:
+            self.on_peer_freed()
 
     def _apply_prefix(self, delta: list[Any]) -> str | None:
         if len(delta) != 4:

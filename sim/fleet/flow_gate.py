@@ -57,6 +57,8 @@ class FleetFlowGate:
         self._released = Released()
         self.queue_time_s: dict[str, float] = {}
         """Per request id, how long it waited in flow control (0 when dispatched at once)."""
+        self._fitting: dict[str, frozenset[str]] = {}
+        """Per dispatched request id not routed yet, the endpoints flow control said it fits."""
 
     def __len__(self) -> int:
         return len(self.controller)
@@ -79,6 +81,14 @@ class FleetFlowGate:
         released, self._released = self._released, Released()
         return released
 
+    def restrict(self, request_id: str, replicas: Sequence[Replica]) -> Sequence[Replica]:
+        """Of ``replicas``, those dispatched request ``request_id`` fits (as the live ticket's
+        ``restrict``)."""
+        fitting = self._fitting.pop(request_id, None)
+        if fitting is None:
+            return replicas
+        return [r for r in replicas if r.name in fitting] or replicas
+
     def routed(self, request_id: str, endpoint: str, call: RoutingCall, now: float) -> None:
         key = self.keys.get(request_id)
         if key is not None and call.routed is not None:
@@ -90,6 +100,7 @@ class FleetFlowGate:
             self.controller.first_token(key)
 
     def finished(self, request_id: str) -> None:
+        self._fitting.pop(request_id, None)
         key = self.keys.pop(request_id, None)
         if key is not None:
             self.controller.finished(key)
@@ -103,6 +114,8 @@ class FleetFlowGate:
             self.queue_time_s[request_id] = d.queue_time_s
             if d.outcome is not Outcome.DISPATCHED:
                 del self.keys[request_id]
+            elif d.endpoints is not None:
+                self._fitting[request_id] = d.endpoints
             if d.request.key == own:
                 own_outcome = d.outcome
             elif d.outcome is Outcome.DISPATCHED:
@@ -127,6 +140,7 @@ class FlowControlledRouter(Router):
 
     def route(self, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
         request_id = call.request.request_id
+        replicas = self.flow_gate.restrict(request_id, replicas)
         try:
             replica = self._route_inner(call, replicas, now)
         except RoutingRejected:
@@ -216,6 +230,9 @@ class ReplicatedFlowGate:
         for (_, _, call, *_), _ in released.shed:
             del self.member[call.request.request_id]
         return released
+
+    def restrict(self, request_id: str, replicas: Sequence[Replica]) -> Sequence[Replica]:
+        return self.gates[self.member[request_id]].restrict(request_id, replicas)
 
     def routed(self, request_id: str, endpoint: str, call: RoutingCall, now: float) -> None:
         self.gates[self.member[request_id]].routed(request_id, endpoint, call, now)

@@ -142,6 +142,8 @@ class PipelineRouter(Router):
         except RequestError as error:
             raise RoutingRejected(error.dropped_reason or type(error).__name__) from None
         call.routed = routed
+        if routed.endpoint_name not in self._by_name:  # ``replicas`` was a subset (flow control's fit)
+            self._by_name = {replica.name: replica for replica in replicas}
         return self._by_name[routed.endpoint_name]
 
     def on_first_token(self, call: RoutingCall, now: float) -> None:

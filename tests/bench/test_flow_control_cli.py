@@ -59,7 +59,10 @@ def test_an_unknown_variant_is_a_usage_error(tmp_path: Path, capsys: pytest.Capt
     with pytest.raises(SystemExit) as exit_:
         main(["flow-control", "--variants", "strict-priority", "--out", str(tmp_path)])
     assert exit_.value.code == 2
-    assert "--variants must be among" in capsys.readouterr().err
+    assert "--variants and --replica-variant must be among" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["flow-control", "--replica-variant", "strict-priority", "--out", str(tmp_path)])
+    assert exit_.value.code == 2
 
 
 def test_backlog_growth_is_zero_while_the_pool_keeps_up_and_the_excess_rate_when_not() -> None:

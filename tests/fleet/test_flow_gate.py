@@ -118,3 +118,36 @@ def test_k_replicas_each_gate_their_own_requests_and_pool_wide_load_counts_the_p
 def test_pool_wide_token_load_needs_synced_replicas(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs synced replicas"):
         flow_controlled_replicas(CONFIG, lambda: 0.0, 0, replicas=2, sync_delay_s=None, pool_wide=True)
+
+
+ISOLATION_CONFIG = """
+plugins:
+- type: queue-scorer
+- type: token-load-saturation-detector
+  parameters: {maxTokensPerEndpoint: 400000, maxPrefillTokensPerEndpoint: 8192, isolatedPrefillTokens: 2048}
+flowControl:
+  saturationDetectors: [token-load-saturation-detector]
+  defaultBand: {ttlSeconds: 30}
+"""
+
+
+def test_prefill_isolation_holds_the_pick_to_the_endpoints_a_request_fits(tmp_path: Path) -> None:
+    # Two replicas. A 3000-token prompt goes first; the second may join it but not take the idle
+    # replica, which the queue scorer alone would pick; the chat with a TTFT objective goes there.
+    sessions = [
+        Session("long-1", 0.0, (Turn(3000, 50),), tenant="A"),
+        Session("long-2", 0.01, (Turn(3000, 50),), tenant="A"),
+        Session("chat", 0.02, (Turn(300, 20),), tenant="B", slo_ttft_ms=500),
+    ]
+    path = tmp_path / "isolation.yaml"
+    path.write_text(ISOLATION_CONFIG)
+    simulator = FleetSimulator(
+        Workload("t", sessions),
+        lambda clock: flow_controlled_router(str(path), clock, 0),
+        FleetConfig(replicas=2, profile="llama-3.1-8b-h100"),
+    )
+    simulator.run()
+    replica = {r.session_id: r.replica for r in simulator.records}
+    assert all(r.completed for r in simulator.records)
+    assert replica["long-2"] == replica["long-1"]
+    assert replica["chat"] != replica["long-1"]

@@ -1,6 +1,8 @@
 """Flow control through a real Envoy, EPP and simulated replica: a saturated pool holds requests
 and releases them in band order; a client that hangs up while queued leaves the queue and its
-gauge; a request that waits past its band's TTL gets 429 with Retry-After, in the JSON error shape.
+gauge; a request that waits past its band's TTL gets 429 with Retry-After, in the JSON error shape;
+a request held longer than Envoy's ext_proc message timeout (5 s) still gets its answer or its 429
+(the EPP extends Envoy's timer while it holds one).
 
 The pool is one replica and a token-load detector with room for 60 booked tokens, so each
 request (prompt plus ``max_tokens``, at least 40 tokens) saturates it alone: requests run one at
@@ -11,6 +13,7 @@ each other's token load: one holds a request because of what the other has in fl
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,6 +129,52 @@ def test_a_saturated_pool_dispatches_held_requests_in_band_order(stack: LocalSta
         client.join()
     assert finished == [5, 3, 0]
     assert queued(stack) == 0
+
+
+LONG_HOLD_CONFIG = """
+plugins:
+- type: queue-scorer
+- type: token-load-saturation-detector
+  parameters: {maxTokensPerEndpoint: 60}
+flowControl:
+  saturationDetectors: [token-load-saturation-detector]
+  retryAfterSeconds: 2
+  defaultBand: {ttlSeconds: 30}
+  bands:
+  - {priority: -1, ttlSeconds: 6}
+"""
+
+
+def test_requests_held_past_envoys_message_timeout_are_answered_or_expire_with_429(tmp_path: Path) -> None:
+    config = tmp_path / "long-hold.yaml"
+    config.write_text(LONG_HOLD_CONFIG)
+    stack = start_stack(tmp_path, replicas=1, epp_config=str(config))
+    try:
+        blocker = hold_the_pool(stack, max_tokens=1400)  # about 8 s of decode steps
+        responses: dict[int, httpx.Response] = {}
+
+        def request(priority: int) -> None:
+            responses[priority] = post(stack, 40, priority=priority, timeout=60)
+
+        clients = [threading.Thread(target=request, args=(priority,)) for priority in (0, -1)]
+        held_since = time.monotonic()
+        for n, client in enumerate(clients, start=1):
+            client.start()
+            assert wait_for(lambda n=n: queued(stack) == n)
+        for client in clients:
+            client.join()
+        held_for = time.monotonic() - held_since
+        expired = responses[-1]  # its 6 s TTL ran out while the blocker still ran
+        assert expired.status_code == 429, expired.text
+        assert expired.headers["retry-after"] == "2" and "time limit" in expired.json()["error"]["message"]
+        answered = responses[0]  # dispatched when the blocker finished, past the 5 s message timeout
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["usage"]["completion_tokens"] == 40
+        assert held_for > 6  # both waited past Envoy's per-message timeout
+        assert left(stack, "expired") == 1 and left(stack, "dispatched") == 2 and queued(stack) == 0
+        blocker.join()
+    finally:
+        stack.stop()
 
 
 POOL_WIDE_CONFIG = """

@@ -7,6 +7,7 @@ from epp.flowcontrol.fairness import LeastAttainedServiceFairness, RoundRobinFai
 from epp.flowcontrol.ordering import EarliestDeadlineOrdering, FcfsOrdering
 from epp.flowcontrol.saturation import TokenLoadSaturationDetector
 from epp.flowcontrol.types import Outcome
+from epp.scheduling.cycle_data import PREFIX_MATCH, PrefixMatch
 from epp.scheduling.framework import CycleState
 from tests.epp.factories import endpoint_state
 from tests.epp.flowcontrol.helpers import controller, policy, request
@@ -188,3 +189,28 @@ def test_a_prompt_is_booked_as_prefill_from_routing_to_its_first_token():
     fc.routed(second.key, "e0", CycleState(), 0.04)
     fc.finished(second.key)  # over before its first token (cancelled): its prefill goes too
     assert dispatched(fc.poll(0.05, POOL)) == [third]
+
+
+def test_a_dispatch_names_the_endpoints_it_fits_and_a_routed_prompt_books_its_uncached_tokens():
+    detector = policy(
+        TokenLoadSaturationDetector, maxTokensPerEndpoint=100_000, maxPrefillTokensPerEndpoint=5000
+    )
+    fc = FlowController(FlowSettings(), policy(RoundRobinFairness), policy(FcfsOrdering), [detector])
+    pool = [endpoint_state(0), endpoint_state(1)]
+    first, second = request(tokens=4400), request(tokens=4400)
+    first.prompt_tokens = second.prompt_tokens = 4000
+    fc.enqueue(first, 0.0)
+    [d] = fc.poll(0.0, pool)
+    assert d.outcome is Outcome.DISPATCHED and d.endpoints == {"e0", "e1"}
+    state = CycleState()
+    state.put(PREFIX_MATCH, PrefixMatch(62, {"e0": 50}, block_size_tokens=64))  # 3200 tokens cached on e0
+    fc.routed(first.key, "e0", state, 0.01)
+    fc.enqueue(second, 0.02)
+    [d] = fc.poll(0.02, pool)  # e0 has 800 prompt tokens to prefill: 800 + 4000 fit its 5000
+    assert d.endpoints == {"e0", "e1"}
+    fc.routed(second.key, "e1", CycleState(), 0.03)  # no prefix match: all 4000 to prefill
+    third = request(tokens=4400)
+    third.prompt_tokens = 4000
+    fc.enqueue(third, 0.04)
+    [d] = fc.poll(0.04, pool)  # e0: 800 + 4000 fit; e1: 4000 + 4000 do not
+    assert d.request is third and d.endpoints == {"e0"}

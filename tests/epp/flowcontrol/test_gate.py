@@ -12,10 +12,13 @@ from epp.errors import RequestShed
 from epp.flowcontrol.config import build_flow_control
 from epp.flowcontrol.gate import FlowGate, FlowTicket
 from epp.flowcontrol.metrics import FlowMetrics
+from epp.load.token_load import TokenLoadTracker
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext
 from epp.scheduling.types import ApiKind, LLMRequest
+from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
 from tests.epp.factories import endpoint_state
+from tests.epp.sync_replicas import EppReplica
 
 # One endpoint with room for 1000 booked tokens: one 600-token request saturates it.
 CONFIG = """
@@ -132,4 +135,42 @@ async def test_a_waiter_that_is_cancelled_leaves_the_queue_and_the_metrics():
     assert sample(registry, "inference_extension_flow_control_queue_size", **size) == 0
     cancelled = {**size, "outcome": "cancelled"}
     assert sample(registry, "inference_extension_flow_control_requests_total", **cancelled) == 1
+    await gate.close()
+
+
+async def test_a_peers_release_wakes_the_dispatcher_without_waiting_for_its_poll():
+    """The poll interval is 10 minutes and nothing expires for an hour: only the event of the
+    peer's release can dispatch the waiter before the test's timeout."""
+    config = EndpointPickerConfig.from_yaml(
+        CONFIG.replace("pollIntervalMs: 5", "pollIntervalMs: 600000").replace(
+            "ttlSeconds: 0.2", "ttlSeconds: 3600"
+        )
+        + "  defaultBand: {ttlSeconds: 3600}\n"
+    )
+    context = PluginContext(clock=time.monotonic)
+    flow_control = build_flow_control(config, build_pipeline(config, context), context)
+    assert flow_control is not None
+    endpoint = endpoint_state(0)
+    gate = FlowGate(flow_control, lambda: [endpoint], time.monotonic)
+    tuning = SyncTuning(peer_timeout_s=3600)
+    ours = EppReplica(
+        ReplicaSyncState("a", SyncTargets(token_load=TokenLoadTracker()), clock=time.monotonic, tuning=tuning)
+    )
+    peer = EppReplica(
+        ReplicaSyncState("b", SyncTargets(token_load=TokenLoadTracker()), clock=time.monotonic, tuning=tuning)
+    )
+    gate.share_load(ours.sync)
+    key = peer.route("e0", prompt=700, cached=0, expected=100)  # 800 of e0's 1000 tokens
+    for data in peer.sync.take_messages():
+        ours.sync.receive(data)
+    waiter = asyncio.create_task(gate.wait(llm_request(), time.monotonic()))  # 600 tokens: no room
+    await until(lambda: len(gate.controller) == 1)
+    await asyncio.sleep(0)  # the dispatcher is waiting for its wake-up
+    assert not waiter.done()
+    peer.release(key)
+    for data in peer.sync.take_messages():
+        ours.sync.receive(data)
+    ticket = await asyncio.wait_for(waiter, timeout=30)
+    assert len(gate.controller) == 0 and gate.controller.booked() == 1
+    ticket.finished()
     await gate.close()

@@ -66,7 +66,7 @@ def test_token_load_books_per_endpoint_and_always_lets_an_idle_pool_take_one():
     )
 
 
-def test_token_load_prefill_limit_holds_a_long_prompt_while_a_short_one_fits():
+def test_token_load_prefill_limit_fits_a_prompt_only_where_its_prefill_has_room():
     detector = policy(
         TokenLoadSaturationDetector, maxTokensPerEndpoint=100_000, maxPrefillTokensPerEndpoint=8192
     )
@@ -74,19 +74,52 @@ def test_token_load_prefill_limit_holds_a_long_prompt_while_a_short_one_fits():
     long_prompt, short_prompt = request(tokens=6400), request(tokens=600)
     long_prompt.prompt_tokens, short_prompt.prompt_tokens = 6000, 300
     busy = {"e0": 4000, "e1": 4000}
-    assert detector.saturated(view(pool, booked=busy, prefill_tokens=busy), long_prompt)
-    assert not detector.saturated(view(pool, booked=busy, prefill_tokens=busy), short_prompt)
-    # An endpoint whose prompts all got their first token takes any prompt.
-    assert not detector.saturated(view(pool, booked=busy, prefill_tokens={"e0": 4000}), long_prompt)
+    assert not detector.saturated(view(pool, booked=busy, prefill_tokens=busy), long_prompt)
+    assert detector.endpoints(view(pool, booked=busy, prefill_tokens=busy), long_prompt) == frozenset()
+    assert detector.endpoints(view(pool, booked=busy, prefill_tokens=busy), short_prompt) == {"e0", "e1"}
+    # An endpoint whose prompts all got their first token takes any prompt, and only it does.
+    assert detector.endpoints(view(pool, booked=busy, prefill_tokens={"e0": 4000}), long_prompt) == {"e1"}
     # Peer replicas' prompts on their way through prefill count too.
     peers = {"e0": 100, "e1": 4000}
-    assert detector.saturated(
-        view(pool, booked=busy, prefill_tokens={"e0": 4000}, peer_prefill_tokens=peers), long_prompt
-    )
+    fuller = view(pool, booked=busy, prefill_tokens={"e0": 4000}, peer_prefill_tokens=peers)
+    assert detector.endpoints(fuller, long_prompt) == frozenset()
+    # What an endpoint likely has cached of the prompt is not prefilled there.
+    cached = view(pool, booked=busy, prefill_tokens=busy, cached_tokens=lambda r: {"e1": 5000})
+    assert detector.endpoints(cached, long_prompt) == {"e1"}
     # A dispatched request not yet picked may be headed anywhere: no prefill room is known.
     assert detector.saturated(view(pool, booked=busy, pending_requests=1), short_prompt)
     unlimited = policy(TokenLoadSaturationDetector, maxTokensPerEndpoint=100_000)
     assert not unlimited.saturated(view(pool, booked=busy, prefill_tokens=busy), long_prompt)
+    assert unlimited.endpoints(view(pool, booked=busy, prefill_tokens=busy), long_prompt) is None
+
+
+def test_prefill_isolation_keeps_an_endpoint_clear_for_requests_with_a_ttft_objective():
+    detector = policy(
+        TokenLoadSaturationDetector,
+        maxTokensPerEndpoint=100_000,
+        maxPrefillTokensPerEndpoint=8192,
+        isolatedPrefillTokens=2048,
+    )
+    pool = [endpoint_state(0), endpoint_state(1)]
+    long_prompt, chat = request(tokens=4400), request(tokens=400, slo_ms=500)
+    long_prompt.prompt_tokens, chat.prompt_tokens = 4000, 300
+    # Idle pool: the long prompt may go anywhere, as another endpoint stays clear.
+    assert detector.endpoints(view(pool), long_prompt) == {"e0", "e1"}
+    # e0 prefills a long prompt: the next one may join it there, but not take e1, the clear one.
+    one_long = view(pool, prefill_tokens={"e0": 4000})
+    assert detector.endpoints(one_long, long_prompt) == {"e0"}
+    assert detector.endpoints(one_long, chat) == {"e1"}  # the chat goes where no long prefill is
+    # Both endpoints past the isolated budget (a peer's prompt): long prompts wait, a chat too,
+    # until one endpoint is clear again.
+    both = view(pool, prefill_tokens={"e0": 4000}, peer_prefill_tokens={"e1": 3000})
+    assert detector.endpoints(both, long_prompt) == frozenset()
+    assert detector.endpoints(both, chat) == frozenset()
+    # A short prompt without an objective fits the clear endpoint while it stays clear.
+    short = request(tokens=1100)
+    short.prompt_tokens = 1000
+    assert detector.endpoints(one_long, short) == {"e0", "e1"}
+    # One endpoint alone cannot be isolated: only the prefill limit holds.
+    assert detector.endpoints(view(pool[:1], prefill_tokens={"e0": 4000}), long_prompt) == {"e0"}
 
 
 def _predicted(state: CycleState, **ttft_ms: float) -> CycleState:
