@@ -2,8 +2,8 @@
 
 Two arms share one set of upstreams and run in alternating rounds so that drift affects both:
 
-* **with EPP**: Envoy → ext_proc (headers, buffered body, response headers and body) → the
-  pick → upstream;
+* **with EPP**: Envoy → ext_proc (request headers, buffered body, response headers; the body
+  of a streamed response too) → the pick → upstream;
 * **without EPP**: Envoy → round-robin upstream, no ext_proc filter.
 
 Upstreams are stub engines (Envoy direct responses), so what differs between the arms is the

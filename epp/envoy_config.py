@@ -37,12 +37,13 @@ Failure mode (what happens when the EPP is down, slow, or errors):
   mode it hands the first chunk to the EPP before it learns the EPP is down (requests with a
   body then get a 500: the "gateways ignore FailOpen" bug), so fail-open gateways need BUFFERED.
 
-Request bodies (``body_mode``): BUFFERED by default in both failure modes. Envoy holds the
-body (up to ``max_request_bytes``) and sends it whole, without waiting for the headers reply
-(so it costs no extra round trip); the EPP never changes the body, so its reply carries no
-body at all. FULL_DUPLEX_STREAMED (what the anchor's gateways configure, and the EPP serves
-too) makes the EPP collect the body and send every byte back: on a 110 KB (26k-token) body
-that is twice the EPP's gRPC CPU for the request (0.85 against 0.45 ms), and Envoy CPU besides.
+Request bodies (``body_mode``): BUFFERED by default in both failure modes. Envoy holds the body
+(up to ``max_request_bytes``) and sends it whole once the EPP answered the headers (at once;
+waiting for that answer is what lets the EPP skip a response body, see
+:func:`ext_proc_filter`); the EPP never changes the body, so its reply carries no body at all.
+FULL_DUPLEX_STREAMED (what the anchor's gateways configure, and the EPP serves too) makes the
+EPP collect the body and send every byte back: on a 110 KB (26k-token) body that is twice the
+EPP's gRPC CPU for the request (0.85 against 0.45 ms), and Envoy CPU besides.
 
 Without an EPP address the same gateway has no ext_proc filter at all and round-robins over
 the model servers: the baseline the overhead benchmark compares against.
@@ -61,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from epp.extproc.messages import DESTINATION_HEADER, LB_METADATA_NAMESPACE, SERVED_BY_HEADER
+from epp.extproc.messages import DESTINATION_HEADER, LB_METADATA_NAMESPACE, SERVED_BY_ATTRIBUTE
 
 FailureMode = Literal["FailOpen", "FailClose"]
 BodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
@@ -246,12 +247,16 @@ def ext_proc_filter(
             "max_message_timeout": f"{MAX_MESSAGE_TIMEOUT_S}s",
             "grpc_service": {"envoy_grpc": {"cluster_name": epp_cluster}, "timeout": "30s"},
             "failure_mode_allow": fail_open,
-            "message_timeout": "5s",
-            "send_body_without_waiting_for_header_response": True,
+            "message_timeout": f"{MESSAGE_TIMEOUT_S}s",
+            # Off, so that Envoy honours the EPP's mode_override: the response headers reply skips
+            # the body of a non-streamed response (two messages each way fewer per request), at
+            # the cost of one EPP round trip before Envoy sends the request body.
+            "send_body_without_waiting_for_header_response": False,
             # Envoy drops the EPP's dynamic metadata (its picks) unless the namespace is listed.
             "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE]}},
-            # The EPP skips the response body of non-streamed requests per request.
             "allow_mode_override": True,
+            # The endpoint that answered, after any retry, for the EPP to book the request on.
+            "response_attributes": [SERVED_BY_ATTRIBUTE],
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "request_body_mode": body_mode,
@@ -356,12 +361,7 @@ def _routes(api_paths: Sequence[str], with_epp: bool, fail_open: bool) -> list[d
     routes: list[dict[str, Any]] = []
     if with_epp:
         routed = {**api, "headers": [{"name": DESTINATION_HEADER, "present_match": True}]}
-        # The endpoint that answered, after any retry, for the EPP to book the request on.
-        served_by = {
-            "header": {"key": SERVED_BY_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
-            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-        }
-        routes.append({"match": routed, "route": to_model_servers, "response_headers_to_add": [served_by]})
+        routes.append({"match": routed, "route": to_model_servers})
     if fail_open:
         routes.append({"match": api, "route": to_model_servers})
     else:

@@ -10,10 +10,16 @@ and a STREAMED response body. The machine's phases::
        ▼
     RESPONSE ── headers: status, content type ── body chunks: meter tokens, reply at once
 
+Envoy sends a body only after the reply to its headers (``epp.envoy_config`` turns
+``send_body_without_waiting_for_header_response`` off), which is what lets the response headers
+reply skip the body of a non-streamed response: such a request costs three messages each way
+(request headers, request body, response headers); a streamed one costs one more each way per
+response chunk, and one for the body's end.
+
 The request body arrives in one of two modes, announced by Envoy's ``protocol_config``:
 
 * BUFFERED (the local gateway's, ``epp.envoy_config``): the headers are answered at once, the
-  body comes whole in one message, and the body reply carries the destination.
+  body comes whole in one message after that, and the body reply carries the destination.
 * FULL_DUPLEX_STREAMED (the anchor's gateways): nothing is answered until the body ends; then
   the headers reply carries the destination and content-length, and the body is re-emitted.
 
@@ -157,18 +163,15 @@ class ExtProcStream:
         self.phase = Phase.FORWARDED
         targets = [t.hostport for t in result.targets]
         # Only streamed responses are metered token by token; for the others the response
-        # headers carry all the EPP needs (status, completion time), so their body is skipped.
+        # headers carry all the EPP needs (status, completion time), so the headers reply
+        # skips their body.
         self._watch_response_body = self.record.request is not None and self.record.request.stream
-        skip_body = not self._watch_response_body
         upstream = self.director.upstream_headers(self.record)
         if not self._duplex:
             extra = {REQUEST_ID_HEADER: self.record.request_id, **upstream}
-            return [messages.route_to(targets, extra, in_body_reply=True, skip_response_body=skip_body)]
+            return [messages.route_to(targets, extra, in_body_reply=True)]
         extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: self.record.request_id, **upstream}
-        return [
-            messages.route_to(targets, extra, skip_response_body=skip_body),
-            *messages.streamed_request_body(body),
-        ]
+        return [messages.route_to(targets, extra), *messages.streamed_request_body(body)]
 
     def may_wait(self, message: ProcessingRequest) -> bool:
         """Whether answering ``message`` may wait in flow control, past Envoy's message timeout
@@ -190,18 +193,13 @@ class ExtProcStream:
         record = self.record
         if record is None or self.phase is not Phase.FORWARDED:
             return [messages.CONTINUE_RESPONSE_HEADERS]
-        headers = messages.header_dict(message.response_headers.headers)
-        try:
-            status = int(headers.get(":status", "0"))
-        except ValueError:
-            status = 0
-        body_follows = self._watch_response_body and not message.response_headers.end_of_stream
-        served_by = messages.served_endpoint(message, headers)
-        self.director.response_headers(
-            record, status, headers.get("content-type", ""), body_follows, served_by
-        )
-        remove = (messages.SERVED_BY_HEADER,) if messages.SERVED_BY_HEADER in headers else ()
-        reply = messages.add_response_headers(self.director.debug_headers(record), remove)
+        status, content_type = messages.status_and_content_type(message.response_headers.headers)
+        body_comes = not message.response_headers.end_of_stream
+        body_follows = self._watch_response_body and body_comes
+        served_by = messages.served_endpoint(message)
+        self.director.response_headers(record, status, content_type, body_follows, served_by)
+        skip_body = body_comes and not body_follows
+        reply = messages.add_response_headers(self.director.debug_headers(record), skip_body=skip_body)
         self.phase = Phase.RESPONSE
         if not body_follows:
             self._finish()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeVar
 
+from epp.plugins.pickers import MaxScorePicker
 from epp.plugins.predicted_latency import PredictedLatencyProducer
 from epp.plugins.prefix_cache import ApproximatePrefixCacheProducer
 from epp.plugins.token_load import TokenLoadProducer, find_token_load
@@ -94,7 +95,11 @@ class ReplicaSyncHook(LifecycleObserver):
 
 def attach_replica_sync(lifecycle: RequestLifecycle, sync: ReplicaSyncState) -> ReplicaSyncHook:
     """Hook ``sync`` into ``lifecycle``: it hears each step after the pipeline's plugins and the
-    observers added before it."""
+    observers added before it. A ``max-score-picker`` is told it runs among replicas, so while
+    peers are alive it breaks ties the same way in each of them (``replicaTieBreak``)."""
+    picker = lifecycle.pipeline.profile.picker
+    if isinstance(picker, MaxScorePicker):
+        picker.join_replicas(lambda: sync.has_peers)
     hook = ReplicaSyncHook(lifecycle.pipeline, sync)
     lifecycle.add_observer(hook)
     return hook

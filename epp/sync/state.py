@@ -644,6 +644,11 @@ class ReplicaSyncState:
         """The peers heard from within their timeout."""
         return list(self._peers)
 
+    @property
+    def has_peers(self) -> bool:
+        """Whether any peer was heard from within its timeout."""
+        return bool(self._peers)
+
     def peer_bookings(self, replica: str) -> int:
         peer = self._peers.get(replica)
         return len(peer.bookings) if peer is not None else 0

@@ -16,9 +16,11 @@ Without a delay (``None``) the replicas never exchange anything: each routes on 
 and the engine metrics alone.
 
 Delivery is lazy: messages due by time t are applied when the next decision at or after t is
-taken (:meth:`ReplicatedRouter.catch_up`), which is when a replica first reads them. No replica
-fails in the simulator, so there are no heartbeats and no expiry: an idle stretch of virtual time
-has no events to carry heartbeats, and expiring on it would drop bookings no live replica would.
+taken (:meth:`ReplicatedRouter.catch_up`), which is when a replica first reads them. Live
+replicas heartbeat from their start, so they know each other before a pool takes traffic; here
+every replica hears each peer's first heartbeat at construction. No replica fails in the
+simulator, so there are no later heartbeats and no expiry: an idle stretch of virtual time has no
+events to carry heartbeats, and expiring on it would drop bookings no live replica would.
 Every replica reads the engine gauges of the same scrape ticks (``FleetConfig.scrape_interval_s``).
 """
 
@@ -76,6 +78,11 @@ class ReplicatedRouter(Router):
                 )
                 attach_replica_sync(member.lifecycle, state)
                 self.sync.append(state)
+        for sender in self.sync:
+            beat = sender.heartbeat()
+            for state in self.sync:
+                if state is not sender:
+                    state.receive(beat)
         self._by_id = {state.replica_id: state for state in self.sync}
         self.wants_progress = any(member.lifecycle.wants_progress for member in self.members)
         self._turn = 0

@@ -20,6 +20,7 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.metrics import PoolMetrics
 from epp.extproc.messages import (
     DESTINATION_HEADER,
+    EXT_PROC_ATTRIBUTES,
     LB_METADATA_NAMESPACE,
 )
 from epp.extproc.stream import ExtProcStream
@@ -62,12 +63,18 @@ def response_headers_msg(
     content_type: str = "text/event-stream",
     extra: dict[str, str] | None = None,
     metadata: dict[str, str] | None = None,
+    attributes: dict[str, str] | None = None,
+    eos: bool = False,
 ) -> ProcessingRequest:
+    """Response headers, with ``envoy.lb`` dynamic ``metadata`` and the ext_proc filter's
+    response ``attributes`` when given."""
     fields = {":status": str(status), "content-type": content_type, **(extra or {})}
     hm = HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in fields.items()])
-    message = ProcessingRequest(response_headers=HttpHeaders(headers=hm))
+    message = ProcessingRequest(response_headers=HttpHeaders(headers=hm, end_of_stream=eos))
     if metadata is not None:
         message.metadata_context.filter_metadata[LB_METADATA_NAMESPACE].update(metadata)
+    if attributes is not None:
+        message.attributes[EXT_PROC_ATTRIBUTES].update(attributes)
     return message
 
 

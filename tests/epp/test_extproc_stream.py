@@ -23,7 +23,7 @@ from epp.extproc.messages import (
     CONTINUE_RESPONSE_BODY,
     CONTINUE_RESPONSE_HEADERS,
     LB_METADATA_NAMESPACE,
-    SERVED_BY_HEADER,
+    SERVED_BY_ATTRIBUTE,
     SERVED_METADATA_KEY,
     header_dict,
 )
@@ -74,7 +74,7 @@ async def test_full_request_lifecycle() -> None:
     assert h.metric("inference_objective_request_tpot_seconds_sum", **labels) == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize("reported", ["header", "metadata"])
+@pytest.mark.parametrize("reported", ["attribute", "metadata"])
 async def test_a_request_the_gateway_served_elsewhere_is_rebooked_there(reported: str) -> None:
     h = Harness(config="ray-kv-aware")
     s = h.stream()
@@ -83,17 +83,15 @@ async def test_a_request_the_gateway_served_elsewhere_is_rebooked_there(reported
     picked = routed_destination(replies[0])
     other = next(e for e in h.store.all() if e.endpoint.hostport != picked)
     assert other.in_flight == 0 and h.tracker is not None and h.tracker.load(other.name).requests == 0
-    served = {SERVED_BY_HEADER: other.endpoint.hostport}
     message = (
-        response_headers_msg(extra=served)
-        if reported == "header"
+        response_headers_msg(attributes={SERVED_BY_ATTRIBUTE: other.endpoint.hostport})
+        if reported == "attribute"
         else response_headers_msg(metadata={SERVED_METADATA_KEY: other.endpoint.hostport})
     )
     (reply,) = await s.on_message(message)
     mutation = reply.response_headers.response.header_mutation
     added = {o.header.key: o.header.raw_value.decode() for o in mutation.set_headers}
     assert added["x-llm-epp-endpoint"] == other.name
-    assert list(mutation.remove_headers) == ([SERVED_BY_HEADER] if reported == "header" else [])
     assert other.in_flight == 1 and h.in_flight() == 1
     assert h.tracker.load(other.name).requests == 1 and h.tracker.in_flight() == 1
     await s.on_message(response_body_msg(b"data: [DONE]\n\n", eos=True))
@@ -298,10 +296,12 @@ async def test_non_streamed_requests_skip_the_response_body_and_finish_on_header
     s = h.stream()
     await s.on_message(headers_msg())
     replies = await s.on_message(body_msg(json.dumps({**COMPLETION, "stream": False}).encode(), eos=True))
-    assert replies[0].HasField("mode_override")
-    assert replies[0].mode_override.response_body_mode == ProcessingMode.NONE
+    assert not replies[0].HasField("mode_override")  # Envoy ignores one outside a headers reply
     h.clock.advance(0.25)
-    await s.on_message(response_headers_msg(200, "application/json"))
+    (reply,) = await s.on_message(response_headers_msg(200, "application/json"))
+    assert reply.HasField("response_headers") and reply.HasField("mode_override")
+    assert reply.mode_override.response_body_mode == ProcessingMode.NONE
+    assert reply.mode_override.response_header_mode == ProcessingMode.DEFAULT  # the rest unchanged
     assert s.phase is Phase.DONE and h.in_flight() == 0
     labels = {"model_name": "tiny", "target_model_name": "tiny"}
     assert h.metric("inference_objective_request_duration_seconds_sum", **labels) == pytest.approx(0.25)
@@ -309,8 +309,23 @@ async def test_non_streamed_requests_skip_the_response_body_and_finish_on_header
 
     streamed = h.stream()
     await streamed.on_message(headers_msg())
-    (route, _) = await streamed.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
-    assert not route.HasField("mode_override")
+    await streamed.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    (reply,) = await streamed.on_message(response_headers_msg())
+    assert not reply.HasField("mode_override") and streamed.phase is Phase.RESPONSE
+    streamed.close()
+
+    debug = h.stream()  # the debug headers and the skip go in the same reply
+    await debug.on_message(headers_msg(**{"x-llm-epp-debug": "true"}))
+    await debug.on_message(body_msg(json.dumps({**COMPLETION, "stream": False}).encode(), eos=True))
+    (reply,) = await debug.on_message(response_headers_msg(200, "application/json"))
+    added = {o.header.key for o in reply.response_headers.response.header_mutation.set_headers}
+    assert "x-llm-epp-endpoint" in added and reply.mode_override.response_body_mode == ProcessingMode.NONE
+
+    bodyless = h.stream()  # a response without a body has nothing to skip
+    await bodyless.on_message(headers_msg())
+    await bodyless.on_message(body_msg(json.dumps({**COMPLETION, "stream": False}).encode(), eos=True))
+    (reply,) = await bodyless.on_message(response_headers_msg(204, "application/json", eos=True))
+    assert not reply.HasField("mode_override") and h.in_flight() == 0
 
 
 def epp_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

@@ -62,9 +62,10 @@ class Engine:
     max_model_len: int | None = None
     models_calls: list[float] = field(default_factory=list)
     port: int = 0
+    metrics_body: bytes = METRICS
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=METRICS, content_type="text/plain")
+        return web.Response(body=self.metrics_body, content_type="text/plain")
 
     async def models(self, request: web.Request) -> web.Response:
         self.models_calls.append(time.monotonic())
@@ -103,5 +104,32 @@ async def test_the_scraper_learns_each_engines_context_and_follows_changes(engin
         calls = len(engine.models_calls)
         await asyncio.sleep(0.1)
         assert len(engine.models_calls) <= calls + 1  # refreshed, not read on every scrape
+    finally:
+        await scraper.close()
+
+
+async def test_an_unchanged_scrape_is_fresh_and_a_changed_one_is_read(engine: Engine) -> None:
+    """The scraper skips parsing a body equal to the last one, but not stamping it."""
+    store = EndpointStore()
+    scraper = MetricsScraper(store, time.monotonic, interval=0.01)
+    scraper.start()
+    store.replace([Endpoint("e0", "127.0.0.1", engine.port)])
+
+    def metrics():
+        state = store.by_name("e0")
+        assert state is not None
+        return state.metrics
+
+    try:
+        await eventually(lambda: store.is_healthy("e0"))
+        first = metrics().updated_at
+        await eventually(lambda: metrics().updated_at > first + 0.03)  # same body, fresh figures
+        assert (metrics().waiting, metrics().kv_cache_usage) == (0, 0.1)
+        engine.metrics_body = METRICS.replace(b"waiting 0", b"waiting 7").replace(b"perc 0.1", b"perc 0.5")
+        await eventually(lambda: (metrics().waiting, metrics().kv_cache_usage) == (7, 0.5))
+        engine.metrics_body = b"not metrics"
+        await eventually(lambda: not store.is_healthy("e0"))
+        engine.metrics_body = METRICS  # back to a body parsed before: read again, not stale
+        await eventually(lambda: store.is_healthy("e0") and metrics().waiting == 0)
     finally:
         await scraper.close()

@@ -1,9 +1,13 @@
 """Replica sync through a real nats-server (started here on free loopback ports): convergence,
-refused messages, heartbeat expiry, snapshot on join, NATS restarts, auth, and mutual TLS."""
+refused messages, heartbeat expiry, snapshot on join, NATS restarts, auth (token, user/password,
+nkey, and JWT ``.creds`` in operator mode), and mutual TLS."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -267,6 +271,79 @@ async def test_user_password_and_nkey_auth(tmp_path: Path, started) -> None:
                 lambda r=refused: "authorization violation" in (r.transport.last_error or "").lower()
             )
             assert not refused.transport.connected
+    finally:
+        server.stop()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _jwt(signer: bytes, subject: bytes, kind: str, name: str, **nats_fields: object) -> str:
+    """A NATS v2 JWT: ``subject``'s claims of ``kind``, signed by the ``signer`` seed's key."""
+    issuer = nkeys.from_seed(signer)
+    claims = {
+        "iat": int(time.time()),
+        "iss": issuer.public_key.decode(),
+        "name": name,
+        "sub": nkeys.from_seed(subject).public_key.decode(),
+        "nats": {"type": kind, "version": 2, **nats_fields},
+    }
+    claims["jti"] = (
+        base64.b32encode(hashlib.sha256(json.dumps(claims).encode()).digest()).decode().rstrip("=")
+    )
+    header = json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode()
+    signing_input = f"{_b64(header)}.{_b64(json.dumps(claims).encode())}"
+    return f"{signing_input}.{_b64(issuer.sign(signing_input.encode()))}"
+
+
+UNLIMITED = {"subs": -1, "data": -1, "payload": -1}
+
+
+def _creds(path: Path, account: bytes, seed_index: int) -> Path:
+    """A user ``.creds`` file (JWT and seed, in nsc's layout) for a user of ``account``."""
+    user = nkeys.encode_seed(bytes([seed_index] * 32), nkeys.PREFIX_BYTE_USER)
+    token = _jwt(account, user, "user", path.stem, pub={}, sub={}, **UNLIMITED)
+    path.write_text(
+        f"-----BEGIN NATS USER JWT-----\n{token}\n------END NATS USER JWT------\n\n"
+        "************************* IMPORTANT *************************\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{user.decode()}\n------END USER NKEY SEED------\n"
+    )
+    return path
+
+
+async def test_jwt_credentials_auth_in_operator_mode(tmp_path: Path, started) -> None:
+    """The server trusts one operator and knows one account (memory resolver); replicas with
+    that account's users' ``.creds`` sync, a user of an account the server does not know is refused."""
+    operator = nkeys.encode_seed(bytes([1] * 32), nkeys.PREFIX_BYTE_OPERATOR)
+    account = nkeys.encode_seed(bytes([2] * 32), nkeys.PREFIX_BYTE_ACCOUNT)
+    stranger = nkeys.encode_seed(bytes([3] * 32), nkeys.PREFIX_BYTE_ACCOUNT)
+    limits = {**UNLIMITED, "imports": -1, "exports": -1, "wildcards": True, "conn": -1, "leaf": -1}
+    account_jwt = _jwt(operator, account, "account", "epp", limits=limits)
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f'operator: "{_jwt(operator, operator, "operator", "op")}"\n'
+        "resolver: MEMORY\n"
+        f'resolver_preload: {{ {nkeys.from_seed(account).public_key.decode()}: "{account_jwt}" }}\n'
+    )
+    server = Nats(tmp_path, ("--config", str(config)))
+    server.start()
+    try:
+        a_creds = _creds(tmp_path / "a.creds", account, 10)
+        options = connect_options(
+            settings_with(sync_nats_url=[server.url], sync_nats_credentials_file=a_creds)
+        )
+        assert options == {"user_credentials": str(a_creds)}
+        a = await started("a", server.url, **options)
+        b = await started("b", server.url, user_credentials=str(_creds(tmp_path / "b.creds", account, 11)))
+        intruder = await started(
+            "intruder", server.url, user_credentials=str(_creds(tmp_path / "x.creds", stranger, 12))
+        )
+        await eventually(connected(a, b))
+        a.route("c", 10, 0, 1)
+        await eventually(converged(b, a))
+        await eventually(lambda: "authorization violation" in (intruder.transport.last_error or "").lower())
+        assert not intruder.transport.connected
     finally:
         server.stop()
 

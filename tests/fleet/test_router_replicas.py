@@ -139,3 +139,32 @@ def test_unsynced_views_see_only_their_own_bookings() -> None:
     assert all(view != reference for view in views)
     for view, producer in zip(views, drive.producers, strict=True):
         assert view == {e.name: producer.tracker.load(e.name) for e in drive.endpoints}  # type: ignore[union-attr]
+
+
+def _burst_endpoints(router: str, replicas: int, sync_delay_s: float | None, seed: int) -> set[str]:
+    """Where one router, or ``replicas`` EPP replicas, send 8 identical prompts that arrive at
+    once (one RL step's rollouts) on 4 idle engines."""
+    profile = load_profile(PROFILE)
+    endpoints = [Replica(index, profile) for index in range(4)]
+    clock = lambda: 0.0  # noqa: E731
+    chosen = make_router(router, clock, seed, router_replicas=replicas, sync_delay_s=sync_delay_s)
+    calls = [
+        RoutingCall(
+            LLMRequest(
+                request_id=f"r{i}", model="fleet", api=ApiKind.CHAT, prompt_token_ids=list(range(2048))
+            ),
+            200,
+            [],
+        )
+        for i in range(8)
+    ]
+    return {chosen.route(call, endpoints, 0.0).name for call in calls}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_synced_replicas_keep_a_burst_of_identical_prompts_together_as_one_router_does(seed: int) -> None:
+    assert len(_burst_endpoints("gie-default", 1, None, seed)) == 1
+    assert len(_burst_endpoints("gie-default", 4, 0.05, seed)) == 1
+    # Unsynced replicas break the tie with their own RNGs, so the rollouts (and their prefix
+    # caches) are split over several engines.
+    assert len(_burst_endpoints("gie-default", 4, None, seed)) > 1

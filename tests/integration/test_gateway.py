@@ -176,3 +176,36 @@ def test_grpc_health_reports_serving(stack: LocalStack, service: str) -> None:
             health_pb2.HealthCheckRequest(service=service), timeout=5
         )
     assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _ext_proc_counts(stack: LocalStack) -> dict[str, float]:
+    """Envoy's ext_proc counters (streams started, messages sent to and received from the EPP)."""
+    admin = f"http://127.0.0.1:{stack.config.ports.envoy_admin}/stats"
+    text = httpx.get(admin, params={"filter": r"ext_proc\.(streams_started|stream_msgs_)"}, timeout=5).text
+    return {line.split(": ")[0].rsplit(".", 1)[1]: float(line.split(": ")[1]) for line in text.splitlines()}
+
+
+def test_a_non_streamed_request_costs_three_ext_proc_messages_each_way(
+    stack: LocalStack, client: openai.OpenAI
+) -> None:
+    """Request headers, request body, response headers: the response body is skipped."""
+    before = _ext_proc_counts(stack)
+    assert client.completions.create(model="tiny", prompt="Hello world", max_tokens=3).choices[0].text
+    after = _ext_proc_counts(stack)
+    delta = {name: after[name] - before[name] for name in after}
+    assert delta == {"streams_started": 1, "stream_msgs_sent": 3, "stream_msgs_received": 3}
+
+
+def test_a_streamed_answer_is_metered_with_its_chunks_crossing_ext_proc(
+    stack: LocalStack, client: openai.OpenAI
+) -> None:
+    tokens = "inference_objective_output_tokens_sum"
+    counted = metric_sum(stack.epp_metrics_url, tokens)
+    before = _ext_proc_counts(stack)
+    chunks = list(client.completions.create(model="tiny", prompt="Hello", max_tokens=7, stream=True))
+    assert sum(1 for c in chunks if c.choices and c.choices[0].text) == 7
+    assert wait_for(lambda: metric_sum(stack.epp_metrics_url, tokens) == counted + 7)
+    after = _ext_proc_counts(stack)
+    delta = {name: after[name] - before[name] for name in after}
+    # The request's three, then at least one body chunk; the EPP answers every message.
+    assert delta["stream_msgs_sent"] >= 4 and delta["stream_msgs_received"] == delta["stream_msgs_sent"]
