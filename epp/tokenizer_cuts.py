@@ -23,6 +23,12 @@ the text from where it starts. In a text ``T'`` that agrees with ``T`` on its fi
 every match starting at least ``max_added_bytes`` before ``n`` is the same as in ``T``, so the
 cut holds in ``T'`` too when the token starts that early (see :meth:`CutPoints.is_added_cut`).
 
+Word cuts also make tokenizing a long text cheaper: :func:`word_pieces` cuts it every
+``PIECE_CHARS`` or so, and the pieces' ids, joined, are the whole text's (each cut is a word cut of
+the piece it falls in too, since the rule reads only the two characters around it). ``tokenizers``
+spends most of a long text's time allocating per-byte alignment vectors as large as the text;
+pieces of about 1 KiB keep them in cache, for a fifth less CPU than one call on 26k tokens.
+
 No other configuration is assumed safe: a normalizer (NFC composes across characters, ``Prepend``
 and ``Strip`` act on stretch edges), a prefix space, other pre-tokenizers or patterns, BPE dropout,
 truncation or padding, and vocabularies that are not byte-level all make
@@ -54,6 +60,8 @@ O200K_PATTERN = (
 )
 KNOWN_PATTERNS = frozenset({GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, O200K_PATTERN})
 _SPACE = 0x20
+# Characters per piece that :func:`word_pieces` aims at (measured best at 1-2 KiB on 26k tokens).
+PIECE_CHARS = 1024
 # ASCII bytes Python counts as whitespace (a superset of the regex engines' ``\s``).
 _ASCII_SPACES = frozenset(b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f")
 
@@ -97,6 +105,23 @@ class CutPoints:
             return False
         start = pos - len(content)
         return start >= 0 and start + self.max_added_bytes <= agreed and data[start:pos] == content
+
+
+def word_pieces(text: str, every: int = PIECE_CHARS) -> list[str]:
+    """``text`` cut at the first word cut at or after every ``every`` characters from the last cut
+    (a space whose preceding character is not whitespace, as :meth:`CutPoints.is_word_cut` says of
+    the UTF-8 bytes); the pieces join to ``text``. A text without such a cut is one piece."""
+    pieces, start, find, every = [], 0, text.find, max(1, every)  # each piece at least 1 long
+    while len(text) - start > every:
+        cut = find(" ", start + every)
+        while cut != -1 and text[cut - 1].isspace():
+            cut = find(" ", cut + 1)
+        if cut == -1:
+            break
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
 
 
 def cut_points(tokenizer: Tokenizer) -> CutPoints:

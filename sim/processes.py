@@ -3,6 +3,7 @@ process's life, wait, stop."""
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import random
@@ -200,6 +201,18 @@ def write_endpoints_file(
     return path
 
 
+EPP_ALLOCATOR = "libmimalloc.so.2"
+"""Preloaded into the EPP (Debian's libmimalloc2.0; ``make install`` and the image add it). The
+tokenizer spends about half its time in glibc's malloc and free; mimalloc cuts its CPU by ~40%."""
+
+
+def epp_allocator_env() -> dict[str, str]:
+    """The environment that preloads :data:`EPP_ALLOCATOR`; raises when it is not installed."""
+    if ctypes.util.find_library("mimalloc") is None:
+        raise ProcessError(f"{EPP_ALLOCATOR} is not installed: run `make system-packages`")
+    return {"LD_PRELOAD": EPP_ALLOCATOR}
+
+
 def start_epp(
     log_dir: Path,
     endpoints_file: Path,
@@ -232,7 +245,7 @@ def start_epp(
         str(tokenizer_dir),
         *extra_args,
     ]
-    component = spawn(name, argv, log_dir)
+    component = spawn(name, argv, log_dir, env=epp_allocator_env())
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
 
     def ready() -> bool:

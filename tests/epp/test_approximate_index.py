@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from xxhash import xxh64_intdigest
 
 from epp.kvcache.approximate_index import ApproximatePrefixIndex, prefix_block_hashes
 
@@ -17,6 +19,34 @@ def test_hashes_are_chained_and_seeded() -> None:
     )  # a change propagates down the chain
     assert prefix_block_hashes(list(range(40)), 8, seed_text="m2") != a
     assert prefix_block_hashes(list(range(40)), 8, max_blocks=2) == a[:2]
+
+
+def test_each_block_hashes_its_ids_as_uint32_little_endian_seeded_by_the_last() -> None:
+    """The format peers and restarts share: xxh64 of the block's ids as 4-byte ints, chained."""
+    tokens = [0, 1, 70_000, 2**32 - 1, 5, 6, 7, 8] * 3 + [9]
+    parent, expected = xxh64_intdigest(b"m\x00"), []
+    for start in range(0, 24, 8):
+        parent = xxh64_intdigest(struct.pack("<8I", *tokens[start : start + 8]), seed=parent)
+        expected.append(parent)
+    assert prefix_block_hashes(tokens, 8, seed_text="m\x00") == expected
+    assert prefix_block_hashes(tokens, 8, seed_text="m\x00", known=expected[:2]) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks=st.lists(st.lists(st.sampled_from("abcd"), max_size=4), max_size=12))
+def test_longest_prefix_is_each_endpoints_run_of_leading_blocks(blocks: list[list[str]]) -> None:
+    index = ApproximatePrefixIndex()
+    for block, holders in enumerate(blocks):
+        for endpoint in holders:
+            index.record(endpoint, [block], capacity=100)
+    expected = {}
+    for endpoint in "abcd":
+        run = 0
+        while run < len(blocks) and endpoint in blocks[run]:
+            run += 1
+        if run:
+            expected[endpoint] = run
+    assert index.longest_prefix(list(range(len(blocks)))) == expected
 
 
 def test_longest_prefix_counts_leading_blocks_only() -> None:

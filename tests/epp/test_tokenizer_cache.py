@@ -155,6 +155,35 @@ def test_text_without_a_cut_falls_back_to_full_tokenization() -> None:
     assert tokenizer.cache.stats().fallbacks == 1
 
 
+def test_long_new_text_is_tokenized_in_pieces_with_the_whole_texts_ids() -> None:
+    tiny, calls = TOKENIZERS["tiny"], []
+
+    def counted(text: str) -> list[int]:
+        calls.append(text)
+        return encode(tiny, text)
+
+    cache = TokenizerCache(cut_points(tiny), counted, 64 << 20)
+    text = "def handler(event):\n    return event['body']  # done\n" * 200
+    assert cache.encode(text) == encode(tiny, text) and len(calls) > 5
+    calls.clear()
+    longer = text + "and the next turn " * 200
+    assert cache.encode(longer) == encode(tiny, longer) and len(calls) > 2
+    assert len("".join(calls)) < len(longer) - len(text) + 200  # only the new text, and an overlap
+
+
+def test_verify_mode_checks_a_text_tokenized_in_pieces() -> None:
+    """A tokenizer that appends a bogus id to texts starting with a space (every piece but the first)."""
+    tiny = TOKENIZERS["tiny"]
+
+    def lying(text: str) -> list[int]:
+        return encode(tiny, text) + ([3] if text.startswith(" ") else [])
+
+    cache = TokenizerCache(cut_points(tiny), lying, 64 << 20, verify=True)
+    text = "alpha beta gamma delta " * 200
+    assert cache.encode(text) == encode(tiny, text)
+    assert (cache.stats().verified, cache.stats().mismatches) == (1, 1)
+
+
 def test_short_texts_bypass_the_cache() -> None:
     tokenizer = cached_tokenizer()
     text = "x " * (FIRST_CHUNK_BYTES // 2 - 1)

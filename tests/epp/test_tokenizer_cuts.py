@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from epp.tokenizer_cuts import UnsupportedTokenizer, cut_points
+from epp.tokenizer_cuts import UnsupportedTokenizer, cut_points, word_pieces
 from tests.epp.tokenizers_under_test import TOKENIZERS, encode, texts, tiny_tokenizer
 
 
@@ -31,6 +32,28 @@ def test_every_cut_splits_the_tokenization(name: str, text: str) -> None:
     added_cuts = [p for p, t in boundaries if cuts.is_added_cut(data, p, t, len(data))]
     for cut in word_cuts + added_cuts:
         assert encode(tokenizer, data[:cut].decode()) + encode(tokenizer, data[cut:].decode()) == whole
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@settings(max_examples=150, deadline=None)
+@given(text=texts(), every=st.integers(0, 12))
+def test_pieces_cut_at_word_cuts_tokenize_as_the_whole_text(name: str, text: str, every: int) -> None:
+    tokenizer = TOKENIZERS[name]
+    cuts = cut_points(tokenizer)
+    pieces = word_pieces(text, every)
+    assert "".join(pieces) == text and all(pieces[1:])
+    data, ends = text.encode(), 0
+    for piece in pieces[:-1]:
+        ends += len(piece.encode())
+        assert cuts.is_word_cut(data, ends)
+    assert [i for piece in pieces for i in encode(tokenizer, piece)] == encode(tokenizer, text)
+
+
+def test_pieces_are_cut_at_the_first_word_cut_past_each_stretch() -> None:
+    text = "ab  cd\t ef gh ij"
+    assert word_pieces(text, 2) == ["ab", "  cd\t ef", " gh", " ij"]  # never after whitespace
+    assert word_pieces(text, 100) == [text]
+    assert word_pieces("x" * 50, 4) == ["x" * 50]
 
 
 def test_word_cuts_are_spaces_after_non_whitespace() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import grpc
 import httpx
@@ -11,6 +12,7 @@ import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sim.processes import EPP_ALLOCATOR
 from sim.stack import LocalStack
 from tests.support import metric_sum, wait_for
 
@@ -209,3 +211,9 @@ def test_a_streamed_answer_is_metered_with_its_chunks_crossing_ext_proc(
     delta = {name: after[name] - before[name] for name in after}
     # The request's three, then at least one body chunk; the EPP answers every message.
     assert delta["stream_msgs_sent"] >= 4 and delta["stream_msgs_received"] == delta["stream_msgs_sent"]
+
+
+def test_the_epp_runs_on_the_preloaded_allocator(stack: LocalStack) -> None:
+    mapped = Path(f"/proc/{stack.epp.process.pid}/maps").read_text()
+    assert EPP_ALLOCATOR in mapped
+    assert stack.epp.alive()
