@@ -26,18 +26,24 @@ from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
 
-CONFIG = """
+
+def flow_config(default_ttl_s: float, sheddable_ttl_s: float) -> str:
+    """Room for one request per endpoint; the default band and the sheddable one's TTLs."""
+    return f"""
 plugins:
 - type: queue-scorer
 - type: token-load-saturation-detector
-  parameters: {maxTokensPerEndpoint: 60}
+  parameters: {{maxTokensPerEndpoint: 60}}
 flowControl:
   saturationDetectors: [token-load-saturation-detector]
   retryAfterSeconds: 2
-  defaultBand: {ttlSeconds: 4}
+  defaultBand: {{ttlSeconds: {default_ttl_s}}}
   bands:
-  - {priority: -1, ttlSeconds: 0.3}
+  - {{priority: -1, ttlSeconds: {sheddable_ttl_s}}}
 """
+
+
+CONFIG = flow_config(4, 0.3)
 QUEUE = "inference_extension_flow_control_queue_size"
 LEFT = "inference_extension_flow_control_requests_total"
 
@@ -131,18 +137,7 @@ def test_a_saturated_pool_dispatches_held_requests_in_band_order(stack: LocalSta
     assert queued(stack) == 0
 
 
-LONG_HOLD_CONFIG = """
-plugins:
-- type: queue-scorer
-- type: token-load-saturation-detector
-  parameters: {maxTokensPerEndpoint: 60}
-flowControl:
-  saturationDetectors: [token-load-saturation-detector]
-  retryAfterSeconds: 2
-  defaultBand: {ttlSeconds: 30}
-  bands:
-  - {priority: -1, ttlSeconds: 6}
-"""
+LONG_HOLD_CONFIG = flow_config(30, 6)
 
 
 def test_requests_held_past_envoys_message_timeout_are_answered_or_expire_with_429(tmp_path: Path) -> None:
