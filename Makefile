@@ -78,12 +78,13 @@ lock:
 install: $(STAMP) system-packages
 
 # Debian packages: Prometheus and promtool (the dashboards' and alert rules' tests), headless
-# Chromium (the live page's test), and mimalloc, which the EPP runs on (sim/processes.py
-# EPP_ALLOCATOR); ~106 MB to fetch, ~730 MB installed, once. Skipped when the binaries are on
-# PATH and the library is known to the loader; apt-get runs as root, or through sudo.
-SYSTEM_BINARIES := prometheus promtool chromium
+# Chromium (the live page's test), mimalloc, which the EPP runs on (sim/processes.py
+# EPP_ALLOCATOR), and wrk (bench/wrk.py); ~106 MB to fetch, ~730 MB installed, once. Skipped
+# when the binaries are on PATH and the library is known to the loader; apt-get runs as root,
+# or through sudo.
+SYSTEM_BINARIES := prometheus promtool chromium wrk
 SYSTEM_LIBRARIES := libmimalloc.so.2
-SYSTEM_PACKAGES := prometheus chromium libmimalloc2.0
+SYSTEM_PACKAGES := prometheus chromium libmimalloc2.0 wrk
 system-packages:
 	@missing=$$(for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null || echo $$b; done; \
 	  for l in $(SYSTEM_LIBRARIES); do /sbin/ldconfig -p | grep -q "$$l " || echo $$l; done); \

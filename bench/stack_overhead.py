@@ -11,6 +11,8 @@ reports for each config:
 * **short requests** (a ~200-token completion) at concurrency 1 and 16: requests/s, p50/p99
   with and without the EPP, and CPU per request of every process (EPP, predictors, trainer,
   Envoy, replicas);
+* **throughput from wrk** (``bench.wrk``, ``wrk_connections`` connections): the short request
+  again, driven by a C load generator, which leaves the stack the CPU the Python one takes;
 * **streamed responses** (the same prompt, ``stream_tokens`` tokens streamed back) at
   concurrency 16: every response chunk crosses ext_proc, so EPP CPU per streamed token;
 * **growing sessions**: a few chat sessions, interleaved one request at a time, whose prompts
@@ -42,6 +44,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.progress import Progress
 
+from bench import wrk
 from bench.flame_graph import flame_graph
 from bench.loadgen import closed_loop
 from bench.report import machine, markdown_table, write_results
@@ -70,6 +73,7 @@ class StackOverheadSettings:
     words_per_turn: int = 450
     first_seen_words: int = 18_500
     stream_tokens: int = 32
+    wrk_connections: int = 16
     idle_s: float = 3.0
     flame_graphs: bool = True
 
@@ -172,6 +176,23 @@ def measure_short(
     return [_load_case(sut, body, c, settings.short_s, idle) for c in settings.concurrencies]
 
 
+def measure_wrk(sut: StackUnderTest, settings: StackOverheadSettings) -> dict[str, Any]:
+    """Short requests from wrk at ``settings.wrk_connections``: the stack's throughput without
+    the Python load generator's CPU on the same cores. CPU per process group per request."""
+    body = json.dumps({"model": "tiny", "prompt": SHORT_PROMPT, "max_tokens": 1}).encode()
+    url = sut.stack.gateway_url + "/v1/completions"
+    wrk.post(url, body, settings.wrk_connections, 1)  # warm up
+    before = sut.cpu()
+    result = wrk.post(url, body, settings.wrk_connections, round(settings.short_s))
+    after = sut.cpu()
+    delta = {name: after[name] - before[name] for name in after}
+    return {
+        "connections": settings.wrk_connections,
+        "wrk": result.summary(),
+        "cpu_ms_per_request": _per_request(delta, result.requests),
+    }
+
+
 def measure_streamed(
     sut: StackUnderTest, settings: StackOverheadSettings, idle: dict[str, float]
 ) -> dict[str, Any]:
@@ -256,6 +277,7 @@ def _measure(
         with flame_graph(pid, svg("short"), rate=250):
             short = measure_short(sut, settings, idle)
         progress.advance(task)
+        throughput = measure_wrk(sut, settings)
         with flame_graph(pid, svg("streamed"), rate=250):
             streamed = measure_streamed(sut, settings, idle)
         progress.advance(task)
@@ -266,6 +288,7 @@ def _measure(
         "config": config,
         "idle_cpu_ms_per_s": idle,
         "short": short,
+        "wrk": throughput,
         "streamed": streamed,
         "sessions": sessions,
     }
@@ -356,6 +379,15 @@ def _markdown(data: dict[str, Any]) -> str:
          "EPP net of idle", "predictors", "trainer", "Envoy", "replicas"],
         short_rows,
     )  # fmt: skip
+    throughput = markdown_table(
+        ["config", "connections", "rps", "errors", "p50 ms", "p99 ms", "EPP CPU ms/req", "Envoy", "replicas"],
+        [
+            [r["config"], r["wrk"]["connections"], r["wrk"]["wrk"]["rps"], r["wrk"]["wrk"]["errors"],
+             r["wrk"]["wrk"]["p50_ms"], r["wrk"]["wrk"]["p99_ms"], r["wrk"]["cpu_ms_per_request"]["epp"],
+             r["wrk"]["cpu_ms_per_request"]["envoy"], r["wrk"]["cpu_ms_per_request"]["replicas"]]
+            for r in data["results"]
+        ],
+    )  # fmt: skip
     streamed = markdown_table(
         ["config", "conc.", "tokens/req", "rps w/o EPP", "rps with EPP", "added p50 ms", "EPP CPU ms/req",
          "EPP µs/token (net of idle)", "Envoy CPU ms/req"],
@@ -381,6 +413,8 @@ def _markdown(data: dict[str, Any]) -> str:
             "CPU columns are ms of CPU per request through the EPP gateway, per process group; "
             "'net of idle' takes the EPP's idle CPU rate over the same time away.",
             short,
+            "## Throughput from wrk (short requests; a C load generator, far cheaper on the shared CPUs)",
+            throughput,
             "## Streamed responses (every chunk crosses ext_proc)",
             streamed,
             "## Growing chat sessions (one request at a time)",
