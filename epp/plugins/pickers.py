@@ -91,7 +91,9 @@ class MaxScorePicker(_RankingPicker):
         self._has_peers = has_peers if self.params.replica_tie_break == "prompt-hash" else None
 
     def _keys(self, request: LLMRequest, scored: Sequence[ScoredEndpoint]) -> list[tuple[float, float]]:
-        if self._has_peers is not None and self._has_peers():
+        # A request with no prompt (a /v1/models call) has nothing to agree on: hashing it would
+        # send every such tie to one endpoint.
+        if self._has_peers is not None and request.prompt_token_ids and self._has_peers():
             fingerprint = prompt_fingerprint(request.prompt_token_ids)
             return [(s.score, rendezvous_rank(fingerprint, s.state.name)) for s in scored]
         rng = self.context.rng

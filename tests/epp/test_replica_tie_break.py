@@ -97,3 +97,9 @@ def test_fingerprint_and_rank_tell_prompts_apart_and_are_the_same_in_another_pro
         check=True,
     )
     assert other.stdout.split() == [mine.hex(), repr(rendezvous_rank(mine, "e0"))]
+
+
+def test_requests_without_a_prompt_spread_even_with_peers() -> None:
+    picker = _picker(5, peers=True)
+    winners = Counter(picker.pick(make_request([]), _scored([1.0] * 4))[0].name for _ in range(80))
+    assert set(winners) == {"e0", "e1", "e2", "e3"}
