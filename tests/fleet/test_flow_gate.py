@@ -32,13 +32,15 @@ flowControl:
 """
 
 
-def _simulate(tmp_path: Path, sessions: list[Session], config: str = CONFIG) -> FleetSimulator:
+def _simulate(
+    tmp_path: Path, sessions: list[Session], config: str = CONFIG, replicas: int = 1
+) -> FleetSimulator:
     path = tmp_path / "fc.yaml"
     path.write_text(config)
     simulator = FleetSimulator(
         Workload("t", sessions),
         lambda clock: flow_controlled_router(str(path), clock, 0),
-        FleetConfig(replicas=1, profile="llama-3.1-8b-h100"),
+        FleetConfig(replicas=replicas, profile="llama-3.1-8b-h100"),
     )
     simulator.run()
     return simulator
@@ -139,14 +141,7 @@ def test_prefill_isolation_holds_the_pick_to_the_endpoints_a_request_fits(tmp_pa
         Session("long-2", 0.01, (Turn(3000, 50),), tenant="A"),
         Session("chat", 0.02, (Turn(300, 20),), tenant="B", slo_ttft_ms=500),
     ]
-    path = tmp_path / "isolation.yaml"
-    path.write_text(ISOLATION_CONFIG)
-    simulator = FleetSimulator(
-        Workload("t", sessions),
-        lambda clock: flow_controlled_router(str(path), clock, 0),
-        FleetConfig(replicas=2, profile="llama-3.1-8b-h100"),
-    )
-    simulator.run()
+    simulator = _simulate(tmp_path, sessions, ISOLATION_CONFIG, replicas=2)
     replica = {r.session_id: r.replica for r in simulator.records}
     assert all(r.completed for r in simulator.records)
     assert replica["long-2"] == replica["long-1"]
