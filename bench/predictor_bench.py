@@ -54,10 +54,11 @@ from predictor.settings import PredictorSettings
 from sim.engine import Engine, EngineConfig, EngineRequest, load_profile
 from sim.processes import BIN, free_port, http_ok, spawn, wait_until
 from trainer.artifacts import MANIFEST_NAME, Manifest, parse_manifest
-from trainer.features import FEATURE_COLUMNS, decode_feature_rows
+from trainer.features import FEATURE_COLUMNS, decode_feature_matrix, decode_feature_rows
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
 from trainer.window import KV_STEPS, NUM_BUCKETS, PREFIX_STEPS, QUEUE_EDGES
+from wire.latency_binary import FEATURE_ROWS_TYPE, decode_rows, encode_predictions, encode_rows
 
 
 @dataclass
@@ -80,6 +81,14 @@ class PredictorBenchSettings:
     concurrencies: tuple[int, ...] = (1, 2, 4, 8)
     rows_per_call: int = 100
     load_seconds: float = 5.0
+    encodings: tuple[str, ...] = ("binary", "json")
+    """Bodies of the throughput runs: the EPP's binary matrices (``wire.latency_binary``), JSON."""
+    pin_server_cpu: bool = True
+    """On a machine of 2+ CPUs, run the predictor on the last CPU and the load generator on the
+    others, so that they do not take turns on one core."""
+    throughput_only: bool = False
+    """Train one model (the first load level, log target) and measure only its serving cost:
+    no transform or model-size comparison, no retraining time (``--throughput-only``)."""
     seed: int = 0
 
 
@@ -373,10 +382,16 @@ def _matrix_filling_every_bucket(capacity: int, rng: np.random.Generator) -> np.
 def measure_throughput(
     model_dir: Path, rows: list[dict[str, Any]], settings: PredictorBenchSettings, progress: Progress
 ) -> list[dict[str, Any]]:
-    task = progress.add_task("predictor throughput (closed loop)", total=len(settings.concurrencies))
+    runs = [(e, c) for e in settings.encodings for c in settings.concurrencies]
+    task = progress.add_task("predictor throughput (closed loop)", total=len(runs))
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    body = json.dumps({"requests": rows}).encode()
+    url = f"http://127.0.0.1:{port}/predict/bulk/strict"
+    bodies = {
+        "json": (json.dumps({"requests": rows}).encode(), "application/json"),
+        "binary": (encode_rows(rows), FEATURE_ROWS_TYPE),
+    }
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = settings.pin_server_cpu and len(cpus) > 1
     cases = []
     with tempfile.TemporaryDirectory() as logs:
         argv = [
@@ -391,10 +406,16 @@ def measure_throughput(
             "warning",
         ]
         predictor = spawn("predictor", argv, Path(logs))
+        if pinned:  # before it starts its threads, which inherit the mask
+            os.sched_setaffinity(predictor.process.pid, cpus[-1:])
+            os.sched_setaffinity(0, cpus[:-1])
         try:
-            wait_until(predictor, http_ok(f"{url}/readyz"))
-            for concurrency in settings.concurrencies:
-                load = partial(closed_loop, f"{url}/predict/bulk/strict", body, concurrency=concurrency)
+            wait_until(predictor, http_ok(f"{url.rsplit('/predict', 1)[0]}/readyz"))
+            for encoding, concurrency in runs:
+                body, content_type = bodies[encoding]
+                load = partial(
+                    closed_loop, url, body, concurrency=concurrency, content_type=content_type
+                )
                 asyncio.run(load(duration_s=0.5, warmup_s=0.0))  # warm-up, outside the CPU count
                 load_average = os.getloadavg()[0]
                 cpu, own_cpu = predictor.cpu_seconds(), time.process_time()
@@ -402,6 +423,7 @@ def measure_throughput(
                 server_ms = (predictor.cpu_seconds() - cpu) / max(result.requests, 1) * 1e3
                 cases.append(
                     {
+                        "encoding": encoding,
                         "concurrency": concurrency,
                         **result.summary(),
                         "server_cpu_ms_per_call": round(server_ms, 3),
@@ -410,41 +432,59 @@ def measure_throughput(
                             (time.process_time() - own_cpu) / max(result.requests, 1) * 1e3, 3
                         ),
                         "load_average_before": round(load_average, 2),
+                        "server_pinned": pinned,
                     }
                 )
                 progress.advance(task)
         finally:
             predictor.stop()
+            os.sched_setaffinity(0, cpus)
     return cases
 
 
 def measure_call_cost(model_dir: Path, rows: list[dict[str, Any]], repeats: int = 500) -> dict[str, float]:
     """In-process CPU time of the steps of one call, and of the whole call through the app (ASGI,
-    no HTTP): what is left of the server's CPU time per call is uvicorn's and the kernel's."""
-    body = json.dumps({"requests": rows}).encode()
-    app = create_app(PredictorSettings(model_dir=model_dir, poll_interval_s=3600))
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/predict/bulk/strict",
-        "raw_path": b"/predict/bulk/strict",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 2),
+    no HTTP) in each encoding: what is left of the server's CPU time per call is uvicorn's and
+    the kernel's."""
+    bodies = {
+        "json": (json.dumps({"requests": rows}).encode(), "application/json"),
+        "binary": (encode_rows(rows), FEATURE_ROWS_TYPE),
     }
+    app = create_app(PredictorSettings(model_dir=model_dir, poll_interval_s=3600))
     statuses: list[int] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": body, "more_body": False}
 
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             statuses.append(message["status"])
+
+    async def whole_call_us(encoding: str) -> float:
+        body, content_type = bodies[encoding]
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/predict/bulk/strict",
+            "raw_path": b"/predict/bulk/strict",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 2),
+        }
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await app(dict(scope), receive, send)
+        started = time.process_time()
+        for _ in range(repeats):
+            await app(dict(scope), receive, send)
+        return round((time.process_time() - started) / repeats * 1e6, 1)
 
     async def timed() -> dict[str, float]:
         async with app.router.lifespan_context(app):
@@ -452,18 +492,18 @@ def measure_call_cost(model_dir: Path, rows: list[dict[str, Any]], repeats: int 
             models = app.state.reloader.current
             features = decode_feature_rows(rows)
             ttft, tpot = models.predict(features)
+            binary = bodies["binary"][0]
             steps: dict[str, Callable[[], Any]] = {
-                "json_parse_us": lambda: orjson.loads(body),
+                "json_parse_us": lambda: orjson.loads(bodies["json"][0]),
                 "decode_rows_us": lambda: decode_feature_rows(rows),
+                "decode_binary_rows_us": lambda: decode_feature_matrix(decode_rows(binary)),
                 "predict_both_models_us": lambda: models.predict(features),
                 "response_text_us": lambda: predictions_text(models, ttft, tpot, {}),
+                "binary_response_us": lambda: encode_predictions(ttft, tpot),
             }
             costs = {name: _cpu_us(step, repeats) for name, step in steps.items()}
-            await app(dict(scope), receive, send)
-            started = time.process_time()
-            for _ in range(repeats):
-                await app(dict(scope), receive, send)
-            costs["whole_call_in_process_us"] = round((time.process_time() - started) / repeats * 1e6, 1)
+            for encoding in bodies:
+                costs[f"whole_{encoding}_call_in_process_us"] = await whole_call_us(encoding)
         assert set(statuses) == {200}, statuses
         return costs
 
