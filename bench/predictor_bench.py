@@ -413,9 +413,7 @@ def measure_throughput(
             wait_until(predictor, http_ok(f"{url.rsplit('/predict', 1)[0]}/readyz"))
             for encoding, concurrency in runs:
                 body, content_type = bodies[encoding]
-                load = partial(
-                    closed_loop, url, body, concurrency=concurrency, content_type=content_type
-                )
+                load = partial(closed_loop, url, body, concurrency=concurrency, content_type=content_type)
                 asyncio.run(load(duration_s=0.5, warmup_s=0.0))  # warm-up, outside the CPU count
                 load_average = os.getloadavg()[0]
                 cpu, own_cpu = predictor.cpu_seconds(), time.process_time()
