@@ -521,13 +521,16 @@ def _cpu_us(step: Callable[[], Any], repeats: int) -> float:
 
 def _plot(data: dict[str, Any], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    cases = data["throughput"]
-    x = [c["concurrency"] for c in cases]
-    left.plot(x, [c["rps"] for c in cases], "o-", label="calls/s")
     left.set_xlabel("concurrent callers")
     left.set_ylabel(f"calls/s ({data['settings']['rows_per_call']} rows each)")
     twin = left.twinx()
-    twin.plot(x, [c["p99_ms"] for c in cases], "s--", color="tab:red", label="p99 ms")
+    for encoding in data["settings"]["encodings"]:
+        cases = [c for c in data["throughput"] if c["encoding"] == encoding]
+        x = [c["concurrency"] for c in cases]
+        left.plot(x, [c["rps"] for c in cases], "o-", label=f"{encoding} calls/s")
+        twin.plot(x, [c["p99_ms"] for c in cases], "s--", label=f"{encoding} p99 ms")
+    left.legend(loc="upper left", fontsize="small")
+    twin.legend(loc="lower right", fontsize="small")
     twin.set_ylabel("p99 latency (ms)")
     left.set_title("One predictor instance")
     first = data["error"][0]
@@ -544,7 +547,23 @@ def _plot(data: dict[str, Any], path: Path) -> None:
 
 
 def _markdown(data: dict[str, Any]) -> str:
-    m, s, r = data["machine"], data["settings"], data["retrain"]
+    m = data["machine"]
+    sections = [
+        "# Latency models: prediction error, retraining, predictor throughput",
+        f"Machine: {m['cpus']} CPUs, Python {m['python']}, {m['date']}. The load generator and the "
+        "predictor share these CPUs.",
+        _error_section(data),
+    ]
+    if data["retrain"] is not None:
+        sections.append(_retrain_section(data["retrain"]))
+    if data["model_size"] is not None:
+        sections.append(_model_size_section(data))
+    sections += [_throughput_section(data), "![throughput and error](predictor.png)"]
+    return "\n\n".join(sections)
+
+
+def _error_section(data: dict[str, Any]) -> str:
+    s = data["settings"]
     error_rows = []
     for level in data["error"]:
         for e in level["by_transform"].values():
@@ -567,21 +586,46 @@ def _markdown(data: dict[str, Any]) -> str:
         f"the TTFT MAPE is {level['ttft_mape_without_step_wait'] * 100:.1f}%"
         for level in data["error"]
     )
-    throughput_rows = [
+    return "\n\n".join(
         [
-            c["concurrency"],
-            c["rps"],
-            c["p50_ms"],
-            c["p99_ms"],
-            c["server_cpu_ms_per_call"],
-            f"**{c['server_bound_calls_per_s']}**",
-            c["loadgen_cpu_ms_per_call"],
-            c["load_average_before"],
-            c["statuses"],
+            "## Prediction error on simulated traffic",
+            f"{s['engines']} simulated engines (default profile, {s['kv_blocks']} KV blocks each), "
+            f"{s['requests']} requests routed at random per load level, the arrival rate sweeping 10-190% "
+            f"of the level's mean. Trained on the first {first['train_requests']} requests through the "
+            f"trainer's intake and window, tested on the last {first['test_requests']} (later in time). "
+            "Percentiles are p50/p90/p99 of what the router saw on arrival, and p10/p50/p90/p99 of TTFT.",
+            markdown_table(
+                [
+                    "req/s/engine",
+                    "queue",
+                    "KV usage",
+                    "TTFT ms",
+                    "target",
+                    "TTFT MAPE",
+                    "TPOT MAPE",
+                    "holdout MAPE TTFT / TPOT",
+                ],
+                error_rows,
+            ),
+            "Part of every TTFT is the wait for the step the engine is running when the request "
+            "arrives, which no router observes. A model trained and tested on TTFT less that wait (a "
+            f"simulator-only diagnostic) shows how much error it causes: {step_wait}.",
         ]
-        for c in data["throughput"]
-    ]
-    cost = data["call_cost"]
+    )
+
+
+def _retrain_section(r: dict[str, Any]) -> str:
+    return (
+        "## Retraining a full window\n\n"
+        f"{r['buckets_filled']} buckets × {r['bucket_capacity']} = "
+        f"{r['samples_per_model']['ttft']} samples per model, {r['trees']} trees of depth "
+        f"{r['max_depth']}: one retraining of both models took "
+        f"**{r['retrain_both_s']} s** (TTFT {r['fit_s']['ttft']} s, TPOT {r['fit_s']['tpot']} s)."
+    )
+
+
+def _model_size_section(data: dict[str, Any]) -> str:
+    s = data["settings"]
     default = TrainerSettings.model_fields
     default_size = (default["n_estimators"].default, default["max_depth"].default)
     size_rows = []
@@ -610,36 +654,6 @@ def _markdown(data: dict[str, Any]) -> str:
     sizes = [f"{t} × {d}" for t, d in s["model_sizes"]]
     return "\n\n".join(
         [
-            "# Latency models: prediction error, retraining, predictor throughput",
-            f"Machine: {m['cpus']} CPUs, Python {m['python']}, {m['date']}. The load generator and the "
-            "predictor share these CPUs.",
-            "## Prediction error on simulated traffic",
-            f"{s['engines']} simulated engines (default profile, {s['kv_blocks']} KV blocks each), "
-            f"{s['requests']} requests routed at random per load level, the arrival rate sweeping 10-190% "
-            f"of the level's mean. Trained on the first {first['train_requests']} requests through the "
-            f"trainer's intake and window, tested on the last {first['test_requests']} (later in time). "
-            "Percentiles are p50/p90/p99 of what the router saw on arrival, and p10/p50/p90/p99 of TTFT.",
-            markdown_table(
-                [
-                    "req/s/engine",
-                    "queue",
-                    "KV usage",
-                    "TTFT ms",
-                    "target",
-                    "TTFT MAPE",
-                    "TPOT MAPE",
-                    "holdout MAPE TTFT / TPOT",
-                ],
-                error_rows,
-            ),
-            "Part of every TTFT is the wait for the step the engine is running when the request "
-            "arrives, which no router observes. A model trained and tested on TTFT less that wait (a "
-            f"simulator-only diagnostic) shows how much error it causes: {step_wait}.",
-            "## Retraining a full window",
-            f"{r['buckets_filled']} buckets × {r['bucket_capacity']} = "
-            f"{r['samples_per_model']['ttft']} samples per model, {r['trees']} trees of depth "
-            f"{r['max_depth']}: one retraining of both models took "
-            f"**{r['retrain_both_s']} s** (TTFT {r['fit_s']['ttft']} s, TPOT {r['fit_s']['tpot']} s).",
             "## Model size",
             f"Models of each size (trees × depth, learning rate {default['learning_rate'].default}, log "
             f"target) trained on the same samples, on the traffic of seeds {list(s['size_seeds'])} at each "
@@ -653,15 +667,48 @@ def _markdown(data: dict[str, Any]) -> str:
             ),
             "Each case, TTFT / TPOT / TTFT-without-step-wait MAPE (%):",
             markdown_table(["seed", "req/s/engine", *sizes], case_rows),
+        ]
+    )
+
+
+def _throughput_section(data: dict[str, Any]) -> str:
+    m, s, cost = data["machine"], data["settings"], data["call_cost"]
+    default = TrainerSettings.model_fields
+    throughput_rows = [
+        [
+            c["encoding"],
+            c["concurrency"],
+            c["rps"],
+            c["p50_ms"],
+            c["p99_ms"],
+            c["server_cpu_ms_per_call"],
+            f"**{c['server_bound_calls_per_s']}**",
+            c["loadgen_cpu_ms_per_call"],
+            c["load_average_before"],
+            c["statuses"],
+        ]
+        for c in data["throughput"]
+    ]
+    pinned = data["throughput"][0]["server_pinned"]
+    placement = (
+        "The predictor runs on a CPU of its own (the last one) and the load generator on the others"
+        if pinned
+        else f"The load generator shares the {m['cpus']} CPUs with the predictor"
+    )
+    return "\n\n".join(
+        [
             "## Predictor throughput",
-            f"Closed loop, `POST /predict/bulk/strict`, {s['rows_per_call']} rows per call, one instance "
-            f"serving the models of the first load level ({r['trees']} trees of depth {r['max_depth']}), "
-            f"{s['load_seconds']} s per concurrency after a 0.5 s warm-up. The load generator shares the "
-            f"{m['cpus']} CPUs with the predictor (and so does any other work: a 1-minute load average "
-            "above about 1 before a run means it competed), so calls/s is a lower bound; the server-bound "
-            "calls/s, 1 / (server CPU time per call), is what the instance serves on a core of its own.",
+            f"Closed loop, `POST /predict/bulk/strict`, {s['rows_per_call']} rows per call in each "
+            "encoding (binary: the EPP's float64 feature matrix and float32 predictions; json: "
+            '`{"requests": [...]}`), one instance serving the models of the first load level '
+            f"({default['n_estimators'].default} trees of depth {default['max_depth'].default}), "
+            f"{s['load_seconds']} s per concurrency after a 0.5 s warm-up. {placement}; any other work "
+            "on the machine competes (a 1-minute load average above about 1 before a run means it "
+            "did), so calls/s is a lower bound; the server-bound calls/s, 1 / (server CPU time per "
+            "call), is what the instance serves on a core of its own.",
             markdown_table(
                 [
+                    "encoding",
                     "concurrency",
                     "calls/s",
                     "p50 ms",
@@ -675,11 +722,13 @@ def _markdown(data: dict[str, Any]) -> str:
                 throughput_rows,
             ),
             f"In-process CPU time of one call's steps: JSON parse (orjson) {cost['json_parse_us']} µs, "
-            f"row decoding {cost['decode_rows_us']} µs, both models ({s['rows_per_call']} rows, XGBoost "
-            f"C API) {cost['predict_both_models_us']} µs, response text {cost['response_text_us']} µs; "
-            f"the whole call through the app without HTTP {cost['whole_call_in_process_us']} µs. The rest "
-            "of the server CPU time per call is uvicorn's (httptools, uvloop) and the kernel's TCP.",
-            "![throughput and error](predictor.png)",
+            f"JSON row decoding {cost['decode_rows_us']} µs against binary {cost['decode_binary_rows_us']} "
+            f"µs, both models ({s['rows_per_call']} rows, XGBoost C API) {cost['predict_both_models_us']} "
+            f"µs, JSON response text {cost['response_text_us']} µs against binary "
+            f"{cost['binary_response_us']} µs; the whole call through the app without HTTP "
+            f"{cost['whole_json_call_in_process_us']} µs in JSON, {cost['whole_binary_call_in_process_us']} "
+            "µs in binary. The rest of the server CPU time per call is uvicorn's (httptools, uvloop) "
+            "and the kernel's TCP.",
         ]
     )
 
@@ -716,12 +765,17 @@ def measure_errors(
 def run(out_dir: Path, settings: PredictorBenchSettings | None = None) -> dict[str, Any]:
     settings = settings or PredictorBenchSettings()
     with Progress() as progress, tempfile.TemporaryDirectory() as scratch:
+        rates = (
+            settings.mean_rates_per_engine[:1] if settings.throughput_only else settings.mean_rates_per_engine
+        )
         error = [
             measure_errors(settings, rate, Path(scratch) / f"rate-{i}", progress)
-            for i, rate in enumerate(settings.mean_rates_per_engine)
+            for i, rate in enumerate(rates)
         ]
-        model_size = compare_model_sizes(settings, Path(scratch) / "sizes", progress)
-        retrain = measure_retrain(settings, progress)
+        model_size, retrain = None, None
+        if not settings.throughput_only:
+            model_size = compare_model_sizes(settings, Path(scratch) / "sizes", progress)
+            retrain = measure_retrain(settings, progress)
         model_dir = Path(scratch) / "rate-0" / "log"
         rows = error[0].pop("_rows")
         call_cost = measure_call_cost(model_dir, rows)

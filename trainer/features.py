@@ -161,7 +161,13 @@ class ColumnDecoder:
         numeric_rules = [rules[i] for i in self._numeric]
         self._low = np.array([[rule.low] for rule in numeric_rules])
         self._high = np.array([[rule.high] for rule in numeric_rules])
-        self._finite = [j for j, rule in enumerate(numeric_rules) if rule.finite]
+        # NaN fails every comparison and infinities fail finite bounds, so only a finite field
+        # with an infinite bound needs its own finiteness check.
+        self._finite = [
+            j
+            for j, rule in enumerate(numeric_rules)
+            if rule.finite and not (math.isfinite(rule.low) and math.isfinite(rule.high))
+        ]
 
     def decode(self, items: Sequence[Any]) -> dict[str, np.ndarray]:
         """Columns of ``items``; raises :class:`RowError` for the first invalid one (all or nothing)."""
