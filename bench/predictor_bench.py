@@ -17,11 +17,14 @@
    measurement behind the trainer's default size.
 4. **Predictor throughput.** One ``llm-epp-predictor`` process serving the model from (1),
    closed-loop load of ``POST /predict/bulk/strict`` calls of 100 rows at a few
-   concurrencies: calls/s, p50/p99 latency and the server's CPU time per call. The load
-   generator runs on the same CPUs (as do other jobs on a shared machine), so the measured
-   calls/s is a lower bound; what one instance can serve on one core of its own is
-   1 / (server CPU time per call), reported beside it. The in-process CPU time of each step
-   of a call, and of the whole call through the app without HTTP, show where that time goes.
+   concurrencies, in the EPP's binary form and in JSON: calls/s, p50/p99 latency and the
+   server's CPU time per call. The predictor runs on a CPU of its own and the load generator
+   on the others, but other jobs on a shared machine compete, so the measured calls/s is a
+   lower bound; what one instance can serve on one core of its own is 1 / (server CPU time
+   per call), reported beside it. The in-process CPU time of each step of a call, and of the
+   whole call through the app without HTTP, show where that time goes.
+
+``--throughput-only`` runs (1) at the first load level only, skips (2) and (3), then runs (4).
 """
 
 from __future__ import annotations
