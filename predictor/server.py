@@ -23,9 +23,9 @@ body. They are plain ASGI apps (:mod:`predictor.bulk`), answered ahead of FastAP
 (:class:`PredictorApp`).
 
 Scaling: one process per instance and one instance per core, each on its own port. A binary
-call of 100 rows costs about 0.55 ms of the instance's CPU (about half of it XGBoost, with the
-trainer's default 120 trees of depth 5 per model; 0.75 ms in JSON), so an instance serves about
-1,800 such calls a second on a core of its own (``llm-epp-bench predictor --throughput-only``).
+call of 100 rows costs about 0.6 ms of the instance's CPU (almost half of it XGBoost, with the
+trainer's default 120 trees of depth 5 per model; 0.83 ms in JSON), so an instance serves about
+1,650 such calls a second on a core of its own (``llm-epp-bench predictor --throughput-only``).
 Add instances, which the EPP spreads its calls over, rather than uvicorn workers: workers would
 each poll and load the models, and split ``/metrics`` and ``/status`` across processes that a
 scrape cannot tell apart.
