@@ -66,6 +66,7 @@ class ReplicaSyncHook(LifecycleObserver):
         endpoint, key = routed.endpoint_name, routed.state.key
         terms = self._token_load.tracker.terms(key) if self._token_load is not None else None
         slo = self._tpot_slos.get(endpoint, {}).get(key) if self._tpot_slos is not None else None
+        match = routed.state.get(PREFIX_MATCH)
         if terms is not None or slo is not None:
             self.sync.routed(
                 key,
@@ -74,8 +75,8 @@ class ReplicaSyncHook(LifecycleObserver):
                 uncached_tokens=terms.uncached_tokens if terms else 0,
                 expected_output=terms.expected_output if terms else 0,
                 tpot_slo_ms=slo,
+                prompt_tail=match.block_hashes[-1] if match is not None and match.block_hashes else None,
             )
-        match = routed.state.get(PREFIX_MATCH)
         if self._prefix_block_size and match is not None and match.block_hashes:
             self.sync.prefix_inserted(endpoint, self._prefix_block_size, match.block_hashes)
 
