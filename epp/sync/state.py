@@ -663,6 +663,11 @@ class ReplicaSyncState:
         return list(self._peers)
 
     @property
+    def peer_count(self) -> int:
+        """How many peers were heard from within their timeout."""
+        return len(self._peers)
+
+    @property
     def has_peers(self) -> bool:
         """Whether any peer was heard from within its timeout."""
         return bool(self._peers)
