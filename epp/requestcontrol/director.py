@@ -201,6 +201,8 @@ class Director:
             self._upstream_failed(record.endpoint_name, f"HTTP {status}")
 
     def response_body(self, record: RequestRecord, chunk: bytes, end_of_stream: bool) -> None:
+        """One chunk of the watched response body. The response is complete at the body's end or
+        at a streamed response's ``data: [DONE]``, whichever comes first."""
         meter = record.meter
         if meter is None:
             return
@@ -211,7 +213,10 @@ class Director:
             self.lifecycle.progress(routed, meter.tokens, now)
             if record.flow_ticket is not None:
                 record.flow_ticket.first_token()
-        if end_of_stream:
+        # ``data: [DONE]`` completes a streamed response as surely as the body's end does: the
+        # openai SDK closes its connection on reading it, and when that beats the engine's end
+        # of body to Envoy, Envoy closes this stream without sending an end_of_stream.
+        if end_of_stream or meter.done:
             record.response_complete = True
 
     def finish(self, record: RequestRecord) -> None:

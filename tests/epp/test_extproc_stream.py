@@ -193,6 +193,40 @@ async def test_client_gone_mid_stream_releases_the_endpoint() -> None:
     assert h.metric("inference_objective_request_error_total", **labels) == 1
 
 
+def _sse(event: Mapping[str, object]) -> bytes:
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("chat", [False, True])
+async def test_a_client_that_hangs_up_on_done_before_the_body_ends_is_metered_in_full(chat: bool) -> None:
+    """The sequence Envoy sends when the client (the openai SDK) closes its connection as soon as
+    it reads ``data: [DONE]``, before the engine's end of body reaches Envoy: a chunk per event,
+    ``[DONE]`` alone in the last one, then the stream closes with no ``end_of_stream``."""
+    h = Harness()
+    s = h.stream()
+    request = {"model": "tiny", "max_tokens": 7, "stream": True}
+    if chat:
+        request["messages"] = [{"role": "user", "content": "Hi"}]
+    else:
+        request["prompt"] = "Hello"
+    await s.on_message(headers_msg("/v1/chat/completions" if chat else "/v1/completions", buffered=True))
+    await s.on_message(body_msg(json.dumps(request).encode(), eos=True))
+    await s.on_message(response_headers_msg())
+    events = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}] if chat else []
+    token = {"delta": {"content": "x"}} if chat else {"text": "x"}
+    events += [{"choices": [{"index": 0, **token}]} for _ in range(7)]
+    for event in events:
+        h.clock.advance(0.01)
+        assert await s.on_message(response_body_msg(_sse(event), eos=False)) == [CONTINUE_RESPONSE_BODY]
+    await s.on_message(response_body_msg(b"data: [DONE]\n\n", eos=False))
+    s.close()
+    labels = {"model_name": "tiny", "target_model_name": "tiny"}
+    assert h.metric("inference_objective_output_tokens_sum", **labels) == 7
+    assert h.metric("inference_objective_request_duration_seconds_count", **labels) == 1
+    assert h.metric("inference_objective_request_error_total", **labels, error_code="aborted") == 0
+    assert h.in_flight() == 0
+
+
 async def test_upstream_5xx_takes_the_endpoint_out_until_next_scrape() -> None:
     h = Harness()
     s = h.stream()
