@@ -204,13 +204,35 @@ def test_a_streamed_answer_is_metered_with_its_chunks_crossing_ext_proc(
     tokens = "inference_objective_output_tokens_sum"
     counted = metric_sum(stack.epp_metrics_url, tokens)
     before = _ext_proc_counts(stack)
-    chunks = list(client.completions.create(model="tiny", prompt="Hello", max_tokens=7, stream=True))
-    assert sum(1 for c in chunks if c.choices and c.choices[0].text) == 7
+    # Read to the body's end: the SDK's own stream hangs up on `data: [DONE]`, and when the EPP's
+    # answer to the body's end is still on its way then, Envoy (its filter gone) never counts it.
+    with client.completions.with_streaming_response.create(
+        model="tiny", prompt="Hello", max_tokens=7, stream=True
+    ) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    assert sum(1 for e in events if e["choices"] and e["choices"][0]["text"]) == 7
     assert wait_for(lambda: metric_sum(stack.epp_metrics_url, tokens) == counted + 7)
     after = _ext_proc_counts(stack)
     delta = {name: after[name] - before[name] for name in after}
     # The request's three, then at least one body chunk; the EPP answers every message.
     assert delta["stream_msgs_sent"] >= 4 and delta["stream_msgs_received"] == delta["stream_msgs_sent"]
+
+
+def test_streamed_answers_the_sdk_hangs_up_on_at_done_are_metered_in_full(
+    stack: LocalStack, client: openai.OpenAI
+) -> None:
+    """The SDK closes its connection on reading `data: [DONE]`; now and then that beats the
+    engine's end of body to Envoy, which then closes the ext_proc stream without it."""
+    tokens = "inference_objective_output_tokens_sum"
+    aborted = "inference_objective_request_error_total"
+    counted = metric_sum(stack.epp_metrics_url, tokens)
+    aborts = metric_sum(stack.epp_metrics_url, aborted, error_code="aborted")
+    for _ in range(30):
+        chunks = list(client.completions.create(model="tiny", prompt="Hello", max_tokens=7, stream=True))
+        assert sum(1 for c in chunks if c.choices and c.choices[0].text) == 7
+    assert wait_for(lambda: metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") == 0)
+    assert metric_sum(stack.epp_metrics_url, tokens) == counted + 30 * 7
+    assert metric_sum(stack.epp_metrics_url, aborted, error_code="aborted") == aborts
 
 
 def test_the_epp_runs_on_the_preloaded_allocator(stack: LocalStack) -> None:
