@@ -168,6 +168,12 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--side-by-side", action="store_true", help="run the configs at the same time, each on its own stack"
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="replay the configs this many times in turn (A, B, A, B, ...), each on a fresh stack",
+    )
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -344,8 +350,8 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     configs = tuple(name.strip() for name in args.configs.split(",") if name.strip())
     if not configs:
         parser.error("--configs names no config")
-    if args.replicas < 1 or args.predictors < 1:
-        parser.error("--replicas and --predictors must be >= 1")
+    if args.replicas < 1 or args.predictors < 1 or args.rounds < 1:
+        parser.error("--replicas, --predictors and --rounds must be >= 1")
     settings = live_replay.ReplaySettings(
         workload=args.workload,
         configs=configs,
@@ -357,6 +363,7 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         replicas=args.replicas,
         predictors=args.predictors,
         side_by_side=args.side_by_side,
+        rounds=args.rounds,
     )
     try:
         for config in configs:

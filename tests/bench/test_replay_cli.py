@@ -17,6 +17,7 @@ from bench.cli import main
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--rate-scale", "0"], "expected a positive number"),
         (["--configs", ","], "--configs names no config"),
+        (["--rounds", "0"], "--rounds must be >= 1"),
     ],
 )
 def test_replay_rejects_bad_arguments(
