@@ -174,6 +174,11 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="replay the configs this many times in turn (A, B, A, B, ...), each on a fresh stack",
     )
+    p.add_argument(
+        "--virtual",
+        action="store_true",
+        help="replay the same workload and window in the fleet simulator (virtual time) instead",
+    )
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -352,6 +357,8 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--configs names no config")
     if args.replicas < 1 or args.predictors < 1 or args.rounds < 1:
         parser.error("--replicas, --predictors and --rounds must be >= 1")
+    if args.virtual and (unknown := [c for c in configs if c not in router_names()]):
+        parser.error(f"--virtual takes the fleet simulator's router names, not {', '.join(unknown)}")
     settings = live_replay.ReplaySettings(
         workload=args.workload,
         configs=configs,
@@ -371,7 +378,10 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         plan = live_replay.build(settings)
     except (FileNotFoundError, ValueError) as exc:  # unknown config, workload or profile; a bad trace
         parser.error(str(exc))
-    live_replay.run(settings, args.out, plan)
+    if args.virtual:
+        live_replay.run_virtual(settings, args.out, plan[0])
+    else:
+        live_replay.run(settings, args.out, plan)
 
 
 def _add_sync_failures(p: argparse.ArgumentParser) -> None:

@@ -28,6 +28,11 @@ E2E to the end of the stream. Reported per config (JSON, Markdown, PNG):
 * the machine's load average over the replay (sampled every few seconds), so that a run on a
   busy machine is seen as one.
 
+``--virtual`` replays the same workload and window in the fleet simulator instead (virtual
+time, ``sim.fleet``: the same engine model and scheduling plugins, no processes), so the
+machine's load does not enter: what each config should give at that load, against which a live
+run's distortion can be judged.
+
 ``--rounds N`` replays the configs N times in turn (A, B, A, B, ...), each on a fresh stack, and
 reports every run and, per round, each config's TTFT p50 / p99 against the first config's: on a
 machine whose load changes from minute to minute, one run per config compares the minutes as
@@ -66,6 +71,7 @@ from epp.configs import config_path
 from epp.scheduling.config import EndpointPickerConfig
 from epp.tokenization import ModelTokenizer
 from sim.engine import load_profile
+from sim.fleet import FleetConfig, FleetSimulator, SimulatedRequest, make_router
 from sim.fleet.workload import Workload
 from sim.stack import LocalStack, StackConfig, StackPorts
 
@@ -587,6 +593,80 @@ def run(
     plots = _plots(out_dir, stem, results, settings)
     write_results(out_dir, stem, data, _markdown(data, plots))
     return data
+
+
+def _ttft_summary(records: list[SimulatedRequest]) -> dict[str, Any]:
+    """TTFT percentiles (ms) of simulated requests, all and split into first and later turns."""
+    timed = [(r.turn, r.ttft) for r in records if r.ttft is not None]
+    return {
+        "requests": len(timed),
+        "ttft_ms": _percentiles_ms([t for _, t in timed]),
+        "ttft_ms_by_turn": {
+            "first": _percentiles_ms([t for turn, t in timed if turn == 0]),
+            "later": _percentiles_ms([t for turn, t in timed if turn > 0]),
+        },
+    }
+
+
+def run_virtual(settings: ReplaySettings, out_dir: Path, workload: Workload | None = None) -> dict[str, Any]:
+    """The replay's workload (default: ``build(settings)``'s) through the fleet simulator, in
+    virtual time, once per config (router names of ``sim.fleet``): the TTFT of the requests that
+    arrive within the duration, engine-side (no EPP, Envoy or client time); write the report."""
+    workload = workload or build(settings)[0]
+    fleet = FleetConfig(replicas=settings.replicas, profile=settings.profile, seed=settings.seed)
+    results = []
+    for config in settings.configs:
+        simulator = FleetSimulator(
+            workload, lambda clock, config=config: make_router(config, clock, settings.seed), fleet
+        )
+        within = [r for r in simulator.run().records if r.arrival < settings.duration_s]
+        results.append({"config": config, **_ttft_summary(within)})
+    data = {
+        "benchmark": "replay-virtual",
+        "settings": asdict(settings),
+        "workload": {"name": workload.name, "description": workload.description, "params": workload.params},
+        "machine": machine(),
+        "results": results,
+    }
+    stem = "replay-virtual-" + re.sub(r"[^A-Za-z0-9._-]+", "_", workload.name.split(":")[0])
+    write_results(out_dir, stem, data, _virtual_markdown(data))
+    return data
+
+
+def _virtual_markdown(data: dict[str, Any]) -> str:
+    settings, results = data["settings"], data["results"]
+    reference = results[0]["ttft_ms"]
+    table = markdown_table(
+        ["config", "requests", "TTFT p50/p90/p99 ms", "vs the first config p50 / p99",
+         "first turns p50/p90/p99 ms", "later turns p50/p90/p99 ms"],
+        [
+            [
+                r["config"],
+                cell(r["requests"]),
+                _triple(r["ttft_ms"], digits=1),
+                f"{_change(r['ttft_ms']['p50'], reference['p50'])} / "
+                f"{_change(r['ttft_ms']['p99'], reference['p99'])}"
+                if r is not results[0]
+                else "–",
+                _triple(r["ttft_ms_by_turn"]["first"], digits=1),
+                _triple(r["ttft_ms_by_turn"]["later"], digits=1),
+            ]
+            for r in results
+        ],
+    )  # fmt: skip
+    return "\n".join(
+        [
+            f"# Replay in virtual time: {data['workload']['name']}",
+            "",
+            f"- {data['workload']['description']}; the requests that arrive within the first "
+            f"{settings['duration_s']:g} s (rate scale {settings['rate_scale']:g}, seed {settings['seed']}), "
+            f"on {settings['replicas']} simulated engines, profile **{settings['profile']}**, in the fleet "
+            "simulator: virtual time, so the machine's load does not enter. TTFT is the engines' (arrival "
+            "to first token), without the EPP's, Envoy's or a client's time.",
+            "",
+            table,
+        ]
+    )
 
 
 # ---------------------------------------------------------------- report
