@@ -9,6 +9,7 @@ stack      the ``make run`` stack's CPU per request, process by process: short r
 inflight   EPP CPU against time in flight: one long streamed and one non-streamed request at a
            time (net of idle, per chunk, per second in flight, by thread); py-spy flame graphs
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
+           (``predictor --throughput-only``: one model, its serving cost only)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
 oversized  the EPP's CPU to refuse a 10 MiB prompt over the context (in process, through Envoy)
@@ -391,6 +392,20 @@ def _add_sync_failures(p: argparse.ArgumentParser) -> None:
     p.add_argument("--soak-streams", type=int, default=defaults.soak_streams)
 
 
+def _add_predictor(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--throughput-only",
+        action="store_true",
+        help="train one model and measure only the predictor's serving cost (about a minute)",
+    )
+
+
+def _predictor(_parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    predictor_bench.run(
+        args.out, predictor_bench.PredictorBenchSettings(throughput_only=args.throughput_only)
+    )
+
+
 def _sync_failures(_parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     settings = sync_failures.SyncFailureSettings(
         after_kill_s=args.after_kill, outage_s=args.outage, soak_streams=max(1, args.soak_streams)
@@ -426,6 +441,7 @@ _HANDLERS: dict[str, Callable[[argparse.ArgumentParser, argparse.Namespace], Non
     "sync-sweep": _sync_sweep,
     "flow-control": _flow_control,
     "sync-failures": _sync_failures,
+    "predictor": _predictor,
 }
 """The subcommands with options of their own; the others run a benchmark with its defaults."""
 
@@ -440,6 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     _add_sync_sweep(sub)
     _add_flow_control(sub)
     _add_sync_failures(sub.choices["sync-failures"])
+    _add_predictor(sub.choices["predictor"])
     args = parser.parse_args(argv)
     handler = _HANDLERS.get(args.command)
     if handler is not None:

@@ -47,11 +47,17 @@ class LoadResult:
 
 
 async def closed_loop(
-    url: str, body: bytes, *, concurrency: int, duration_s: float, warmup_s: float = 0.5
+    url: str,
+    body: bytes,
+    *,
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float = 0.5,
+    content_type: str = "application/json",
 ) -> LoadResult:
     """POST ``body`` to ``url`` from ``concurrency`` workers; measure after ``warmup_s``."""
     result = LoadResult()
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": content_type}
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
         start = time.perf_counter()

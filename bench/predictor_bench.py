@@ -17,11 +17,14 @@
    measurement behind the trainer's default size.
 4. **Predictor throughput.** One ``llm-epp-predictor`` process serving the model from (1),
    closed-loop load of ``POST /predict/bulk/strict`` calls of 100 rows at a few
-   concurrencies: calls/s, p50/p99 latency and the server's CPU time per call. The load
-   generator runs on the same CPUs (as do other jobs on a shared machine), so the measured
-   calls/s is a lower bound; what one instance can serve on one core of its own is
-   1 / (server CPU time per call), reported beside it. The in-process CPU time of each step
-   of a call, and of the whole call through the app without HTTP, show where that time goes.
+   concurrencies, in the EPP's binary form and in JSON: calls/s, p50/p99 latency and the
+   server's CPU time per call. The predictor runs on a CPU of its own and the load generator
+   on the others, but other jobs on a shared machine compete, so the measured calls/s is a
+   lower bound; what one instance can serve on one core of its own is 1 / (server CPU time
+   per call), reported beside it. The in-process CPU time of each step of a call, and of the
+   whole call through the app without HTTP, show where that time goes.
+
+``--throughput-only`` runs (1) at the first load level only, skips (2) and (3), then runs (4).
 """
 
 from __future__ import annotations
@@ -54,10 +57,11 @@ from predictor.settings import PredictorSettings
 from sim.engine import Engine, EngineConfig, EngineRequest, load_profile
 from sim.processes import BIN, free_port, http_ok, spawn, wait_until
 from trainer.artifacts import MANIFEST_NAME, Manifest, parse_manifest
-from trainer.features import FEATURE_COLUMNS, decode_feature_rows
+from trainer.features import FEATURE_COLUMNS, decode_feature_matrix, decode_feature_rows
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
 from trainer.window import KV_STEPS, NUM_BUCKETS, PREFIX_STEPS, QUEUE_EDGES
+from wire.latency_binary import FEATURE_ROWS_TYPE, decode_rows, encode_predictions, encode_rows
 
 
 @dataclass
@@ -80,6 +84,14 @@ class PredictorBenchSettings:
     concurrencies: tuple[int, ...] = (1, 2, 4, 8)
     rows_per_call: int = 100
     load_seconds: float = 5.0
+    encodings: tuple[str, ...] = ("binary", "json")
+    """Bodies of the throughput runs: the EPP's binary matrices (``wire.latency_binary``), JSON."""
+    pin_server_cpu: bool = True
+    """On a machine of 2+ CPUs, run the predictor on the last CPU and the load generator on the
+    others, so that they do not take turns on one core."""
+    throughput_only: bool = False
+    """Train one model (the first load level, log target) and measure only its serving cost:
+    no transform or model-size comparison, no retraining time (``--throughput-only``)."""
     seed: int = 0
 
 
@@ -373,10 +385,16 @@ def _matrix_filling_every_bucket(capacity: int, rng: np.random.Generator) -> np.
 def measure_throughput(
     model_dir: Path, rows: list[dict[str, Any]], settings: PredictorBenchSettings, progress: Progress
 ) -> list[dict[str, Any]]:
-    task = progress.add_task("predictor throughput (closed loop)", total=len(settings.concurrencies))
+    runs = [(e, c) for e in settings.encodings for c in settings.concurrencies]
+    task = progress.add_task("predictor throughput (closed loop)", total=len(runs))
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    body = json.dumps({"requests": rows}).encode()
+    url = f"http://127.0.0.1:{port}/predict/bulk/strict"
+    bodies = {
+        "json": (json.dumps({"requests": rows}).encode(), "application/json"),
+        "binary": (encode_rows(rows), FEATURE_ROWS_TYPE),
+    }
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = settings.pin_server_cpu and len(cpus) > 1
     cases = []
     with tempfile.TemporaryDirectory() as logs:
         argv = [
@@ -391,10 +409,14 @@ def measure_throughput(
             "warning",
         ]
         predictor = spawn("predictor", argv, Path(logs))
+        if pinned:  # before it starts its threads, which inherit the mask
+            os.sched_setaffinity(predictor.process.pid, cpus[-1:])
+            os.sched_setaffinity(0, cpus[:-1])
         try:
-            wait_until(predictor, http_ok(f"{url}/readyz"))
-            for concurrency in settings.concurrencies:
-                load = partial(closed_loop, f"{url}/predict/bulk/strict", body, concurrency=concurrency)
+            wait_until(predictor, http_ok(f"{url.rsplit('/predict', 1)[0]}/readyz"))
+            for encoding, concurrency in runs:
+                body, content_type = bodies[encoding]
+                load = partial(closed_loop, url, body, concurrency=concurrency, content_type=content_type)
                 asyncio.run(load(duration_s=0.5, warmup_s=0.0))  # warm-up, outside the CPU count
                 load_average = os.getloadavg()[0]
                 cpu, own_cpu = predictor.cpu_seconds(), time.process_time()
@@ -402,6 +424,7 @@ def measure_throughput(
                 server_ms = (predictor.cpu_seconds() - cpu) / max(result.requests, 1) * 1e3
                 cases.append(
                     {
+                        "encoding": encoding,
                         "concurrency": concurrency,
                         **result.summary(),
                         "server_cpu_ms_per_call": round(server_ms, 3),
@@ -410,41 +433,59 @@ def measure_throughput(
                             (time.process_time() - own_cpu) / max(result.requests, 1) * 1e3, 3
                         ),
                         "load_average_before": round(load_average, 2),
+                        "server_pinned": pinned,
                     }
                 )
                 progress.advance(task)
         finally:
             predictor.stop()
+            os.sched_setaffinity(0, cpus)
     return cases
 
 
 def measure_call_cost(model_dir: Path, rows: list[dict[str, Any]], repeats: int = 500) -> dict[str, float]:
     """In-process CPU time of the steps of one call, and of the whole call through the app (ASGI,
-    no HTTP): what is left of the server's CPU time per call is uvicorn's and the kernel's."""
-    body = json.dumps({"requests": rows}).encode()
-    app = create_app(PredictorSettings(model_dir=model_dir, poll_interval_s=3600))
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/predict/bulk/strict",
-        "raw_path": b"/predict/bulk/strict",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 2),
+    no HTTP) in each encoding: what is left of the server's CPU time per call is uvicorn's and
+    the kernel's."""
+    bodies = {
+        "json": (json.dumps({"requests": rows}).encode(), "application/json"),
+        "binary": (encode_rows(rows), FEATURE_ROWS_TYPE),
     }
+    app = create_app(PredictorSettings(model_dir=model_dir, poll_interval_s=3600))
     statuses: list[int] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": body, "more_body": False}
 
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             statuses.append(message["status"])
+
+    async def whole_call_us(encoding: str) -> float:
+        body, content_type = bodies[encoding]
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/predict/bulk/strict",
+            "raw_path": b"/predict/bulk/strict",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 2),
+        }
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await app(dict(scope), receive, send)
+        started = time.process_time()
+        for _ in range(repeats):
+            await app(dict(scope), receive, send)
+        return round((time.process_time() - started) / repeats * 1e6, 1)
 
     async def timed() -> dict[str, float]:
         async with app.router.lifespan_context(app):
@@ -452,18 +493,18 @@ def measure_call_cost(model_dir: Path, rows: list[dict[str, Any]], repeats: int 
             models = app.state.reloader.current
             features = decode_feature_rows(rows)
             ttft, tpot = models.predict(features)
+            binary = bodies["binary"][0]
             steps: dict[str, Callable[[], Any]] = {
-                "json_parse_us": lambda: orjson.loads(body),
+                "json_parse_us": lambda: orjson.loads(bodies["json"][0]),
                 "decode_rows_us": lambda: decode_feature_rows(rows),
+                "decode_binary_rows_us": lambda: decode_feature_matrix(decode_rows(binary)),
                 "predict_both_models_us": lambda: models.predict(features),
                 "response_text_us": lambda: predictions_text(models, ttft, tpot, {}),
+                "binary_response_us": lambda: encode_predictions(ttft, tpot),
             }
             costs = {name: _cpu_us(step, repeats) for name, step in steps.items()}
-            await app(dict(scope), receive, send)
-            started = time.process_time()
-            for _ in range(repeats):
-                await app(dict(scope), receive, send)
-            costs["whole_call_in_process_us"] = round((time.process_time() - started) / repeats * 1e6, 1)
+            for encoding in bodies:
+                costs[f"whole_{encoding}_call_in_process_us"] = await whole_call_us(encoding)
         assert set(statuses) == {200}, statuses
         return costs
 
@@ -483,13 +524,16 @@ def _cpu_us(step: Callable[[], Any], repeats: int) -> float:
 
 def _plot(data: dict[str, Any], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    cases = data["throughput"]
-    x = [c["concurrency"] for c in cases]
-    left.plot(x, [c["rps"] for c in cases], "o-", label="calls/s")
     left.set_xlabel("concurrent callers")
     left.set_ylabel(f"calls/s ({data['settings']['rows_per_call']} rows each)")
     twin = left.twinx()
-    twin.plot(x, [c["p99_ms"] for c in cases], "s--", color="tab:red", label="p99 ms")
+    for encoding in data["settings"]["encodings"]:
+        cases = [c for c in data["throughput"] if c["encoding"] == encoding]
+        x = [c["concurrency"] for c in cases]
+        left.plot(x, [c["rps"] for c in cases], "o-", label=f"{encoding} calls/s")
+        twin.plot(x, [c["p99_ms"] for c in cases], "s--", label=f"{encoding} p99 ms")
+    left.legend(loc="upper left", fontsize="small")
+    twin.legend(loc="lower right", fontsize="small")
     twin.set_ylabel("p99 latency (ms)")
     left.set_title("One predictor instance")
     first = data["error"][0]
@@ -506,7 +550,23 @@ def _plot(data: dict[str, Any], path: Path) -> None:
 
 
 def _markdown(data: dict[str, Any]) -> str:
-    m, s, r = data["machine"], data["settings"], data["retrain"]
+    m = data["machine"]
+    sections = [
+        "# Latency models: prediction error, retraining, predictor throughput",
+        f"Machine: {m['cpus']} CPUs, Python {m['python']}, {m['date']}. The load generator and the "
+        "predictor share these CPUs.",
+        _error_section(data),
+    ]
+    if data["retrain"] is not None:
+        sections.append(_retrain_section(data["retrain"]))
+    if data["model_size"] is not None:
+        sections.append(_model_size_section(data))
+    sections += [_throughput_section(data), "![throughput and error](predictor.png)"]
+    return "\n\n".join(sections)
+
+
+def _error_section(data: dict[str, Any]) -> str:
+    s = data["settings"]
     error_rows = []
     for level in data["error"]:
         for e in level["by_transform"].values():
@@ -529,21 +589,46 @@ def _markdown(data: dict[str, Any]) -> str:
         f"the TTFT MAPE is {level['ttft_mape_without_step_wait'] * 100:.1f}%"
         for level in data["error"]
     )
-    throughput_rows = [
+    return "\n\n".join(
         [
-            c["concurrency"],
-            c["rps"],
-            c["p50_ms"],
-            c["p99_ms"],
-            c["server_cpu_ms_per_call"],
-            f"**{c['server_bound_calls_per_s']}**",
-            c["loadgen_cpu_ms_per_call"],
-            c["load_average_before"],
-            c["statuses"],
+            "## Prediction error on simulated traffic",
+            f"{s['engines']} simulated engines (default profile, {s['kv_blocks']} KV blocks each), "
+            f"{s['requests']} requests routed at random per load level, the arrival rate sweeping 10-190% "
+            f"of the level's mean. Trained on the first {first['train_requests']} requests through the "
+            f"trainer's intake and window, tested on the last {first['test_requests']} (later in time). "
+            "Percentiles are p50/p90/p99 of what the router saw on arrival, and p10/p50/p90/p99 of TTFT.",
+            markdown_table(
+                [
+                    "req/s/engine",
+                    "queue",
+                    "KV usage",
+                    "TTFT ms",
+                    "target",
+                    "TTFT MAPE",
+                    "TPOT MAPE",
+                    "holdout MAPE TTFT / TPOT",
+                ],
+                error_rows,
+            ),
+            "Part of every TTFT is the wait for the step the engine is running when the request "
+            "arrives, which no router observes. A model trained and tested on TTFT less that wait (a "
+            f"simulator-only diagnostic) shows how much error it causes: {step_wait}.",
         ]
-        for c in data["throughput"]
-    ]
-    cost = data["call_cost"]
+    )
+
+
+def _retrain_section(r: dict[str, Any]) -> str:
+    return (
+        "## Retraining a full window\n\n"
+        f"{r['buckets_filled']} buckets × {r['bucket_capacity']} = "
+        f"{r['samples_per_model']['ttft']} samples per model, {r['trees']} trees of depth "
+        f"{r['max_depth']}: one retraining of both models took "
+        f"**{r['retrain_both_s']} s** (TTFT {r['fit_s']['ttft']} s, TPOT {r['fit_s']['tpot']} s)."
+    )
+
+
+def _model_size_section(data: dict[str, Any]) -> str:
+    s = data["settings"]
     default = TrainerSettings.model_fields
     default_size = (default["n_estimators"].default, default["max_depth"].default)
     size_rows = []
@@ -572,36 +657,6 @@ def _markdown(data: dict[str, Any]) -> str:
     sizes = [f"{t} × {d}" for t, d in s["model_sizes"]]
     return "\n\n".join(
         [
-            "# Latency models: prediction error, retraining, predictor throughput",
-            f"Machine: {m['cpus']} CPUs, Python {m['python']}, {m['date']}. The load generator and the "
-            "predictor share these CPUs.",
-            "## Prediction error on simulated traffic",
-            f"{s['engines']} simulated engines (default profile, {s['kv_blocks']} KV blocks each), "
-            f"{s['requests']} requests routed at random per load level, the arrival rate sweeping 10-190% "
-            f"of the level's mean. Trained on the first {first['train_requests']} requests through the "
-            f"trainer's intake and window, tested on the last {first['test_requests']} (later in time). "
-            "Percentiles are p50/p90/p99 of what the router saw on arrival, and p10/p50/p90/p99 of TTFT.",
-            markdown_table(
-                [
-                    "req/s/engine",
-                    "queue",
-                    "KV usage",
-                    "TTFT ms",
-                    "target",
-                    "TTFT MAPE",
-                    "TPOT MAPE",
-                    "holdout MAPE TTFT / TPOT",
-                ],
-                error_rows,
-            ),
-            "Part of every TTFT is the wait for the step the engine is running when the request "
-            "arrives, which no router observes. A model trained and tested on TTFT less that wait (a "
-            f"simulator-only diagnostic) shows how much error it causes: {step_wait}.",
-            "## Retraining a full window",
-            f"{r['buckets_filled']} buckets × {r['bucket_capacity']} = "
-            f"{r['samples_per_model']['ttft']} samples per model, {r['trees']} trees of depth "
-            f"{r['max_depth']}: one retraining of both models took "
-            f"**{r['retrain_both_s']} s** (TTFT {r['fit_s']['ttft']} s, TPOT {r['fit_s']['tpot']} s).",
             "## Model size",
             f"Models of each size (trees × depth, learning rate {default['learning_rate'].default}, log "
             f"target) trained on the same samples, on the traffic of seeds {list(s['size_seeds'])} at each "
@@ -615,15 +670,48 @@ def _markdown(data: dict[str, Any]) -> str:
             ),
             "Each case, TTFT / TPOT / TTFT-without-step-wait MAPE (%):",
             markdown_table(["seed", "req/s/engine", *sizes], case_rows),
+        ]
+    )
+
+
+def _throughput_section(data: dict[str, Any]) -> str:
+    m, s, cost = data["machine"], data["settings"], data["call_cost"]
+    default = TrainerSettings.model_fields
+    throughput_rows = [
+        [
+            c["encoding"],
+            c["concurrency"],
+            c["rps"],
+            c["p50_ms"],
+            c["p99_ms"],
+            c["server_cpu_ms_per_call"],
+            f"**{c['server_bound_calls_per_s']}**",
+            c["loadgen_cpu_ms_per_call"],
+            c["load_average_before"],
+            c["statuses"],
+        ]
+        for c in data["throughput"]
+    ]
+    pinned = data["throughput"][0]["server_pinned"]
+    placement = (
+        "The predictor runs on a CPU of its own (the last one) and the load generator on the others"
+        if pinned
+        else f"The load generator shares the {m['cpus']} CPUs with the predictor"
+    )
+    return "\n\n".join(
+        [
             "## Predictor throughput",
-            f"Closed loop, `POST /predict/bulk/strict`, {s['rows_per_call']} rows per call, one instance "
-            f"serving the models of the first load level ({r['trees']} trees of depth {r['max_depth']}), "
-            f"{s['load_seconds']} s per concurrency after a 0.5 s warm-up. The load generator shares the "
-            f"{m['cpus']} CPUs with the predictor (and so does any other work: a 1-minute load average "
-            "above about 1 before a run means it competed), so calls/s is a lower bound; the server-bound "
-            "calls/s, 1 / (server CPU time per call), is what the instance serves on a core of its own.",
+            f"Closed loop, `POST /predict/bulk/strict`, {s['rows_per_call']} rows per call in each "
+            "encoding (binary: the EPP's float64 feature matrix and float32 predictions; json: "
+            '`{"requests": [...]}`), one instance serving the models of the first load level '
+            f"({default['n_estimators'].default} trees of depth {default['max_depth'].default}), "
+            f"{s['load_seconds']} s per concurrency after a 0.5 s warm-up. {placement}; any other work "
+            "on the machine competes (a 1-minute load average above about 1 before a run means it "
+            "did), so calls/s is a lower bound; the server-bound calls/s, 1 / (server CPU time per "
+            "call), is what the instance serves on a core of its own.",
             markdown_table(
                 [
+                    "encoding",
                     "concurrency",
                     "calls/s",
                     "p50 ms",
@@ -637,11 +725,13 @@ def _markdown(data: dict[str, Any]) -> str:
                 throughput_rows,
             ),
             f"In-process CPU time of one call's steps: JSON parse (orjson) {cost['json_parse_us']} µs, "
-            f"row decoding {cost['decode_rows_us']} µs, both models ({s['rows_per_call']} rows, XGBoost "
-            f"C API) {cost['predict_both_models_us']} µs, response text {cost['response_text_us']} µs; "
-            f"the whole call through the app without HTTP {cost['whole_call_in_process_us']} µs. The rest "
-            "of the server CPU time per call is uvicorn's (httptools, uvloop) and the kernel's TCP.",
-            "![throughput and error](predictor.png)",
+            f"JSON row decoding {cost['decode_rows_us']} µs against binary {cost['decode_binary_rows_us']} "
+            f"µs, both models ({s['rows_per_call']} rows, XGBoost C API) {cost['predict_both_models_us']} "
+            f"µs, JSON response text {cost['response_text_us']} µs against binary "
+            f"{cost['binary_response_us']} µs; the whole call through the app without HTTP "
+            f"{cost['whole_json_call_in_process_us']} µs in JSON, {cost['whole_binary_call_in_process_us']} "
+            "µs in binary. The rest of the server CPU time per call is uvicorn's (httptools, uvloop) "
+            "and the kernel's TCP.",
         ]
     )
 
@@ -678,12 +768,17 @@ def measure_errors(
 def run(out_dir: Path, settings: PredictorBenchSettings | None = None) -> dict[str, Any]:
     settings = settings or PredictorBenchSettings()
     with Progress() as progress, tempfile.TemporaryDirectory() as scratch:
+        rates = (
+            settings.mean_rates_per_engine[:1] if settings.throughput_only else settings.mean_rates_per_engine
+        )
         error = [
             measure_errors(settings, rate, Path(scratch) / f"rate-{i}", progress)
-            for i, rate in enumerate(settings.mean_rates_per_engine)
+            for i, rate in enumerate(rates)
         ]
-        model_size = compare_model_sizes(settings, Path(scratch) / "sizes", progress)
-        retrain = measure_retrain(settings, progress)
+        model_size, retrain = None, None
+        if not settings.throughput_only:
+            model_size = compare_model_sizes(settings, Path(scratch) / "sizes", progress)
+            retrain = measure_retrain(settings, progress)
         model_dir = Path(scratch) / "rate-0" / "log"
         rows = error[0].pop("_rows")
         call_cost = measure_call_cost(model_dir, rows)

@@ -285,7 +285,7 @@ def _markdown(data: dict[str, Any], settings: SweepSettings, plot: str) -> str:
         f"(every {settings.scrape_interval_s * 1e3:g} ms) and share one latency predictor "
         f"(retrained every {settings.retrain_interval_s:g} virtual s).",
         f"- Seeds {', '.join(map(str, settings.seeds))} (each another workload draw and other router "
-        "RNGs); every cell is the mean over them. Machine: {data['machine']['cpus']} CPUs, Python "
+        f"RNGs); every cell is the mean over them. Machine: {data['machine']['cpus']} CPUs, Python "
         f"{data['machine']['python']}, {data['machine']['date']}.",
         "",
         f"## Goal: {GOAL_REPLICAS} replicas synced at {GOAL_DELAY_S * 1e3:g} ms within "

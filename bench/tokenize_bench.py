@@ -68,7 +68,7 @@ def _source_text() -> str:
     return "".join(p.read_text() for p in files)
 
 
-class _Conversations:
+class Conversations:
     """Distinct agent-like conversations cut from one long source text."""
 
     def __init__(self, settings: TokenizeBenchSettings, tokenizer: ModelTokenizer) -> None:
@@ -167,7 +167,7 @@ class _Case:
 
     def __init__(self, settings: TokenizeBenchSettings, cache_bytes: int, extension: bool) -> None:
         self.pipeline, self.extension = _Pipeline(cache_bytes), extension
-        self.conversations = _Conversations(settings, ModelTokenizer())
+        self.conversations = Conversations(settings, ModelTokenizer())
         warm = self.conversations.new(session=-1)  # warms the BPE word cache, as a running EPP's is
         self.pipeline.hash(self.pipeline.parse(_body(warm)))
         self.samples: list[dict[str, float]] = []
@@ -199,7 +199,7 @@ def interleaved_sessions(settings: TokenizeBenchSettings, sessions: int) -> dict
     """``sessions`` conversations growing in turns to ``session_tokens`` tokens, with the cache:
     each request's cost and, at the end, whether every last prompt's ids are a full tokenization's."""
     pipeline, plain = _Pipeline(CACHE_BYTES), ModelTokenizer()
-    conversations = _Conversations(settings, plain)
+    conversations = Conversations(settings, plain)
     chats = [conversations.start(session) for session in range(sessions)]
     requests: list[dict[str, Any]] = []
     for turn in itertools.count():
@@ -233,7 +233,7 @@ def _band(requests: list[dict[str, Any]], lo: int, hi: int | None) -> dict[str, 
 def check_identical(settings: TokenizeBenchSettings) -> bool:
     """The cached pipeline gives the same ids and hashes as the uncached one on an extension."""
     cached, plain = _Pipeline(CACHE_BYTES), _Pipeline(0)
-    conversations = _Conversations(settings, plain.tokenizer)
+    conversations = Conversations(settings, plain.tokenizer)
     messages = conversations.new(session=0)
     cached.parse(_body(messages))
     conversations.extend(messages)

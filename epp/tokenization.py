@@ -22,7 +22,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from epp.tokenizer_cache import TokenizerCache
+from epp.tokenizer_cache import TokenizerCache, check_inline
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "sim" / "models" / "tiny"
 # Tokenization releases the GIL while Rust works (~0.7 µs per token here), so callers tokenize
@@ -119,9 +119,12 @@ class ModelTokenizer:
     def special_token_ids(self) -> frozenset[int]:
         return frozenset(i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, max_chars: int | None = None) -> list[int]:
+        """The ids of ``text``. ``epp.tokenizer_cache.TooLongToInline`` if more than ``max_chars``
+        characters of it would be tokenized (the cache's reused part aside; None: no limit)."""
         if self.cache is not None:
-            return self.cache.encode(text)
+            return self.cache.encode(text, max_chars)
+        check_inline(len(text), max_chars)
         return self._encode_whole(text)
 
     def _encode_whole(self, text: str) -> list[int]:

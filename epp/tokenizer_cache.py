@@ -55,6 +55,18 @@ KEY_BYTES = 100
 MAX_TAIL_CANDIDATES = 16
 
 
+class TooLongToInline(Exception):
+    """The text a call would tokenize is longer than its caller lets it tokenize in place (see
+    ``max_chars``): nothing was tokenized, stored or counted, so the call can be made again where
+    a long tokenization does no harm (a worker thread)."""
+
+
+def check_inline(chars: int, max_chars: int | None) -> None:
+    """Raise :class:`TooLongToInline` if ``chars`` characters are over ``max_chars`` (None: no limit)."""
+    if max_chars is not None and chars > max_chars:
+        raise TooLongToInline(f"{chars} characters to tokenize, over {max_chars}")
+
+
 def chunk_bounds(length: int) -> list[int]:
     """Ends of the chunks a text of ``length`` bytes is named by: 256, 512, every 1 KiB, and its end."""
     bounds = [b for b in (FIRST_CHUNK_BYTES, 2 * FIRST_CHUNK_BYTES) if b <= length]
@@ -182,25 +194,33 @@ class TokenizerCache:
 
     # ------------------------------------------------------------------ encoding
 
-    def encode(self, text: str) -> TokenIds:
-        """The ids of ``text``, equal to the tokenizer's, with the block chains known for them."""
+    def encode(self, text: str, max_chars: int | None = None) -> TokenIds:
+        """The ids of ``text``, equal to the tokenizer's, with the block chains known for them.
+        :class:`TooLongToInline` if more than ``max_chars`` characters of it would be tokenized
+        (None: no limit), including the full tokenization ``verify`` makes of a reused result."""
         try:
             data = text.encode()
         except UnicodeEncodeError:  # a lone surrogate: the tokenizer decides what to make of it
+            check_inline(len(text), max_chars)
             return TokenIds(self._encode(text))
         if len(data) < FIRST_CHUNK_BYTES:
+            check_inline(len(text), max_chars)
             return TokenIds(self._encode(text))
+        if self.verify:
+            check_inline(len(text), max_chars)
         keys = chunk_keys(data)
         found = self._find(data, keys)
         if found is None:
+            check_inline(len(text), max_chars)
             self._count(misses=1)
             return self._store(data, keys, self._tokenize(text, checked=True))
         entry, agreed = found
         if agreed == len(data) == len(entry.data):
             ids, reused, shared = TokenIds(entry.ids), len(entry.ids), len(entry.ids)
-        elif (spliced := self._splice(data, entry, agreed)) is not None:
+        elif (spliced := self._splice(data, entry, agreed, max_chars)) is not None:
             ids, reused, shared = spliced
         else:
+            check_inline(len(text), max_chars)
             self._count(fallbacks=1)
             return self._store(data, keys, self._tokenize(text, checked=True))
         if self.verify and not self._verified(text, ids):
@@ -214,15 +234,20 @@ class TokenizerCache:
         ids.block_chains = BlockChains(entry.chains, shared, own, self._grower(entry))
         return ids
 
-    def _splice(self, data: bytes, entry: _Entry, agreed: int) -> tuple[TokenIds, int, int] | None:
+    def _splice(
+        self, data: bytes, entry: _Entry, agreed: int, max_chars: int | None
+    ) -> tuple[TokenIds, int, int] | None:
         """``entry``'s ids up to a cut within the ``agreed`` bytes, then ``data`` tokenized from
-        there: (ids, tokens reused, tokens shared with the entry), or None if no cut is verified."""
+        there: (ids, tokens reused, tokens shared with the entry), or None if no cut is verified.
+        :class:`TooLongToInline` if the text from the cut is over ``max_chars``."""
         cuts = self._cuts_back(data, entry, agreed)
         _, last = next(cuts)
         pos, index = next((cut for cut in cuts if last - cut[1] >= OVERLAP_TOKENS), (0, 0))
         if index == 0:
             return None
-        tail = self._tokenize(data[pos:].decode())
+        rest = data[pos:].decode()
+        check_inline(len(rest), max_chars)
+        tail = self._tokenize(rest)
         overlap = entry.ids[index:last]
         if tail[: len(overlap)] != overlap:
             self._count(cut_failures=1)

@@ -6,7 +6,9 @@ by side (8001, 8002, ...) and the EPP spreads its calls over them.
                                 ``{"predictions": [{"ttft_ms", "tpot_ms", "model_type",
                                 "quantile", "last_model_load"}], "total_requests",
                                 "processing_time_ms", "model_version"}``; any invalid row → 422
-                                naming it, no predictions
+                                naming it, no predictions. Or the binary form
+                                (:mod:`wire.latency_binary`, what the EPP sends): a float64
+                                row matrix in, float32 (TTFT, TPOT) pairs out, errors in JSON
 ``POST /predict/bulk``          the same, but an invalid row gets ``null`` and an entry in
                                 ``"errors": [{"index", "error"}]``; the others are predicted
 ``GET /status``                 model versions, load time, source, call counts
@@ -15,17 +17,18 @@ by side (8001, 8002, ...) and the EPP spreads its calls over them.
 ==============================  ================================================================
 
 Both prediction routes answer 503 before the first model is loaded, 422 for 0 rows, more than
-``max_rows`` or a body that is not ``{"requests": [...]}``, 400 for a body that is not JSON and
-413 past ``max_body_bytes``. They are plain ASGI apps (:mod:`predictor.bulk`), answered
-ahead of FastAPI (:class:`PredictorApp`).
+``max_rows`` or a body that is not ``{"requests": [...]}``, 400 for a body that is not JSON (or
+not whole rows, in binary), 413 past ``max_body_bytes``, and ``/predict/bulk`` 415 for a binary
+body. They are plain ASGI apps (:mod:`predictor.bulk`), answered ahead of FastAPI
+(:class:`PredictorApp`).
 
-Scaling: one process per instance and one instance per core, each on its own port. A call of
-100 rows costs about 0.8 ms of CPU (a third of it XGBoost, with the trainer's default 120 trees
-of depth 5 per model), so an instance serves about 1,250 such calls a second on a core of its
-own (``llm-epp-bench predictor``). Add instances, which
-the EPP spreads its calls over, rather than uvicorn workers: workers would each poll and load
-the models, and split ``/metrics`` and ``/status`` across processes that a scrape cannot tell
-apart.
+Scaling: one process per instance and one instance per core, each on its own port. A binary
+call of 100 rows costs about 0.6 ms of the instance's CPU (almost half of it XGBoost, with the
+trainer's default 120 trees of depth 5 per model; 0.83 ms in JSON), so an instance serves about
+1,650 such calls a second on a core of its own (``llm-epp-bench predictor --throughput-only``).
+Add instances, which the EPP spreads its calls over, rather than uvicorn workers: workers would
+each poll and load the models, and split ``/metrics`` and ``/status`` across processes that a
+scrape cannot tell apart.
 """
 
 from __future__ import annotations

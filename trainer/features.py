@@ -161,7 +161,13 @@ class ColumnDecoder:
         numeric_rules = [rules[i] for i in self._numeric]
         self._low = np.array([[rule.low] for rule in numeric_rules])
         self._high = np.array([[rule.high] for rule in numeric_rules])
-        self._finite = [j for j, rule in enumerate(numeric_rules) if rule.finite]
+        # NaN fails every comparison and infinities fail finite bounds, so only a finite field
+        # with an infinite bound needs its own finiteness check.
+        self._finite = [
+            j
+            for j, rule in enumerate(numeric_rules)
+            if rule.finite and not (math.isfinite(rule.low) and math.isfinite(rule.high))
+        ]
 
     def decode(self, items: Sequence[Any]) -> dict[str, np.ndarray]:
         """Columns of ``items``; raises :class:`RowError` for the first invalid one (all or nothing)."""
@@ -221,6 +227,52 @@ class ColumnDecoder:
             out[self._names[i]] = np.fromiter(map(codes.__getitem__, columns[i]), np.int8, len(items))
         return out
 
+    def decode_matrix(self, matrix: np.ndarray) -> dict[str, np.ndarray]:
+        """Columns of a rows × fields float64 matrix (fields in the model's order, a literal as
+        the index of its value, integers as integral values); raises :class:`RowError` for the
+        first invalid row, with pydantic's message for that row as a JSON object."""
+        if matrix.ndim != 2 or matrix.shape[1] != len(self._names):
+            raise ValueError(f"expected rows × {len(self._names)} values, got shape {matrix.shape}")
+        columns = self._fast_matrix_columns(matrix)
+        if columns is not None:
+            return columns
+        return self.decode([self._matrix_item(values) for values in matrix.tolist()])
+
+    def _fast_matrix_columns(self, matrix: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The columns if every value passes the vectorised check, else None."""
+        with np.errstate(invalid="ignore"):
+            numeric = matrix[:, self._numeric].T
+            if not ((numeric >= self._low) & (numeric <= self._high)).all():
+                return None
+            if self._finite and not np.isfinite(numeric[self._finite]).all():
+                return None
+            ints = matrix[:, self._ints]
+            if not (np.floor(ints) == ints).all():
+                return None
+            literals = matrix[:, self._literals]
+            sizes = np.array([len(self._rules[i].codes) for i in self._literals])
+            if not ((literals >= 0) & (literals < sizes) & (np.floor(literals) == literals)).all():
+                return None
+        out = {self._names[i]: numeric[j] for j, i in enumerate(self._numeric)}
+        for j, i in enumerate(self._literals):
+            out[self._names[i]] = literals[:, j].astype(np.int8)
+        return out
+
+    def _matrix_item(self, values: list[float]) -> dict[str, Any]:
+        """One matrix row as the JSON object it stands for, for pydantic to judge: an integral
+        value of an integer field as an int, a literal's index as its value; anything else as
+        the float it is, which pydantic refuses with its own message."""
+        item: dict[str, Any] = {}
+        for rule, value in zip(self._rules, values, strict=True):
+            integral = math.isfinite(value) and value == math.floor(value)
+            if rule.kind == "int" and integral:
+                item[rule.name] = int(value)
+            elif rule.kind == "literal" and integral and 0 <= value < len(rule.codes):
+                item[rule.name] = list(rule.codes)[int(value)]
+            else:
+                item[rule.name] = value
+        return item
+
     def _with_defaults(self, item: dict[str, Any]) -> dict[str, Any]:
         if not item.keys() <= self._known:
             raise _FastCheckFailed
@@ -259,6 +311,12 @@ def decode_feature_rows(items: Sequence[Any]) -> np.ndarray:
     """Model input for parsed JSON feature rows, as ``feature_matrix`` would build it from
     validated rows; raises :class:`RowError` naming the first invalid row and field."""
     return matrix_from_columns(FEATURE_ROW_DECODER.decode(items))
+
+
+def decode_feature_matrix(matrix: np.ndarray) -> np.ndarray:
+    """Model input for a binary call's feature matrix (:mod:`wire.latency_binary`); raises
+    :class:`RowError` naming the first invalid row and field, as for JSON rows."""
+    return matrix_from_columns(FEATURE_ROW_DECODER.decode_matrix(matrix))
 
 
 def decode_feature_rows_partial(items: Sequence[Any]) -> tuple[np.ndarray, dict[int, RowError]]:

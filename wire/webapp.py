@@ -44,7 +44,12 @@ def json_error(status: int, message: str, **details: Any) -> Response:
 
 
 async def read_json_body(request: Request, limit: int) -> Any:
-    """The parsed JSON body; :class:`BadBody` 413 past ``limit`` bytes, 400 if it is not JSON.
+    """The parsed JSON body; :class:`BadBody` 413 past ``limit`` bytes, 400 if it is not JSON."""
+    return _parse_json(await read_body(request, limit))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body; :class:`BadBody` 413 past ``limit`` bytes.
 
     The size is checked against Content-Length before reading and again while reading, so a
     chunked upload cannot get past it.
@@ -59,7 +64,7 @@ async def read_json_body(request: Request, limit: int) -> Any:
         if size > limit:
             raise BadBody(413, f"request body is larger than {limit} bytes")
         chunks.append(chunk)
-    return _parse_json(b"".join(chunks))
+    return b"".join(chunks)
 
 
 def _parse_json(body: bytes) -> Any:

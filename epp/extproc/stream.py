@@ -108,6 +108,11 @@ class ExtProcStream:
         log.debug("ignoring ext_proc message of kind %s", kind)
         return []
 
+    @property
+    def done(self) -> bool:
+        """Whether the request needs nothing more from this stream (answered, or finished)."""
+        return self.phase is Phase.DONE
+
     def close(self) -> None:
         """The gRPC stream ended (request done, client gone, or Envoy reset): settle the books."""
         self._finish()

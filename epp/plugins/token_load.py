@@ -7,7 +7,15 @@ client cancel alike). Bookings are keyed by ``CycleState.key``, unique per reque
 in-flight requests that carry the same client request id never touch each other's.
 
 With active-active replicas (``epp.sync``), ``peers`` holds the bookings the other EPP replicas
-announced; the load it writes is its own plus theirs.
+announced; the load it writes is its own plus theirs. A peer's release reaches this replica one
+sync lag after the request ended, while a conversation's next turn, routed here, may come at
+once. So when a prompt extends the whole prompt of a peer's booking on an endpoint, and no other
+peer booking there ends the same way (a prefix shared by concurrent requests, such as an RL
+step's prompt, does not count), that booking is taken as over: the conversation moved on, and
+its turn's load leaves ``peers`` now rather than when its release arrives (which then finds
+nothing to release). Prompts are matched by the prefix match's block hashes (the approximate
+prefix producer's, when the config has one) against the tail each peer booking was announced
+with; one router alone releases its own bookings at once and never needs this.
 
 ==============  =======  =================================================================
 parameter       default  meaning
@@ -20,12 +28,12 @@ maxOutputGuess  8192     cap on that estimate
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 from pydantic import Field
 
 from epp.load.token_load import EndpointLoad, TokenLoadTracker
-from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import (
     CycleState,
     DataProducer,
@@ -50,6 +58,7 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
     type_name = "token-load-producer"
     Parameters = TokenLoadParameters
     produces = (TOKEN_LOAD,)
+    reads_if_present = (PREFIX_MATCH,)
     params: TokenLoadParameters
 
     def __init__(self, name: str, params: TokenLoadParameters, context: PluginContext) -> None:
@@ -64,7 +73,30 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
         return own + self.peers.load(endpoint) if self.peers.in_flight() else own
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState) -> None:
+        match = state.get(PREFIX_MATCH)
+        if match is not None and self.peers.has_tails():
+            self.release_continued_peer_turns(request.input_tokens, match)
         state.put(TOKEN_LOAD, {e.name: self.load(e.name) for e in endpoints})
+
+    def release_continued_peer_turns(self, prompt_tokens: int, match: PrefixMatch) -> list[Hashable]:
+        """Release the peer bookings this prompt continues (see the module); returns their keys.
+
+        On each endpoint the prefix match credits, the candidate is the booking whose prompt ends
+        at the last matched block: the index holds a conversation's earlier prompts there, not
+        the output that follows them, so the match stops where the previous turn's prompt did."""
+        released = []
+        for endpoint, blocks in match.matched_blocks.items():
+            if not 0 < blocks <= len(match.block_hashes):
+                continue
+            booked = self.peers.booked_with_tail(endpoint, match.block_hashes[blocks - 1])
+            if len(booked) != 1:
+                continue
+            key = next(iter(booked))
+            terms = self.peers.terms(key)
+            if terms is not None and terms.prompt_tokens < prompt_tokens:
+                self.peers.finish(key)
+                released.append(key)
+        return released
 
     def expected_output(self, request: LLMRequest) -> int:
         if request.max_tokens is not None:

@@ -15,23 +15,38 @@ highest → 0 (all 1 when equal), which is exactly Dynamo's normalisation
 (argmin, ties at random) and ``softmax-picker`` with ``temperature: T`` reproduces its
 sampling at T > 0.
 
-================  =======  ==========================================================
-parameter         default  meaning
-================  =======  ==========================================================
-prefillLoadScale  1.0      weight of a prefill block against a decode block
-blockSizeTokens   16       tokens per block (vLLM's default KV block size)
-================  =======  ==========================================================
+=================  =======  ==========================================================
+parameter          default  meaning
+=================  =======  ==========================================================
+prefillLoadScale   1.0      weight of a prefill block against a decode block
+blockSizeTokens    16       tokens per block (vLLM's default KV block size)
+replicaMoveMargin  0        on synced EPP replicas only (below): extra cost of moving a
+                            conversation off its endpoint, per live peer, in units of
+                            the prompt's blocks
+=================  =======  ==========================================================
+
+``replicaMoveMargin`` (m). Synced replicas see each other's picks a sync lag late, so in a burst
+(RL rollouts whose turns all end together) each replica reads an endpoint as emptier than it is
+by what its peers sent there in the last lag, and several move conversations onto the same
+endpoint that looked cheapest; those moves lose their prefix caches and unbalance the next burst.
+While peers are alive (``epp.sync.hook`` calls :meth:`TokenLoadScorer.join_replicas`) and an
+endpoint holds most of the prompt (its prefix match, the longest, covers at least half the
+prompt's blocks: the conversation's endpoint), every other endpoint costs
+m · live peers · ISL / B more: what one unseen pick of the same size from each peer would have
+added there. Staying needs no margin: the peers' earlier turns still booked on the
+conversation's endpoint stand in for their unseen next turns. 0 (the default) turns it off, and
+an EPP alone (no live peer) scores exactly as without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import Field
 
 from epp.load.token_load import NO_LOAD
 from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
-from epp.scheduling.framework import CycleState, PluginParameters, Scorer
+from epp.scheduling.framework import CycleState, PluginContext, PluginParameters, Scorer
 from epp.scheduling.registry import register
 from epp.scheduling.scores import min_max_inverse
 from epp.scheduling.types import EndpointState, LLMRequest
@@ -40,6 +55,7 @@ from epp.scheduling.types import EndpointState, LLMRequest
 class TokenLoadScorerParameters(PluginParameters):
     prefill_load_scale: float = Field(default=1.0, ge=0.0, le=1000.0, alias="prefillLoadScale")
     block_size_tokens: int = Field(default=16, ge=1, alias="blockSizeTokens")
+    replica_move_margin: float = Field(default=0.0, ge=0.0, le=100.0, alias="replicaMoveMargin")
 
 
 @register
@@ -48,6 +64,15 @@ class TokenLoadScorer(Scorer):
     Parameters = TokenLoadScorerParameters
     consumes = (TOKEN_LOAD, PREFIX_MATCH)
     params: TokenLoadScorerParameters
+
+    def __init__(self, name: str, params: TokenLoadScorerParameters, context: PluginContext) -> None:
+        super().__init__(name, params, context)
+        self._live_peers: Callable[[], int] | None = None
+
+    def join_replicas(self, live_peers: Callable[[], int]) -> None:
+        """This EPP syncs with peer replicas (``epp.sync.hook`` calls this): ``live_peers()`` counts
+        those alive, for ``replicaMoveMargin``."""
+        self._live_peers = live_peers if self.params.replica_move_margin > 0 else None
 
     def costs(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
@@ -64,7 +89,20 @@ class TokenLoadScorer(Scorer):
             overlap = match.cached_tokens(e.name, isl) if match else 0
             prefill = load.prefill_tokens + isl - overlap
             costs.append(scale * prefill / block + load.kv_tokens / block)
+        margin = self._move_margin(isl) if match is not None and match.matched_blocks else 0.0
+        if margin and match is not None:
+            home = max(match.matched_blocks.values())
+            if 2 * home >= match.total_blocks > 0:
+                costs = [
+                    c if match.matched_blocks.get(e.name, 0) == home else c + margin
+                    for e, c in zip(endpoints, costs, strict=True)
+                ]
         return costs
+
+    def _move_margin(self, prompt_tokens: int) -> float:
+        """The extra cost of a move off the conversation's endpoint now (0 without live peers)."""
+        peers = self._live_peers() if self._live_peers is not None else 0
+        return self.params.replica_move_margin * peers * prompt_tokens / self.params.block_size_tokens
 
     def score(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState

@@ -59,13 +59,16 @@ def check_token_ids(token_ids: Sequence[int], max_model_len: int | None) -> None
         raise too_many_tokens(len(token_ids), max_model_len)
 
 
-def encode_prompt(text: str, tokenizer: ModelTokenizer, max_model_len: int | None) -> list[int]:
+def encode_prompt(
+    text: str, tokenizer: ModelTokenizer, max_model_len: int | None, max_chars: int | None = None
+) -> list[int]:
     """The token ids of a text prompt; raise :class:`BadRequest` if it cannot fit ``max_model_len``
     tokens (None: unknown, nothing is refused). A text over the limit is tokenized only in prefixes:
     the first of ``(max_model_len + 1) * PROBE_CHARS_PER_TOKEN`` characters, each next one twice as
-    long, until one holds more than ``max_model_len`` tokens."""
+    long, until one holds more than ``max_model_len`` tokens. ``max_chars``: as in
+    :meth:`ModelTokenizer.encode`, for each tokenization."""
     if max_model_len is None:
-        return tokenizer.encode(text)
+        return tokenizer.encode(text, max_chars)
     max_chars = max_model_len * tokenizer.max_chars_per_token
     if len(text) > max_chars:
         detail = (
@@ -76,10 +79,10 @@ def encode_prompt(text: str, tokenizer: ModelTokenizer, max_model_len: int | Non
     over_limit = too_many_tokens(max_model_len + 1, max_model_len)
     probe = (max_model_len + 1) * PROBE_CHARS_PER_TOKEN
     while probe < len(text) and (cut := word_start(text, probe)) is not None:
-        if len(tokenizer.encode(text[:cut])) > max_model_len:
+        if len(tokenizer.encode(text[:cut], max_chars)) > max_model_len:
             raise over_limit
         probe = 2 * cut
-    token_ids = tokenizer.encode(text)
+    token_ids = tokenizer.encode(text, max_chars)
     if len(token_ids) > max_model_len:
         raise over_limit
     return token_ids

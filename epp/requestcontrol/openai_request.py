@@ -62,14 +62,16 @@ def _token_ids(prompt: list[Any], max_model_len: int | None) -> list[int]:
     return list(prompt)
 
 
-def _completion_tokens(prompt: Any, tokenizer: ModelTokenizer, max_model_len: int | None) -> list[int]:
+def _completion_tokens(
+    prompt: Any, tokenizer: ModelTokenizer, max_model_len: int | None, max_chars: int | None
+) -> list[int]:
     if isinstance(prompt, str):
-        return encode_prompt(prompt, tokenizer, max_model_len)
+        return encode_prompt(prompt, tokenizer, max_model_len, max_chars)
     if isinstance(prompt, list) and prompt:
         # A batch of prompts is routed as one request; its first prompt decides the prefix.
         first = prompt[0]
         if isinstance(first, str):
-            return encode_prompt(first, tokenizer, max_model_len)
+            return encode_prompt(first, tokenizer, max_model_len, max_chars)
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return _token_ids(prompt, max_model_len)
         if isinstance(first, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in first):
@@ -85,9 +87,12 @@ def parse_openai_request(
     request_id: str,
     objective_priorities: Mapping[str, int] | None = None,
     max_model_len: int | None = None,
+    max_chars: int | None = None,
 ) -> LLMRequest:
     """Build the request the scheduler sees. Raises :class:`BadRequest` for invalid bodies or hints,
-    and for prompts over ``max_model_len`` tokens (None: the context length is unknown)."""
+    and for prompts over ``max_model_len`` tokens (None: the context length is unknown).
+    ``max_chars``: raise ``epp.tokenizer_cache.TooLongToInline`` rather than tokenize more than
+    this many characters (see :meth:`ModelTokenizer.encode`)."""
     kind = api_kind(path)
     hints = parse_request_hints(headers, objective_priorities)
     if kind is None:
@@ -122,11 +127,11 @@ def parse_openai_request(
             text = tokenizer.render_chat(messages)
         except ChatTemplateError as exc:
             raise BadRequest(str(exc), param="messages") from None
-        tokens = encode_prompt(text, tokenizer, max_model_len)
+        tokens = encode_prompt(text, tokenizer, max_model_len, max_chars)
     else:
         if "prompt" not in data:
             raise BadRequest("missing required field 'prompt'", param="prompt")
-        tokens = _completion_tokens(data["prompt"], tokenizer, max_model_len)
+        tokens = _completion_tokens(data["prompt"], tokenizer, max_model_len, max_chars)
 
     return LLMRequest(
         request_id=request_id,

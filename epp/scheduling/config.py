@@ -110,7 +110,8 @@ def instantiate(spec: PluginSpec, context: PluginContext) -> Plugin:
 
 
 def _order_producers(producers: list[DataProducer]) -> list[DataProducer]:
-    """Topological order: a producer runs after the producers of the data it consumes."""
+    """Topological order: a producer runs after the producers of the data it consumes (or reads
+    if present)."""
     by_key: dict[DataKey[Any], DataProducer] = {}
     for producer in producers:
         for key in producer.produces:
@@ -128,7 +129,7 @@ def _order_producers(producers: list[DataProducer]) -> list[DataProducer]:
         if producer.name in visiting:
             raise ConfigError(f"producers form a cycle through {producer.name!r}")
         visiting.add(producer.name)
-        for key in producer.consumes:
+        for key in (*producer.consumes, *producer.reads_if_present):
             if key in by_key:
                 visit(by_key[key])
         visiting.discard(producer.name)

@@ -1,7 +1,7 @@
 """The data plugins hand each other through a request's :class:`~epp.scheduling.framework.CycleState`.
 
 Each key is written by one producer before scheduling and read by the plugins after it (the
-pipeline orders producers by these declarations, ``Plugin.produces``/``consumes``):
+pipeline orders producers by these declarations, ``Plugin.produces``/``consumes``/``reads_if_present``):
 
 =================  ===============================  ===============================================
 key                written by                       read by

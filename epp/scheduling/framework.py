@@ -110,6 +110,9 @@ class Plugin:
     Parameters: ClassVar[type[BaseModel]] = NoParameters
     produces: ClassVar[tuple[DataKey[Any], ...]] = ()
     consumes: ClassVar[tuple[DataKey[Any], ...]] = ()
+    reads_if_present: ClassVar[tuple[DataKey[Any], ...]] = ()
+    """Data a producer uses when the config produces it (it runs after that data's producer),
+    without asking for a default producer of it as ``consumes`` does."""
 
     def __init__(self, name: str, params: BaseModel, context: PluginContext) -> None:
         self.name = name

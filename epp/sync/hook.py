@@ -18,6 +18,7 @@ from epp.plugins.pickers import MaxScorePicker
 from epp.plugins.predicted_latency import PredictedLatencyProducer
 from epp.plugins.prefix_cache import ApproximatePrefixCacheProducer
 from epp.plugins.token_load import TokenLoadProducer, find_token_load
+from epp.plugins.token_load_scorer import TokenLoadScorer
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.cycle_data import PREFIX_MATCH
 from epp.scheduling.framework import RequestOutcome
@@ -66,6 +67,7 @@ class ReplicaSyncHook(LifecycleObserver):
         endpoint, key = routed.endpoint_name, routed.state.key
         terms = self._token_load.tracker.terms(key) if self._token_load is not None else None
         slo = self._tpot_slos.get(endpoint, {}).get(key) if self._tpot_slos is not None else None
+        match = routed.state.get(PREFIX_MATCH)
         if terms is not None or slo is not None:
             self.sync.routed(
                 key,
@@ -74,8 +76,8 @@ class ReplicaSyncHook(LifecycleObserver):
                 uncached_tokens=terms.uncached_tokens if terms else 0,
                 expected_output=terms.expected_output if terms else 0,
                 tpot_slo_ms=slo,
+                prompt_tail=match.block_hashes[-1] if match is not None and match.block_hashes else None,
             )
-        match = routed.state.get(PREFIX_MATCH)
         if self._prefix_block_size and match is not None and match.block_hashes:
             self.sync.prefix_inserted(endpoint, self._prefix_block_size, match.block_hashes)
 
@@ -96,10 +98,14 @@ class ReplicaSyncHook(LifecycleObserver):
 def attach_replica_sync(lifecycle: RequestLifecycle, sync: ReplicaSyncState) -> ReplicaSyncHook:
     """Hook ``sync`` into ``lifecycle``: it hears each step after the pipeline's plugins and the
     observers added before it. A ``max-score-picker`` is told it runs among replicas, so while
-    peers are alive it breaks ties the same way in each of them (``replicaTieBreak``)."""
-    picker = lifecycle.pipeline.profile.picker
-    if isinstance(picker, MaxScorePicker):
-        picker.join_replicas(lambda: sync.has_peers)
+    peers are alive it breaks ties the same way in each of them (``replicaTieBreak``), and so is a
+    ``token-load-scorer``, for its ``replicaMoveMargin``."""
+    profile = lifecycle.pipeline.profile
+    if isinstance(profile.picker, MaxScorePicker):
+        profile.picker.join_replicas(lambda: sync.has_peers)
+    for weighted in profile.scorers:
+        if isinstance(weighted.scorer, TokenLoadScorer):
+            weighted.scorer.join_replicas(lambda: sync.peer_count)
     hook = ReplicaSyncHook(lifecycle.pipeline, sync)
     lifecycle.add_observer(hook)
     return hook

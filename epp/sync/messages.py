@@ -12,21 +12,26 @@ Bodies:
 
 * DELTAS: a list of deltas, each a list starting with its :class:`DeltaKind`::
 
-      [ROUTED, key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None]
+      [ROUTED, key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None,
+       prompt_tail | None]
       [FIRST_TOKEN, key]
       [PROGRESS, key, generated]
       [RELEASED, key]
       [PREFIX, endpoint, block_size, hashes]   # hashes: little-endian uint64 bytes
 
-  ``key`` names one routed request among the sender's (an int, unique per incarnation).
+  ``key`` names one routed request among the sender's (an int, unique per incarnation);
+  ``prompt_tail`` is the hash of the prompt's last full block in the prefix match's
+  chain (a uint64; it names the whole prompt up to there), by which a peer recognises a
+  conversation's next turn (``epp.plugins.token_load``).
 * SNAPSHOT: ``[bookings, prefix]``: the sender's own live bookings, each
-  ``[key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None, decoding, generated]``,
+  ``[key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None, prompt_tail | None,
+  decoding, generated]``,
   and the most recent blocks of its approximate prefix index (its own inserts and its peers'),
   each ``[endpoint, block_size, hashes]``, oldest first (bounded, ``SyncTuning.snapshot_prefix_blocks``).
 * HEARTBEAT, SNAPSHOT_REQUEST: empty.
 
-Version 2 is the only one (version 1's SNAPSHOT held the bookings alone); a message of any other
-version is refused whole (:class:`SchemaError`).
+Version 3 is the only one (version 2's bookings had no ``prompt_tail``; version 1's SNAPSHOT held
+the bookings alone); a message of any other version is refused whole (:class:`SchemaError`).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class MessageKind(IntEnum):

@@ -160,6 +160,7 @@ class _Own:
     uncached_tokens: int
     expected_output: int
     tpot_slo_ms: float | None
+    prompt_tail: int | None
     decoding: bool = False
     generated: int = 0
 
@@ -232,12 +233,23 @@ class ReplicaSyncState:
         uncached_tokens: int,
         expected_output: int,
         tpot_slo_ms: float | None = None,
+        prompt_tail: int | None = None,
     ) -> None:
         """A request of ours was routed: ``kv_tokens`` prompt tokens, of which ``uncached_tokens``
-        still to prefill, ``expected_output`` output tokens expected; its TPOT SLO if one runs."""
-        self._own[key] = _Own(endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms)
+        still to prefill, ``expected_output`` output tokens expected; its TPOT SLO if one runs;
+        the hash of its prompt's last full block if the prefix index hashed it."""
+        self._own[key] = _Own(endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms, prompt_tail)
         self._queue(
-            [DeltaKind.ROUTED, key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms]
+            [
+                DeltaKind.ROUTED,
+                key,
+                endpoint,
+                kv_tokens,
+                uncached_tokens,
+                expected_output,
+                tpot_slo_ms,
+                prompt_tail,
+            ]
         )
 
     def prefix_inserted(self, endpoint: str, block_size: int, block_hashes: Sequence[int]) -> None:
@@ -329,6 +341,7 @@ class ReplicaSyncState:
                 o.uncached_tokens,
                 o.expected_output,
                 o.tpot_slo_ms,
+                o.prompt_tail,
                 o.decoding,
                 o.generated,
             ]
@@ -481,12 +494,12 @@ class ReplicaSyncState:
         return True
 
     def _book_from_snapshot(self, peer: _Peer, booking: object) -> bool:
-        if not isinstance(booking, list) or len(booking) != 8:
+        if not isinstance(booking, list) or len(booking) != 9:
             return False
-        key, endpoint, kv, uncached, expected, slo, decoding, generated = booking
+        key, endpoint, kv, uncached, expected, slo, tail, decoding, generated = booking
         if not _is_count(generated) or type(decoding) is not bool:
             return False
-        if not self._book(peer, key, endpoint, kv, uncached, expected, slo):
+        if not self._book(peer, key, endpoint, kv, uncached, expected, slo, tail):
             return False
         tracker = self.targets.token_load
         if tracker is not None:
@@ -510,10 +523,10 @@ class ReplicaSyncState:
         """Apply one delta; the reason it was dropped, or None."""
         kind, tracker = delta[0], self.targets.token_load
         if kind == DeltaKind.ROUTED:
-            if len(delta) != 7:
+            if len(delta) != 8:
                 return "malformed"
-            _, key, endpoint, kv, uncached, expected, slo = delta
-            return None if self._book(peer, key, endpoint, kv, uncached, expected, slo) else "malformed"
+            _, key, endpoint, kv, uncached, expected, slo, tail = delta
+            return None if self._book(peer, key, endpoint, kv, uncached, expected, slo, tail) else "malformed"
         if kind == DeltaKind.PREFIX:
             return self._apply_prefix(delta)
         if len(delta) < 2 or type(delta[1]) is not int:
@@ -541,16 +554,21 @@ class ReplicaSyncState:
         uncached: object,
         expected: object,
         slo: object,
+        tail: object,
     ) -> bool:
         if not (type(key) is int and isinstance(endpoint, str) and _is_count(kv) and _is_count(uncached)):
             return False
         if not _is_count(expected) or not (slo is None or (isinstance(slo, int | float) and slo > 0)):
             return False
+        if not (tail is None or (_is_count(tail) and tail < 1 << 64)):
+            return False
         if key in peer.bookings:  # already booked (a snapshot that included it): idempotent
             return True
         peer.bookings[key] = endpoint
         if self.targets.token_load is not None:
-            self.targets.token_load.admit((peer.index, key), endpoint, kv, kv - min(uncached, kv), expected)
+            self.targets.token_load.admit(
+                (peer.index, key), endpoint, kv, kv - min(uncached, kv), expected, prompt_tail=tail
+            )
         if slo is not None and self.targets.tpot_slos is not None:
             self.targets.tpot_slos.setdefault(endpoint, {})[(peer.index, key)] = float(slo)
         return True
@@ -643,6 +661,11 @@ class ReplicaSyncState:
     def peers(self) -> list[str]:
         """The peers heard from within their timeout."""
         return list(self._peers)
+
+    @property
+    def peer_count(self) -> int:
+        """How many peers were heard from within their timeout."""
+        return len(self._peers)
 
     @property
     def has_peers(self) -> bool:

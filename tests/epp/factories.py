@@ -67,9 +67,9 @@ class CountingTokenizer(ModelTokenizer):
         super().__init__()
         self.encoded: list[int] = []
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, max_chars: int | None = None) -> list[int]:
         self.encoded.append(len(text))
-        return super().encode(text)
+        return super().encode(text, max_chars)
 
 
 class FakePredictor:

@@ -30,6 +30,21 @@ def test_consumer_without_producer_gets_the_default_producer(context: PluginCont
     assert pipeline.profile.scorers[0].weight == 1.0
 
 
+def test_a_producer_runs_after_the_data_it_reads_if_present_without_asking_for_it(
+    context: PluginContext,
+) -> None:
+    # The token-load producer reads the prefix match when one is produced (to release peer turns
+    # that a prompt continues), so it runs after its producer, wherever the config lists it...
+    listed_first = "plugins: [{type: token-load-producer}, {type: approximate-prefix-cache-producer}]"
+    assert [p.type_name for p in build(listed_first, context).producers] == [
+        "approximate-prefix-cache-producer",
+        "token-load-producer",
+    ]
+    # ...but unlike a consumed key, it does not add a default producer for it.
+    alone = build("plugins: [{type: token-load-producer}]", context)
+    assert [p.type_name for p in alone.producers] == ["token-load-producer"]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -29,7 +29,10 @@ from epp.extproc.messages import (
 )
 from epp.extproc.stream import Phase
 from epp.observability.decision import DecisionLog
+from epp.requestcontrol import director as director_module
+from epp.requestcontrol.director import OFFLOAD_BODY_BYTES
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
+from epp.tokenization import GIL_FREE_CHARS, ModelTokenizer
 from tests.epp.extproc_harness import (
     Harness,
     body_msg,
@@ -424,6 +427,38 @@ async def test_a_10_mib_prompt_is_refused_without_tokenizing_it(learned: bool) -
     error = assert_error_reply(reply, 400)
     assert error["param"] == "input_text" and "maximum context length is 2048 tokens" in error["message"]
     assert tokenizer.encoded == []
+
+
+async def test_a_long_body_extending_a_seen_prompt_is_parsed_on_the_loop_a_new_one_in_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    offloaded: list[str] = []
+
+    async def to_thread(function, *args, **kwargs):
+        offloaded.append(function.__name__)
+        return function(*args, **kwargs)
+
+    monkeypatch.setattr(director_module.asyncio, "to_thread", to_thread)
+    tokenizer = ModelTokenizer(cache_bytes=64 << 20)
+    h = Harness(tokenizer=tokenizer)
+    seen = "A long tool output line. " * 4_000  # over the worker-thread bounds, body and text
+    assert len(seen) > max(GIL_FREE_CHARS, OFFLOAD_BODY_BYTES)
+
+    async def route(prompt: str) -> None:
+        s = h.stream()
+        await s.on_message(headers_msg(buffered=True))
+        (reply,) = await s.on_message(body_msg(json.dumps({**COMPLETION, "prompt": prompt}).encode(), True))
+        assert routed_destination(reply).startswith("10.0.0.1:")
+        assert s.record is not None and s.record.request is not None
+        assert s.record.request.prompt_token_ids == ModelTokenizer().encode(prompt)
+        s.close()
+
+    await route(seen)
+    assert offloaded == ["parse_openai_request"]  # all of it to tokenize: in a worker thread
+    await route(seen + "And a short new turn.")
+    assert offloaded == ["parse_openai_request"]  # only the new words: on the loop
+    await route(seen + "A long new tool output. " * 1_000)
+    assert offloaded == ["parse_openai_request"] * 2
 
 
 def _classify(replies: list) -> list[str]:

@@ -1,4 +1,5 @@
-"""The predictor client against real HTTP servers on loopback (aiohttp), one per 'instance'."""
+"""The predictor client against real HTTP servers on loopback (aiohttp), one per 'instance', that
+speak the predictor's binary form (``wire.latency_binary``)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,22 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import web
 
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from tests.epp.factories import FakeClock, client_for
+from tests.trainer.synthetic import feature_rows
+from wire.latency import POD_TYPES
+from wire.latency_binary import (
+    FEATURE_ROW_FIELDS,
+    FEATURE_ROWS_TYPE,
+    MODEL_VERSION_HEADER,
+    PREDICTIONS_TYPE,
+    decode_rows,
+    encode_predictions,
+)
 
 
 @dataclass
@@ -21,24 +33,25 @@ class FakeServer:
 
     status: int = 200
     delay_s: float = 0.0
-    calls: list[list[dict[str, Any]]] = field(default_factory=list)
+    calls: list[np.ndarray] = field(default_factory=list)
+    """The feature matrix of each prediction call."""
     training: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     model_version: int | None = None
+    content_type: str = PREDICTIONS_TYPE
     retrain_headers: list[str | None] = field(default_factory=list)
 
     async def predict(self, request: web.Request) -> web.Response:
-        rows = (await request.json())["requests"]
-        self.calls.append(rows)
+        assert request.content_type == FEATURE_ROWS_TYPE
+        matrix = decode_rows(await request.read())
+        self.calls.append(matrix)
         await asyncio.sleep(self.delay_s)
         if self.status != 200:
             return web.json_response({"detail": "no"}, status=self.status)
-        body: dict[str, Any] = {
-            "predictions": [{"ttft_ms": r["input_token_length"], "tpot_ms": 1.0} for r in rows]
-        }
-        if self.model_version is not None:
-            body["model_version"] = self.model_version
-        return web.json_response(body)
+        lengths = matrix[:, FEATURE_ROW_FIELDS.index("input_token_length")]
+        headers = {} if self.model_version is None else {MODEL_VERSION_HEADER: str(self.model_version)}
+        body = encode_predictions(lengths, np.ones(len(lengths)))
+        return web.Response(body=body, content_type=self.content_type, headers=headers)
 
     async def retrain(self, request: web.Request) -> web.Response:
         self.retrain_headers.append(request.headers.get("authorization"))
@@ -69,7 +82,10 @@ async def servers() -> AsyncIterator[list[FakeServer]]:
 
 
 def rows(*lengths: int) -> list[dict[str, Any]]:
-    return [{"input_token_length": n} for n in lengths]
+    """Feature rows whose prompts are ``lengths`` tokens long (the fake predicts TTFT = length)."""
+    return [
+        {**row, "input_token_length": n} for row, n in zip(feature_rows(len(lengths)), lengths, strict=True)
+    ]
 
 
 async def test_concurrent_callers_are_coalesced_into_one_call(servers: list[FakeServer]) -> None:
@@ -218,5 +234,29 @@ async def test_predictions_carry_the_model_version_and_a_retrain_request_reaches
             while not trainer.retrain_headers:
                 await asyncio.sleep(0.01)
         assert trainer.retrain_headers == ["Bearer s3cret"]
+    finally:
+        await client.close()
+
+
+async def test_rows_reach_the_predictor_as_sent(servers: list[FakeServer]) -> None:
+    client = await client_for([servers[0].url])
+    sent = feature_rows(5, seed=3)
+    sent[2]["pod_type"] = "decode"
+    try:
+        await client.predict(sent)
+        (matrix,) = servers[0].calls
+        for row, values in zip(sent, matrix.tolist(), strict=True):
+            row = {**row, "pod_type": POD_TYPES.index(row["pod_type"])}
+            assert values == [row[name] for name in FEATURE_ROW_FIELDS]
+    finally:
+        await client.close()
+
+
+async def test_an_answer_that_is_not_predictions_is_refused(servers: list[FakeServer]) -> None:
+    servers[0].content_type = "application/json"
+    client = await client_for([servers[0].url])
+    try:
+        with pytest.raises(PredictionUnavailable, match="bad_response"):
+            await client.predict(rows(1, 2))
     finally:
         await client.close()

@@ -48,6 +48,29 @@ def test_token_load_cost_by_hand(context: PluginContext) -> None:
     assert scorer.score(request, endpoints, CycleState()) == [1.0, 1.0, 1.0]  # no data: no preference
 
 
+def test_synced_replicas_add_a_margin_per_live_peer_to_moving_a_conversation(context: PluginContext) -> None:
+    scorer = TokenLoadScorer("t", TokenLoadScorerParameters(replicaMoveMargin=0.5), context)
+    endpoints = [endpoint_state(i) for i in range(3)]
+    request = make_request(list(range(160)))  # 10 blocks
+    state = CycleState()
+    state.put(PREFIX_MATCH, PrefixMatch(10, {"e0": 6, "e1": 2}, block_size_tokens=16))
+    alone = scorer.costs(request, endpoints, state)
+    assert alone == [4.0, 8.0, 10.0]  # (160 − cached)/16, nothing booked
+    peers = [3]
+    scorer.join_replicas(lambda: peers[0])
+    # e0 holds 6 of the 10 blocks: moving off it costs 0.5 · 3 peers · 10 blocks more.
+    assert scorer.costs(request, endpoints, state) == [4.0, 23.0, 25.0]
+    peers[0] = 0  # no live peer: scored as one EPP alone
+    assert scorer.costs(request, endpoints, state) == alone
+    peers[0] = 3
+    short = CycleState()  # the longest match holds under half the prompt: no conversation to keep
+    short.put(PREFIX_MATCH, PrefixMatch(10, {"e0": 4}, block_size_tokens=16))
+    assert scorer.costs(request, endpoints, short) == [6.0, 10.0, 10.0]
+    off = TokenLoadScorer("t", TokenLoadScorerParameters(), context)  # replicaMoveMargin 0
+    off.join_replicas(lambda: 3)
+    assert off.costs(request, endpoints, state) == alone
+
+
 def scored(*scores: float) -> list[ScoredEndpoint]:
     return [ScoredEndpoint(endpoint_state(i), s) for i, s in enumerate(scores)]
 

@@ -110,3 +110,55 @@ def test_a_late_replicas_snapshot_brings_the_peers_prefix_index() -> None:
     late.sync.receive(a.sync.answer(late.sync.snapshot_request()))
     state = late.route(prompt).state
     assert state.get(PREFIX_MATCH).matched_blocks.get(routed.endpoint_name) == 5
+
+
+def test_a_conversations_next_turn_releases_its_last_turn_booked_by_a_peer() -> None:
+    # a routed turn 1 and has finished it, but its release is still on the way to b when turn 2
+    # (turn 1's prompt, its output, a new message) reaches b.
+    clock = FakeClock()
+    a, b = SyncedReplica("a", "ray-kv-aware", clock), SyncedReplica("b", "ray-kv-aware", clock)
+    turn1 = list(range(320))
+    routed = a.route(turn1, max_tokens=30)
+    target = routed.endpoint_name
+    a.send_to(b)
+    assert b.token_load is not None and b.token_load.peers.load(target).requests == 1
+    a.finish(routed)
+    release = a.sync.take_messages()
+    state = b.route([*turn1, *range(5000, 5100)], max_tokens=30).state
+    assert b.token_load.peers.in_flight() == 0
+    assert state.get(TOKEN_LOAD)[target] == EndpointLoad()  # scored without the finished turn
+    for data in release:  # the release arrives: nothing left to release, nothing refused
+        b.sync.receive(data)
+    assert b.token_load.peers.in_flight() == 0 and not b.sync.stats.dropped
+
+
+def test_concurrent_requests_on_a_peers_prompt_keep_its_booking() -> None:
+    clock = FakeClock()
+    a, b = SyncedReplica("a", "ray-kv-aware", clock), SyncedReplica("b", "ray-kv-aware", clock)
+    prompt = list(range(320))
+    a.route(prompt, max_tokens=30)
+    a.send_to(b)
+    assert b.token_load is not None
+    b.route(prompt, max_tokens=30)  # the same prompt again: it extends nothing
+    assert b.token_load.peers.in_flight() == 1
+
+
+def test_ray_kv_aware_replicas_keep_a_conversation_where_a_lone_router_would_move_it() -> None:
+    clock = FakeClock()
+    a, b = SyncedReplica("a", "ray-kv-aware", clock), SyncedReplica("b", "ray-kv-aware", clock)
+    alone = SyncedReplica("alone", "ray-kv-aware", clock)
+    turn1 = list(range(320))
+    turn2 = [*turn1, *range(5000, 5100)]  # 26.25 blocks, 20 of them cached where turn 1 went
+    homes = {}
+    for replica in (alone, b):
+        routed = replica.route(turn1, max_tokens=30)
+        replica.finish(routed)
+        homes[replica] = routed.endpoint_name
+        assert replica.token_load is not None  # 30 blocks of others' KV where turn 1 went
+        replica.token_load.tracker.admit("other", routed.endpoint_name, 480, 480, 10)
+    # Alone: 100/16 + 480/16 = 36.25 where the prefix is, 26.25 on the empty endpoint: it moves.
+    assert alone.route(turn2, max_tokens=30).endpoint_name != homes[alone]
+    # b hears a live peer, so the empty endpoint costs one more pick of turn 2's size (52.5).
+    b.sync.receive(a.sync.heartbeat())
+    assert b.sync.peer_count == 1
+    assert b.route(turn2, max_tokens=30).endpoint_name == homes[b]

@@ -136,7 +136,8 @@ async def test_two_replicas_converge_on_token_load_and_refuse_what_they_cannot_r
     assert a_deltas
     for data in a_deltas:
         await wiretap.publish(f"{ROOT}.events", data)
-    future = msgpack.packb([3, 1, "a", a.sync.incarnation, 99, time.time(), [[1, 9, "a", 5, 5, 5, None]]])
+    routed = [1, 9, "a", 5, 5, 5, None, None]
+    future = msgpack.packb([4, 1, "a", a.sync.incarnation, 99, time.time(), [routed]])
     await wiretap.publish(f"{ROOT}.events", future)
     await wiretap.flush()
     await eventually(lambda: b.sync.stats.dropped["version"] == 1)

@@ -95,13 +95,13 @@ def test_own_messages_are_ignored() -> None:
 def test_a_message_of_another_schema_version_is_refused_and_logged_once(caplog) -> None:
     clock = FakeClock()
     b = make_replica("b", clock)
-    future = msgpack.packb([3, 1, "a", 1, 1, 0.0, [[1, 0, "a", 100, 100, 10, None]], {"new": "field"}])
+    future = msgpack.packb([4, 1, "a", 1, 1, 0.0, [[1, 0, "a", 100, 100, 10, None, None]], {"new": "field"}])
     with caplog.at_level(logging.WARNING, logger="epp.sync.state"):
         assert b.sync.receive(future) is None
         assert b.sync.receive(future) is None
     assert b.sync.stats.dropped["version"] == 2
     assert b.peers_load.in_flight() == 0 and b.sync.peers == []
-    assert len([r for r in caplog.records if "schema version 3" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "schema version 4" in r.getMessage()]) == 1
     assert b.sync.receive(b"\xc1 not msgpack") is None
     assert b.sync.stats.dropped["malformed"] == 1
 
@@ -110,8 +110,8 @@ def test_a_malformed_delta_is_dropped_and_the_rest_of_its_message_applied() -> N
     clock = FakeClock()
     b = make_replica("b", clock)
     deltas = [
-        [DeltaKind.ROUTED, 1, "a", "many", 10, 10, None],  # a string where a count belongs
-        [DeltaKind.ROUTED, 2, "a", 100, 40, 10, None],
+        [DeltaKind.ROUTED, 1, "a", "many", 10, 10, None, None],  # a string where a count belongs
+        [DeltaKind.ROUTED, 2, "a", 100, 40, 10, None, None],
         [99, 2],  # a kind this version does not know
         [DeltaKind.PROGRESS, 2],  # too short
     ]
@@ -429,3 +429,29 @@ def test_every_replica_converges_on_the_sum_of_its_peers_live_bookings(ops) -> N
                 expected = {e: expected[e] + reference_load(live[peer])[e] for e in ENDPOINTS}
         assert loads(r.peers_load) == expected
         assert r.peers_load.in_flight() == sum(len(live[p]) for p in replicas if p != name)
+
+
+def test_a_bookings_prompt_tail_reaches_peers_by_delta_and_by_snapshot() -> None:
+    clock = FakeClock()
+    a, b, late = make_replica("a", clock), make_replica("b", clock), make_replica("late", clock)
+    tail = (1 << 64) - 1  # any uint64
+    a.sync.routed(0, "e0", kv_tokens=320, uncached_tokens=320, expected_output=30, prompt_tail=tail)
+    deliver(send(a), b)
+    assert b.peers_load.booked_with_tail("e0", tail) != set()
+    a.sync.routed(1, "e0", kv_tokens=160, uncached_tokens=160, expected_output=30)  # no tail known
+    deliver(send(a), late)  # late sees a mid-stream and converges with a snapshot
+    serve_snapshots(late, {"a": a})
+    assert len(late.peers_load.booked_with_tail("e0", tail)) == 1 and late.peers_load.in_flight() == 2
+
+
+def test_a_prompt_tail_that_is_no_uint64_makes_the_routed_delta_malformed() -> None:
+    clock = FakeClock()
+    b = make_replica("b", clock)
+    deltas = [
+        [DeltaKind.ROUTED, 1, "e0", 100, 40, 10, None, -1],
+        [DeltaKind.ROUTED, 2, "e0", 100, 40, 10, None, "tail"],
+        [DeltaKind.ROUTED, 3, "e0", 100, 40, 10, None, 1.5],
+        [DeltaKind.ROUTED, 4, "e0", 100, 40, 10, None],  # version 2's ROUTED, without the tail
+    ]
+    b.sync.receive(encode(SyncMessage(MessageKind.DELTAS, "a", 1, 1, 0.0, deltas)))
+    assert b.sync.stats.dropped["malformed"] == 4 and b.peers_load.in_flight() == 0

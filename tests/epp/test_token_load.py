@@ -121,6 +121,60 @@ def test_producer_books_on_pick_and_releases_on_finish_however_it_ends() -> None
     assert producer.expected_output(unbounded) == 15
 
 
+def test_bookings_are_found_by_their_prompt_tail_until_they_finish() -> None:
+    t = TokenLoadTracker()
+    t.admit("x", "e0", 320, 0, 10, prompt_tail=7)
+    t.admit("y", "e0", 320, 0, 10, prompt_tail=7)
+    t.admit("z", "e1", 320, 0, 10, prompt_tail=7)
+    t.admit("untailed", "e0", 100, 0, 10)
+    assert t.booked_with_tail("e0", 7) == {"x", "y"} and t.booked_with_tail("e1", 7) == {"z"}
+    assert t.booked_with_tail("e0", 8) == set()
+    t.finish("x")
+    t.admit("y", "e1", 320, 0, 10, prompt_tail=9)  # re-admitting moves the tail with the booking
+    assert t.booked_with_tail("e0", 7) == set() and t.booked_with_tail("e1", 9) == {"y"}
+    t.finish("y")
+    t.finish("z")
+    assert not t.has_tails() and t.in_flight() == 1
+
+
+def continued_producer() -> TokenLoadProducer:
+    """A producer whose peers booked, on e0, a 320-token prompt ending in block hash 20 (peer 1),
+    two concurrent 160-token prompts both ending in hash 10 (peer 2); on e1 another 320-token
+    prompt ending in hash 20."""
+    producer = TokenLoadProducer("t", TokenLoadParameters(), PluginContext(clock=FakeClock()))
+    producer.peers.admit((1, 0), "e0", 320, 0, 30, prompt_tail=20)
+    producer.peers.admit((2, 0), "e0", 160, 0, 30, prompt_tail=10)
+    producer.peers.admit((2, 1), "e0", 160, 0, 30, prompt_tail=10)
+    producer.peers.admit((1, 1), "e1", 320, 0, 30, prompt_tail=120)
+    producer.tracker.admit(0, "e0", 320, 0, 30)
+    return producer
+
+
+def test_a_prompt_that_extends_a_peers_whole_prompt_releases_that_booking() -> None:
+    producer = continued_producer()
+    hashes = list(range(1, 26))  # 25 blocks of 16 tokens; e0 holds the first 20 (peer 1's prompt)
+    request = make_request(list(range(400)))
+    state = CycleState()
+    state.put(PREFIX_MATCH, PrefixMatch(25, {"e0": 20, "e1": 3}, hashes, block_size_tokens=16))
+    producer.produce(request, [endpoint_state(0), endpoint_state(1)], state)
+    assert producer.peers.terms((1, 0)) is None  # the conversation moved on: its last turn is over
+    assert state.get(TOKEN_LOAD)["e0"] == producer.tracker.load("e0") + producer.peers.load("e0")
+    assert state.get(TOKEN_LOAD)["e0"].requests == 3  # our own booking and peer 2's two are kept
+    assert producer.peers.terms((1, 1)) is not None  # e1's match (3 blocks) ends in no booking's tail
+
+
+def test_a_shared_prefix_or_the_same_prompt_releases_nothing() -> None:
+    producer = continued_producer()
+    # Extends peer 2's prompt (hash 10 at block 10), but two bookings end there: a prefix shared
+    # by concurrent requests (an RL step's prompt), not one conversation's last turn.
+    shared = PrefixMatch(15, {"e0": 10}, list(range(1, 16)), block_size_tokens=16)
+    assert producer.release_continued_peer_turns(240, shared) == []
+    # The same 320-token prompt as peer 1's, sent again: nothing extends it, so it may well run.
+    same = PrefixMatch(20, {"e0": 20}, list(range(1, 21)), block_size_tokens=16)
+    assert producer.release_continued_peer_turns(320, same) == []
+    assert producer.peers.in_flight() == 4
+
+
 def sse(*texts: str) -> bytes:
     return b"".join(b'data: {"choices":[{"text":"%s"}]}\n\n' % t.encode() for t in texts)
 

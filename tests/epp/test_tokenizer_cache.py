@@ -14,7 +14,13 @@ from tokenizers import Tokenizer
 from epp.kvcache.block_chains import block_chains_of
 from epp.metrics import TokenizerCacheCollector
 from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
-from epp.tokenizer_cache import FIRST_CHUNK_BYTES, TokenizerCache, agreed_length, chunk_keys
+from epp.tokenizer_cache import (
+    FIRST_CHUNK_BYTES,
+    TokenizerCache,
+    TooLongToInline,
+    agreed_length,
+    chunk_keys,
+)
 from epp.tokenizer_cuts import cut_points
 from tests.epp.tokenizers_under_test import TOKENIZERS, encode, texts
 
@@ -145,6 +151,39 @@ def test_identical_prompts_are_served_from_the_cache() -> None:
     first, second = tokenizer.encode(text), tokenizer.encode(text)
     assert first == second == PLAIN.encode(text) and first is not second
     assert tokenizer.cache.stats().tokens_reused == len(first)
+
+
+def test_an_inline_limit_refuses_long_tokenizations_and_leaves_the_cache_as_it_was() -> None:
+    tokenizer = cached_tokenizer()
+    seen = "An earlier turn of the conversation. " * 40
+    with pytest.raises(TooLongToInline):
+        tokenizer.encode(seen, max_chars=len(seen) - 1)  # a miss: all of it is new
+    assert tokenizer.cache.stats() == cached_tokenizer().cache.stats()  # nothing counted or kept
+    assert tokenizer.encode(seen, max_chars=len(seen)) == PLAIN.encode(seen)
+    extended = seen + "And the next, a few words longer. " * 3
+    # The extension tokenizes only its new words (and a few tokens before them) under the limit.
+    ids = tokenizer.encode(extended, max_chars=len(extended) - len(seen) + 100)
+    assert ids == PLAIN.encode(extended)
+    with pytest.raises(TooLongToInline):
+        tokenizer.encode(extended + "More. " * 50, max_chars=len(extended) - len(seen) + 100)
+    after = tokenizer.cache.stats()
+    assert (after.misses, after.hits, after.fallbacks, after.entries) == (1, 1, 0, 1)
+
+
+def test_an_inline_limit_without_a_cache_bounds_the_whole_text() -> None:
+    text = "short words " * 10
+    assert PLAIN.encode(text, max_chars=len(text)) == PLAIN.encode(text)
+    with pytest.raises(TooLongToInline):
+        PLAIN.encode(text, max_chars=len(text) - 1)
+
+
+def test_an_inline_limit_sends_verify_modes_full_tokenization_away_too() -> None:
+    tokenizer = ModelTokenizer(cache_bytes=64 << 20, verify_cache=True)
+    seen = "A verified turn. " * 40
+    tokenizer.encode(seen)
+    with pytest.raises(TooLongToInline):  # the reuse itself is short, its check is not
+        tokenizer.encode(seen + "New. ", max_chars=100)
+    assert tokenizer.encode(seen + "New. ") == PLAIN.encode(seen + "New. ")
 
 
 def test_text_without_a_cut_falls_back_to_full_tokenization() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from bench.fleet_workloads import WorkloadOptions, build_workload
+from epp.configs import CONFIG_DIR
 from epp.load.token_load import EndpointLoad
 from epp.plugins.token_load import find_token_load
 from epp.scheduling.types import ApiKind, LLMRequest
@@ -168,3 +170,27 @@ def test_synced_replicas_keep_a_burst_of_identical_prompts_together_as_one_route
     # Unsynced replicas break the tie with their own RNGs, so the rollouts (and their prefix
     # caches) are split over several engines.
     assert len(_burst_endpoints("gie-default", 4, None, seed)) > 1
+
+
+def _later_turn_moves(router: str, **replication: object) -> int:
+    """RL rollouts' turns after the second that went to another engine than the turn before."""
+    workload = build_workload("rl-stragglers", WorkloadOptions(scale=1.0, seed=0, limit=1))
+    by_turn = {(r.session_id, r.turn): r for r in _run(router, workload, **replication).records}
+    return sum(1 for (s, t), r in by_turn.items() if t >= 2 and r.replica != by_turn[(s, t - 1)].replica)
+
+
+def test_synced_ray_kv_aware_replicas_keep_rl_rollouts_on_their_engines_as_one_router_does(tmp_path) -> None:
+    # 16 rollouts x 10 turns whose turns end together: replicas 50 ms apart each read an engine
+    # as emptier than it is by their peers' latest picks, and (without replicaMoveMargin) move
+    # rollouts onto the same one, off the engine that holds their prefix.
+    single = _later_turn_moves("ray-kv-aware")
+    assert single < 10
+    assert _later_turn_moves("ray-kv-aware", router_replicas=4, sync_delay_s=0.05) <= single
+    config = (
+        (CONFIG_DIR / "ray-kv-aware.yaml")
+        .read_text()
+        .replace("replicaMoveMargin: 1.0", "replicaMoveMargin: 0")
+    )
+    no_margin = tmp_path / "ray-kv-aware-no-margin.yaml"
+    no_margin.write_text(config)
+    assert _later_turn_moves(str(no_margin), router_replicas=4, sync_delay_s=0.05) > 4 * single

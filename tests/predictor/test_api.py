@@ -23,6 +23,16 @@ from trainer.artifacts import Manifest
 from trainer.features import decode_feature_rows
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
+from wire.latency_binary import (
+    FEATURE_ROW_FIELDS,
+    FEATURE_ROWS_TYPE,
+    MODEL_VERSION_HEADER,
+    PREDICTIONS_TYPE,
+    ROW_BYTES,
+    decode_predictions,
+    decode_rows,
+    encode_rows,
+)
 
 
 async def running(settings: PredictorSettings) -> AsyncIterator[tuple[httpx.AsyncClient, ModelReloader]]:
@@ -213,3 +223,85 @@ async def test_an_unexpected_error_is_a_json_500(
     response = await client.post("/predict/bulk/strict", json={"requests": feature_rows(2)})
     assert response.status_code == 500
     assert response.json() == {"detail": "internal error: RuntimeError"}
+
+
+BINARY = {"content-type": FEATURE_ROWS_TYPE}
+
+
+async def test_binary_calls_get_the_models_numbers(client: httpx.AsyncClient, model_dir: Path) -> None:
+    rows = feature_rows(100, seed=7)
+    response = await client.post("/predict/bulk/strict", content=encode_rows(rows), headers=BINARY)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == PREDICTIONS_TYPE
+    assert response.headers[MODEL_VERSION_HEADER] == "1"
+    manifest = Manifest.model_validate_json((model_dir / "manifest.json").read_bytes())
+    models = build_model_set(
+        manifest,
+        {n: (model_dir / i.file).read_bytes() for n, i in manifest.models.items()},
+        loaded_at=datetime.now(UTC),
+        source="test",
+    )
+    ttft, tpot = models.predict(decode_feature_rows(rows))
+    assert decode_predictions(response.content) == np.column_stack((ttft, tpot)).tolist()  # exactly
+    as_json = (await client.post("/predict/bulk/strict", json={"requests": rows})).json()["predictions"]
+    assert [p["ttft_ms"] for p in as_json] == pytest.approx(ttft.tolist(), abs=1e-3)
+
+
+async def test_a_bad_binary_row_is_refused_by_row_and_field(client: httpx.AsyncClient) -> None:
+    matrix = decode_rows(encode_rows(feature_rows(10))).copy()
+    matrix[6, FEATURE_ROW_FIELDS.index("num_request_waiting")] = 2.5
+    response = await client.post("/predict/bulk/strict", content=matrix.tobytes(), headers=BINARY)
+    assert response.status_code == 422
+    assert response.json()["errors"] == [
+        {"index": 6, "field": "num_request_waiting", "error": "Input should be a valid integer"}
+    ]
+    text = (await client.get("/metrics")).text
+    assert sample_value(text, "predictor_calls_total", endpoint="strict", outcome="invalid") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "detail"),
+    [
+        (b"\0" * (ROW_BYTES + 1), 400, f"{ROW_BYTES} bytes each"),
+        (b"", 422, "1 to 10000 rows, not 0"),
+        (b"\0" * ROW_BYTES * 10_001, 422, "1 to 10000 rows, not 10001"),
+    ],
+)
+async def test_malformed_binary_bodies(
+    client: httpx.AsyncClient, body: bytes, status: int, detail: str
+) -> None:
+    response = await client.post("/predict/bulk/strict", content=body, headers=BINARY)
+    assert response.status_code == status
+    assert detail in response.json()["detail"]
+
+
+async def test_binary_bodies_are_for_the_strict_route(client: httpx.AsyncClient) -> None:
+    response = await client.post("/predict/bulk", content=encode_rows(feature_rows(2)), headers=BINARY)
+    assert response.status_code == 415
+    assert "/predict/bulk/strict" in response.json()["detail"]
+
+
+async def test_oversized_binary_bodies_get_413(model_dir: Path) -> None:
+    settings = PredictorSettings(model_dir=model_dir, poll_interval_s=3600, max_body_bytes=4096)
+    async for client in loaded(settings):
+        body = encode_rows(feature_rows(100))
+        response = await client.post("/predict/bulk/strict", content=body, headers=BINARY)
+        assert response.status_code == 413
+        assert "4096 bytes" in response.json()["detail"]
+
+
+async def test_binary_calls_answer_503_until_a_model_and_then_the_new_version(tmp_path: Path) -> None:
+    body = encode_rows(feature_rows(3))
+    async for client, reloader in running(PredictorSettings(model_dir=tmp_path, poll_interval_s=3600)):
+        response = await client.post("/predict/bulk/strict", content=body, headers=BINARY)
+        assert response.status_code == 503
+        assert response.json() == {"detail": "no model loaded yet"}
+        await publish_version(tmp_path, n=300, seed=1, n_estimators=20)
+        assert await reloader.poll_once()
+        first = await client.post("/predict/bulk/strict", content=body, headers=BINARY)
+        assert first.headers[MODEL_VERSION_HEADER] == "1"
+        await publish_version(tmp_path, n=300, seed=2, n_estimators=20)
+        assert await reloader.poll_once()
+        second = await client.post("/predict/bulk/strict", content=body, headers=BINARY)
+        assert second.headers[MODEL_VERSION_HEADER] == "2"
+        assert decode_predictions(second.content) != decode_predictions(first.content)
