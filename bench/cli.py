@@ -169,6 +169,17 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--side-by-side", action="store_true", help="run the configs at the same time, each on its own stack"
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="replay the configs this many times in turn (A, B, A, B, ...), each on a fresh stack",
+    )
+    p.add_argument(
+        "--virtual",
+        action="store_true",
+        help="replay the same workload and window in the fleet simulator (virtual time) instead",
+    )
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -345,8 +356,10 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     configs = tuple(name.strip() for name in args.configs.split(",") if name.strip())
     if not configs:
         parser.error("--configs names no config")
-    if args.replicas < 1 or args.predictors < 1:
-        parser.error("--replicas and --predictors must be >= 1")
+    if args.replicas < 1 or args.predictors < 1 or args.rounds < 1:
+        parser.error("--replicas, --predictors and --rounds must be >= 1")
+    if args.virtual and (unknown := [c for c in configs if c not in router_names()]):
+        parser.error(f"--virtual takes the fleet simulator's router names, not {', '.join(unknown)}")
     settings = live_replay.ReplaySettings(
         workload=args.workload,
         configs=configs,
@@ -358,6 +371,7 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         replicas=args.replicas,
         predictors=args.predictors,
         side_by_side=args.side_by_side,
+        rounds=args.rounds,
     )
     try:
         for config in configs:
@@ -365,7 +379,10 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         plan = live_replay.build(settings)
     except (FileNotFoundError, ValueError) as exc:  # unknown config, workload or profile; a bad trace
         parser.error(str(exc))
-    live_replay.run(settings, args.out, plan)
+    if args.virtual:
+        live_replay.run_virtual(settings, args.out, plan[0])
+    else:
+        live_replay.run(settings, args.out, plan)
 
 
 def _add_sync_failures(p: argparse.ArgumentParser) -> None:

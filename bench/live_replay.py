@@ -24,7 +24,19 @@ E2E to the end of the stream. Reported per config (JSON, Markdown, PNG):
   reason (``llm_epp_prediction_fallback_total``), and when the first request was routed on
   predictions (each response's ``x-llm-epp-prediction-fallback`` debug header);
 * the replicas' scheduling lag (``llm_epp_sim_step_lag_seconds``, how late each engine step
-  started): CPU starvation of an engine shows there, not as a routing effect.
+  started): CPU starvation of an engine shows there, not as a routing effect;
+* the machine's load average over the replay (sampled every few seconds), so that a run on a
+  busy machine is seen as one.
+
+``--virtual`` replays the same workload and window in the fleet simulator instead (virtual
+time, ``sim.fleet``: the same engine model and scheduling plugins, no processes), so the
+machine's load does not enter: what each config should give at that load, against which a live
+run's distortion can be judged.
+
+``--rounds N`` replays the configs N times in turn (A, B, A, B, ...), each on a fresh stack, and
+reports every run and, per round, each config's TTFT p50 / p99 against the first config's: on a
+machine whose load changes from minute to minute, one run per config compares the minutes as
+much as the configs.
 
 Same seed for every config: the same workload and texts, the EPP's ``--seed``, the requests'
 ``seed``.
@@ -33,6 +45,7 @@ Same seed for every config: the same workload and texts, the EPP's ``--seed``, t
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 from collections import Counter
@@ -58,6 +71,7 @@ from epp.configs import config_path
 from epp.scheduling.config import EndpointPickerConfig
 from epp.tokenization import ModelTokenizer
 from sim.engine import load_profile
+from sim.fleet import FleetConfig, FleetSimulator, SimulatedRequest, make_router
 from sim.fleet.workload import Workload
 from sim.stack import LocalStack, StackConfig, StackPorts
 
@@ -68,6 +82,8 @@ SCHEDULING = "inference_extension_scheduler_e2e_duration_seconds"
 PREDICTION_CALL = "llm_epp_prediction_call_duration_seconds"
 PREDICTION_BATCH = "llm_epp_prediction_batch_requests"
 HISTOGRAM_SETTLE_S = 1.5
+LOAD_SAMPLE_S = 5.0
+"""How often the machine's load average is sampled during a replay."""
 """The replicas re-render their histograms at most every second: wait that long before the last scrape."""
 MODEL = "tiny"
 DEBUG_HEADER = "x-llm-epp-debug"
@@ -95,6 +111,8 @@ class ReplaySettings:
     """Replay every config at the same time, each on its own stack, instead of one after another:
     on a machine whose other load changes from minute to minute, the configs then share the same
     conditions (and each other's CPU use, the predictor sidecars' included)."""
+    rounds: int = 1
+    """Times the configs are replayed in turn (A, B, A, B, ...), each run on a fresh stack."""
 
 
 @dataclass(slots=True)
@@ -258,10 +276,22 @@ class _Replay:
             self.group_ended[session.group].set()
 
 
+async def sample_load(samples: list[float], interval_s: float = LOAD_SAMPLE_S) -> None:
+    """Append the machine's 1-minute load average to ``samples`` every ``interval_s``, until cancelled."""
+    while True:
+        samples.append(os.getloadavg()[0])
+        await asyncio.sleep(interval_s)
+
+
 async def replay(
-    gateway_url: str, sessions: list[PlannedSession], workload: Workload, settings: ReplaySettings
+    gateway_url: str,
+    sessions: list[PlannedSession],
+    workload: Workload,
+    settings: ReplaySettings,
+    load_samples: list[float] | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """Send every planned request that falls due within the duration; results and wall seconds."""
+    """Send every planned request that falls due within the duration; results and wall seconds.
+    The machine's load average is appended to ``load_samples`` meanwhile."""
     headers = {"content-type": "application/json", DEBUG_HEADER: "true"}
     if workload.slo_ttft_ms is not None:
         headers["x-slo-ttft-ms"] = f"{workload.slo_ttft_ms:g}"
@@ -279,7 +309,11 @@ async def replay(
             groups,
             {group: asyncio.Event() for group in groups if group},
         )
-        await asyncio.gather(*(state.session(session) for session in sessions))
+        sampler = asyncio.create_task(sample_load([] if load_samples is None else load_samples))
+        try:
+            await asyncio.gather(*(state.session(session) for session in sessions))
+        finally:
+            sampler.cancel()
         return state.results, state.now()
 
 
@@ -308,8 +342,10 @@ def run_config(
     workload: Workload,
     settings: ReplaySettings,
     progress: Progress | None = None,
+    round_: int = 1,
 ) -> dict[str, Any]:
-    """Replay on a fresh stack running ``config``; the config's summary (see ``summarize``)."""
+    """Replay on a fresh stack running ``config``; the config's summary (see ``summarize``),
+    marked with its round."""
     types = plugin_types(config)
     predicted = "predicted-latency-producer" in types
     stack = LocalStack(
@@ -327,16 +363,18 @@ def run_config(
         stack.start()
         before = snapshot(stack)
         client_cpu = time.thread_time()  # this config's client alone, also when configs run side by side
-        task = progress.add_task(f"replay {config}", total=None) if progress is not None else None
-        results, wall_s = asyncio.run(replay(stack.gateway_url, sessions, workload, settings))
+        label = f"replay {config}" + (f" (round {round_})" if settings.rounds > 1 else "")
+        task = progress.add_task(label, total=None) if progress is not None else None
+        load: list[float] = []
+        results, wall_s = asyncio.run(replay(stack.gateway_url, sessions, workload, settings, load))
         client_cpu = time.thread_time() - client_cpu
         if progress is not None and task is not None:
-            progress.update(task, description=f"replay {config}: {len(results)} requests in {wall_s:.0f} s")
+            progress.update(task, description=f"{label}: {len(results)} requests in {wall_s:.0f} s")
         time.sleep(HISTOGRAM_SETTLE_S)
         after = snapshot(stack)
     finally:
         stack.stop()
-    return summarize(config, predicted, results, before, after, wall_s, client_cpu)
+    return {"round": round_, **summarize(config, predicted, results, before, after, wall_s, client_cpu, load)}
 
 
 # ---------------------------------------------------------------- summaries
@@ -397,6 +435,13 @@ def _histogram_ms(samples: prom.Samples, name: str) -> dict[str, float | None]:
     }
 
 
+def _load_average(samples: list[float]) -> dict[str, float | int | None]:
+    """Mean and highest of the 1-minute load averages sampled during a replay."""
+    if not samples:
+        return {"samples": 0, "mean": None, "max": None}
+    return {"samples": len(samples), "mean": round(float(np.mean(samples)), 2), "max": round(max(samples), 2)}
+
+
 def _session_moves(results: list[RequestResult]) -> dict[str, int]:
     """Turns after a session's first sent to another endpoint than the session's previous turn."""
     last: dict[str, str] = {}
@@ -420,8 +465,10 @@ def summarize(
     after: Snapshot,
     wall_s: float,
     client_cpu_s: float,
+    load_samples: list[float] | None = None,
 ) -> dict[str, Any]:
-    """Everything reported for one config, from the client's results and the processes' metrics."""
+    """Everything reported for one config, from the client's results and the processes' metrics
+    (and the machine's load average sampled during the replay)."""
     ok = [r for r in results if r.ok]
     prompt = sum(r.prompt_tokens or 0 for r in ok)
     cached = sum(r.cached_tokens or 0 for r in ok)
@@ -458,6 +505,7 @@ def summarize(
         "hit_rate_engines": round(hits / queries, 4) if queries else None,
         "requests_per_replica": [round(prom.total(r, "vllm:request_success_total")) for r in replicas],
         "cpu_s": cpu,
+        "load_average": _load_average(load_samples or []),
         "epp": {
             "requests": epp_requests,
             "fallbacks": fallbacks,
@@ -508,20 +556,24 @@ def build(settings: ReplaySettings) -> tuple[Workload, list[PlannedSession]]:
 def run(
     settings: ReplaySettings, out_dir: Path, plan: tuple[Workload, list[PlannedSession]] | None = None
 ) -> dict[str, Any]:
-    """Replay ``plan`` (default: ``build(settings)``) with every config; write the report."""
+    """Replay ``plan`` (default: ``build(settings)``) with every config, ``settings.rounds``
+    times in turn; write the report."""
     workload, sessions = plan or build(settings)
+    results: list[dict[str, Any]] = []
     with Progress(refresh_per_second=1) as progress:
-        if settings.side_by_side:
-            with ThreadPoolExecutor(len(settings.configs)) as pool:
-                futures = [
-                    pool.submit(run_config, config, sessions, workload, settings, progress)
+        for round_ in range(1, settings.rounds + 1):
+            if settings.side_by_side:
+                with ThreadPoolExecutor(len(settings.configs)) as pool:
+                    futures = [
+                        pool.submit(run_config, config, sessions, workload, settings, progress, round_)
+                        for config in settings.configs
+                    ]
+                    results += [future.result() for future in futures]
+            else:
+                results += [
+                    run_config(config, sessions, workload, settings, progress, round_)
                     for config in settings.configs
                 ]
-                results = [future.result() for future in futures]
-        else:
-            results = [
-                run_config(config, sessions, workload, settings, progress) for config in settings.configs
-            ]
     profile = load_profile(settings.profile)
     data = {
         "benchmark": "replay",
@@ -543,6 +595,80 @@ def run(
     return data
 
 
+def _ttft_summary(records: list[SimulatedRequest]) -> dict[str, Any]:
+    """TTFT percentiles (ms) of simulated requests, all and split into first and later turns."""
+    timed = [(r.turn, r.ttft) for r in records if r.ttft is not None]
+    return {
+        "requests": len(timed),
+        "ttft_ms": _percentiles_ms([t for _, t in timed]),
+        "ttft_ms_by_turn": {
+            "first": _percentiles_ms([t for turn, t in timed if turn == 0]),
+            "later": _percentiles_ms([t for turn, t in timed if turn > 0]),
+        },
+    }
+
+
+def run_virtual(settings: ReplaySettings, out_dir: Path, workload: Workload | None = None) -> dict[str, Any]:
+    """The replay's workload (default: ``build(settings)``'s) through the fleet simulator, in
+    virtual time, once per config (router names of ``sim.fleet``): the TTFT of the requests that
+    arrive within the duration, engine-side (no EPP, Envoy or client time); write the report."""
+    workload = workload or build(settings)[0]
+    fleet = FleetConfig(replicas=settings.replicas, profile=settings.profile, seed=settings.seed)
+    results = []
+    for config in settings.configs:
+        simulator = FleetSimulator(
+            workload, lambda clock, config=config: make_router(config, clock, settings.seed), fleet
+        )
+        within = [r for r in simulator.run().records if r.arrival < settings.duration_s]
+        results.append({"config": config, **_ttft_summary(within)})
+    data = {
+        "benchmark": "replay-virtual",
+        "settings": asdict(settings),
+        "workload": {"name": workload.name, "description": workload.description, "params": workload.params},
+        "machine": machine(),
+        "results": results,
+    }
+    stem = "replay-virtual-" + re.sub(r"[^A-Za-z0-9._-]+", "_", workload.name.split(":")[0])
+    write_results(out_dir, stem, data, _virtual_markdown(data))
+    return data
+
+
+def _virtual_markdown(data: dict[str, Any]) -> str:
+    settings, results = data["settings"], data["results"]
+    reference = results[0]["ttft_ms"]
+    table = markdown_table(
+        ["config", "requests", "TTFT p50/p90/p99 ms", "vs the first config p50 / p99",
+         "first turns p50/p90/p99 ms", "later turns p50/p90/p99 ms"],
+        [
+            [
+                r["config"],
+                cell(r["requests"]),
+                _triple(r["ttft_ms"], digits=1),
+                f"{_change(r['ttft_ms']['p50'], reference['p50'])} / "
+                f"{_change(r['ttft_ms']['p99'], reference['p99'])}"
+                if r is not results[0]
+                else "–",
+                _triple(r["ttft_ms_by_turn"]["first"], digits=1),
+                _triple(r["ttft_ms_by_turn"]["later"], digits=1),
+            ]
+            for r in results
+        ],
+    )  # fmt: skip
+    return "\n".join(
+        [
+            f"# Replay in virtual time: {data['workload']['name']}",
+            "",
+            f"- {data['workload']['description']}; the requests that arrive within the first "
+            f"{settings['duration_s']:g} s (rate scale {settings['rate_scale']:g}, seed {settings['seed']}), "
+            f"on {settings['replicas']} simulated engines, profile **{settings['profile']}**, in the fleet "
+            "simulator: virtual time, so the machine's load does not enter. TTFT is the engines' (arrival "
+            "to first token), without the EPP's, Envoy's or a client's time.",
+            "",
+            table,
+        ]
+    )
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -560,6 +686,44 @@ def _cpu_groups(cpu: dict[str, float]) -> dict[str, float]:
     return groups
 
 
+def _label(result: dict[str, Any], rounds: int) -> str:
+    """A run's name in the report: its config, and its round where there are several."""
+    return result["config"] + (f" #{result['round']}" if rounds > 1 else "")
+
+
+def _change(value: float | None, reference: float | None) -> str:
+    if value is None or not reference:
+        return "–"
+    return f"{(value / reference - 1) * 100:+.1f}%"
+
+
+def rounds_table(results: list[dict[str, Any]]) -> str:
+    """Per round, each config's TTFT p50 / p99 and its change against the round's first config,
+    with the engines' step-lag p99 and the load average that say how starved the run was."""
+    first: dict[int, dict[str, Any]] = {}
+    rows = []
+    for r in results:
+        reference = first.setdefault(r["round"], r)
+        ttft, base = r["ttft_ms"], reference["ttft_ms"]
+        rows.append(
+            [
+                cell(r["round"]),
+                r["config"],
+                f"{cell(ttft['p50'], 1)} / {cell(ttft['p99'], 1)}",
+                f"{_change(ttft['p50'], base['p50'])} / {_change(ttft['p99'], base['p99'])}"
+                if r is not reference
+                else "–",
+                cell(r["step_lag"]["all"]["p99_ms"], 1),
+                f"{cell(r['load_average']['mean'], 1)} / {cell(r['load_average']['max'], 1)}",
+            ]
+        )
+    return markdown_table(
+        ["round", "config", "TTFT p50 / p99 ms", "vs the round's first config", "step lag p99 ms",
+         "load average mean / max"],
+        rows,
+    )  # fmt: skip
+
+
 def _markdown(data: dict[str, Any], plots: list[str]) -> str:
     settings, results = data["settings"], data["results"]
     latency = markdown_table(
@@ -567,7 +731,7 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
          "E2E p50/p90/p99 s", "hit rate (usage / engines)", "routed on predictions", "send lag p99 ms"],
         [
             [
-                r["config"],
+                _label(r, settings["rounds"]),
                 f"{r['completed']}/{r['requests']}",
                 ", ".join(f"{kind} ×{n}" for kind, n in r["errors"].items()) or "0",
                 _triple(r["ttft_ms"], digits=1),
@@ -586,7 +750,7 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         ["config", *(f"{c} CPU s" for c in columns), "EPP CPU ms/request"],
         [
             [
-                r["config"],
+                _label(r, settings["rounds"]),
                 *(cell(g.get(c), 2) for c in columns),
                 cell(g["epp"] / r["requests"] * 1e3 if r["requests"] else None, 2),
             ]
@@ -595,10 +759,10 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
     )
     lag = markdown_table(
         ["config", "engine steps", "lag p50 ms", "lag p99 ms", "steps > 10 ms late", "steps > 50 ms late",
-         "worst replica p99 ms", "requests per replica"],
+         "worst replica p99 ms", "requests per replica", "load average mean / max"],
         [
             [
-                r["config"],
+                _label(r, settings["rounds"]),
                 cell(r["step_lag"]["all"]["steps"]),
                 cell(r["step_lag"]["all"]["p50_ms"], 2),
                 cell(r["step_lag"]["all"]["p99_ms"], 1),
@@ -606,6 +770,7 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
                 cell(r["step_lag"]["all"]["share_over_50ms"], 4),
                 cell(max((x["p99_ms"] or 0.0 for x in r["step_lag"]["per_replica"]), default=None), 1),
                 " / ".join(str(n) for n in r["requests_per_replica"]),
+                f"{cell(r['load_average']['mean'], 1)} / {cell(r['load_average']['max'], 1)}",
             ]
             for r in results
         ],
@@ -615,7 +780,7 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
          "later turns moved / stayed", "EPP scheduling p50 / p99 ms"],
         [
             [
-                r["config"],
+                _label(r, settings["rounds"]),
                 _triple(r["ttft_ms_by_turn"]["first"], digits=1),
                 _triple(r["ttft_ms_by_turn"]["later"], digits=1),
                 f"{r['session_moves']['moved']} / {r['session_moves']['stayed']}",
@@ -636,7 +801,7 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         ],
         [
             [
-                r["config"],
+                _label(r, settings["rounds"]),
                 cell(r["epp"]["requests"]),
                 ", ".join(f"{k} {v:g}" for k, v in sorted(r["epp"]["fallbacks"].items())) or "none",
                 cell(r["epp"]["first_predicted_s"], 1),
@@ -666,6 +831,11 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
             "side by side, each on its own stack at the same time (sharing the CPUs and each other's load)."
             if settings["side_by_side"]
             else "one after another."
+        )
+        + (
+            f" This was repeated {settings['rounds']} times, in turn, each run on a fresh stack."
+            if settings["rounds"] > 1
+            else ""
         ),
         f"- Machine: {m['cpus']} CPUs, Python {m['python']}, Envoy {m['envoy']}, {m['date']}. The client "
         "shares the CPUs with every process of the stack.",
@@ -674,6 +844,16 @@ def _markdown(data: dict[str, Any], plots: list[str]) -> str:
         "",
         latency,
         "",
+        *(
+            [
+                f"## {settings['rounds']} rounds: each config against the round's first",
+                "",
+                rounds_table(results),
+                "",
+            ]
+            if settings["rounds"] > 1
+            else []
+        ),
         "## Routing: first turns (no cache anywhere) and later turns (cached where the session was)",
         "",
         routing,
@@ -701,7 +881,9 @@ def _plots(out_dir: Path, stem: str, results: list[dict[str, Any]], settings: Re
         for axis, key in zip(axes, ("ttft_s", "tpot_s", "e2e_s"), strict=True):
             values = np.sort([rec[key] for rec in ok if rec[key] is not None])
             if len(values):
-                axis.plot(values, np.arange(1, len(values) + 1) / len(values), label=r["config"])
+                axis.plot(
+                    values, np.arange(1, len(values) + 1) / len(values), label=_label(r, settings.rounds)
+                )
     style_latency_cdfs(axes)
     figure.suptitle(f"Live replay, rate scale {settings.rate_scale:g}: client-side latency CDFs")
     names = [save_figure(figure, out_dir, f"{stem}-cdf.png")]
@@ -709,7 +891,12 @@ def _plots(out_dir: Path, stem: str, results: list[dict[str, Any]], settings: Re
     figure, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     for r in results:
         ok = [rec for rec in r["records"] if rec["ttft_s"] is not None]
-        axes[0].scatter([rec["sent_s"] for rec in ok], [rec["ttft_s"] for rec in ok], s=6, label=r["config"])
+        axes[0].scatter(
+            [rec["sent_s"] for rec in ok],
+            [rec["ttft_s"] for rec in ok],
+            s=6,
+            label=_label(r, settings.rounds),
+        )
     axes[0].set_yscale("log")
     axes[0].set_xlabel("sent at (s into the replay)")
     axes[0].set_ylabel("TTFT (s)")
@@ -719,7 +906,7 @@ def _plots(out_dir: Path, stem: str, results: list[dict[str, Any]], settings: Re
     bottom = np.zeros(len(results))
     for column in ("epp", "envoy", "predictors", "trainer", "replicas", "client"):
         heights = np.array([g.get(column, 0.0) for g in groups])
-        axes[1].bar([r["config"] for r in results], heights, bottom=bottom, label=column)
+        axes[1].bar([_label(r, settings.rounds) for r in results], heights, bottom=bottom, label=column)
         bottom += heights
     axes[1].set_ylabel("CPU seconds over the replay")
     axes[1].set_title("CPU by process")
@@ -730,7 +917,7 @@ def _plots(out_dir: Path, stem: str, results: list[dict[str, Any]], settings: Re
         if lag["steps"]:
             bounds = [bound * 1e3 for bound, _ in lag["buckets"]]
             later = [1 - count / lag["steps"] for _, count in lag["buckets"]]
-            axes[2].step(bounds, later, where="post", marker=".", label=r["config"])
+            axes[2].step(bounds, later, where="post", marker=".", label=_label(r, settings.rounds))
     axes[2].set_xscale("log")
     axes[2].set_yscale("log")
     axes[2].set_xlabel("lag (ms)")

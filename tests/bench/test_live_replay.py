@@ -77,3 +77,23 @@ def test_configs_side_by_side_each_get_their_own_stack_at_the_same_time(
         assert {r["endpoint"] for r in result["records"]} <= {"replica-0", "replica-1"}
     assert [r["endpoint"] for r in round_robin["records"]].count("replica-0") == 3  # it alternates
     assert "ran side by side" in (tmp_path / "replay-mooncake-conversation.md").read_text()
+
+
+def test_rounds_replay_the_configs_in_turn_each_on_a_fresh_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _sliced_replay(monkeypatch, configs=("gie-default", "round-robin"), limit=4, rounds=2)
+    data = live_replay.run(settings, tmp_path)
+    runs = [(r["round"], r["config"]) for r in data["results"]]
+    assert runs == [(1, "gie-default"), (1, "round-robin"), (2, "gie-default"), (2, "round-robin")]
+    for result in data["results"]:
+        # A fresh stack each run: its EPP and replicas counted only that run's four requests.
+        assert (result["completed"], result["epp"]["requests"], sum(result["requests_per_replica"])) == (
+            4,
+            4,
+            4,
+        )
+        assert result["load_average"]["samples"] >= 1 and result["load_average"]["mean"] >= 0.0
+    markdown = (tmp_path / "replay-mooncake-conversation.md").read_text()
+    assert "## 2 rounds: each config against the round's first" in markdown
+    assert "| round-robin #2 | 4/4 | 0 |" in markdown

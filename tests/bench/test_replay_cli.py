@@ -17,6 +17,8 @@ from bench.cli import main
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--rate-scale", "0"], "expected a positive number"),
         (["--configs", ","], "--configs names no config"),
+        (["--rounds", "0"], "--rounds must be >= 1"),
+        (["--virtual", "--configs", "gie-default,epp/configs/random.yaml"], "not epp/configs/random.yaml"),
     ],
 )
 def test_replay_rejects_bad_arguments(

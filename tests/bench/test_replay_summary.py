@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from bench.live_replay import RequestResult, Snapshot, summarize
+import asyncio
+from typing import Any
+
+import pytest
+
+from bench.live_replay import RequestResult, Snapshot, rounds_table, sample_load, summarize
 
 
 def result(sent_s: float, fallback: str | None, error: str | None = None) -> RequestResult:
@@ -67,3 +72,52 @@ def test_prediction_error_session_moves_and_turn_split_come_from_the_debug_heade
     assert error["requests"] == 3 and error["p50"] == 0.1 and error["mean"] == 0.2
     assert summary["ttft_ms_by_turn"]["first"]["p50"] == 300.0
     assert summary["ttft_ms_by_turn"]["later"]["p99"] == 100.0
+
+
+def test_the_load_average_sampled_during_the_replay_is_reported() -> None:
+    summary = summarize(
+        "g", False, [result(1.0, None)], snapshot(0, 0), snapshot(1, 0), 2.0, 1.0, [1.5, 4.25, 3.0]
+    )
+    assert summary["load_average"] == {"samples": 3, "mean": 2.92, "max": 4.25}
+    unsampled = summarize("g", False, [result(1.0, None)], snapshot(0, 0), snapshot(1, 0), 2.0, 1.0)
+    assert unsampled["load_average"] == {"samples": 0, "mean": None, "max": None}
+
+
+def test_the_load_sampler_appends_until_cancelled() -> None:
+    async def sample_twice() -> list[float]:
+        samples: list[float] = []
+        task = asyncio.create_task(sample_load(samples, interval_s=0.001))
+        while len(samples) < 2:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return samples
+
+    samples = asyncio.run(sample_twice())
+    assert len(samples) >= 2 and all(s >= 0.0 for s in samples)
+
+
+def run_summary(round_: int, config: str, p50: float, p99: float) -> dict[str, Any]:
+    return {
+        "round": round_,
+        "config": config,
+        "ttft_ms": {"p50": p50, "p90": None, "p99": p99},
+        "step_lag": {"all": {"p99_ms": 9.5}},
+        "load_average": {"samples": 3, "mean": 3.5, "max": 4.75},
+    }
+
+
+def test_each_round_compares_its_configs_with_that_round_s_first() -> None:
+    table = rounds_table(
+        [
+            run_summary(1, "gie-default", 100.0, 800.0),
+            run_summary(1, "pl", 90.0, 600.0),
+            run_summary(2, "gie-default", 200.0, 1000.0),
+            run_summary(2, "pl", 210.0, 950.0),
+        ]
+    )
+    rows = table.splitlines()[2:]
+    assert rows[0] == "| 1 | gie-default | 100.0 / 800.0 | – | 9.5 | 3.5 / 4.8 |"
+    assert rows[1] == "| 1 | pl | 90.0 / 600.0 | -10.0% / -25.0% | 9.5 | 3.5 / 4.8 |"
+    assert rows[3] == "| 2 | pl | 210.0 / 950.0 | +5.0% / -5.0% | 9.5 | 3.5 / 4.8 |"
