@@ -39,7 +39,7 @@ from trainer.artifacts import MODEL_NAMES, ArtifactStore, Manifest, ModelName, N
 from trainer.features import FEATURE_COLUMNS, TRAINING_SAMPLE_DECODER, RowError, matrix_from_columns
 from trainer.metrics import TrainerMetrics, rejection_reason
 from trainer.settings import TrainerSettings
-from trainer.training import train_model
+from trainer.training import TTFT_MONOTONE, train_model
 from trainer.window import StratifiedWindow
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,8 @@ class TrainerService:
         quantile = training.quantile_alpha if training.objective == "quantile" else None
         models: dict[ModelName, NewModel] = {}
         for name, job in jobs.items():
-            fitted = train_model(job.features, job.latencies_ms, training, self._rng)
+            monotone = TTFT_MONOTONE if name == "ttft" and training.ttft_monotone else None
+            fitted = train_model(job.features, job.latencies_ms, training, self._rng, monotone)
             self.metrics.retrain_duration.labels(name).observe(fitted.duration_s)
             if not fitted.holdout.beats_baseline:
                 self.metrics.withheld_models.labels(name).inc()

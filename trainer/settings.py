@@ -37,6 +37,12 @@ class TrainingSettings(BaseModel):
     # its machine with the engines and the EPP; on a busy 2-core box a 100-sample fit took 10 s of
     # wall time and 2.5 s of CPU on all cores, 0.25 s and 0.05 s on one.
     train_threads: int = Field(1, ge=0, le=256, description="xgboost threads while training (0: all cores)")
+    # Trees do not extrapolate: a TTFT model that saw few uncached long prompts predicted a 25k-token
+    # prompt with no cache faster (305-360 ms) than one with 16k cached, and the router moved such
+    # turns off their cache (700-740 ms measured; llm-epp-bench replay, agentic-weka x10).
+    ttft_monotone: bool = Field(
+        True, description="constrain the TTFT model to rise with uncached tokens and queues (TTFT_MONOTONE)"
+    )
     seed: int = Field(0, description="seed of the holdout split and of xgboost")
 
 

@@ -10,7 +10,9 @@ inverse (:func:`latency_from_margin`) is shared by the trainer's evaluation and 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import xgboost as xgb
@@ -73,6 +75,26 @@ def latency_from_margin(margin: np.ndarray, transform: TargetTransform) -> np.nd
     return np.clip(values, 0.0, MAX_LATENCY_MS)
 
 
+TTFT_MONOTONE: Final[Mapping[str, int]] = {
+    "input_token_length": 1,
+    "effective_input_tokens": 1,
+    "prefix_cache_score": -1,
+    "num_request_waiting": 1,
+    "prefill_tokens_in_flight": 1,
+    "is_queued": 1,
+}
+"""The direction TTFT takes in each feature, all else equal (+1 rises, -1 falls; the others are
+free): more tokens to prefill, here or queued ahead, never make a first token come sooner."""
+
+
+def monotone_constraints(directions: Mapping[str, int]) -> str:
+    """XGBoost's ``monotone_constraints`` parameter, in ``FEATURE_COLUMNS`` order."""
+    unknown = set(directions) - set(FEATURE_COLUMNS)
+    if unknown:
+        raise ValueError(f"not feature columns: {sorted(unknown)}")
+    return "(" + ",".join(str(directions.get(name, 0)) for name in FEATURE_COLUMNS) + ")"
+
+
 MIN_HOLDOUT_SAMPLES = 30
 """Below this many held-out samples, the model is judged by cross-validation instead: with a
 first fit at 40 samples a 10% holdout is 4 samples, and whether a model beats the constant on 4
@@ -81,11 +103,16 @@ CV_FOLDS = 5
 
 
 def train_model(
-    features: np.ndarray, latencies_ms: np.ndarray, settings: TrainingSettings, rng: np.random.Generator
+    features: np.ndarray,
+    latencies_ms: np.ndarray,
+    settings: TrainingSettings,
+    rng: np.random.Generator,
+    monotone: Mapping[str, int] | None = None,
 ) -> TrainedModel:
     """Fit a model to ``latencies_ms`` (all > 0), holding out ``settings.holdout_fraction``; where
     that share is under ``MIN_HOLDOUT_SAMPLES`` samples, judge it by ``CV_FOLDS``-fold
-    cross-validation and fit the served model on every sample."""
+    cross-validation and fit the served model on every sample. ``monotone`` gives the direction
+    the prediction must take in some features (as ``TTFT_MONOTONE``)."""
     n = len(features)
     if n < 2 or len(latencies_ms) != n:
         raise TrainingError(f"need at least 2 samples with one latency each, got {n}")
@@ -97,17 +124,21 @@ def train_model(
         n_holdout = max(n_holdout, 1)
     order = rng.permutation(n)
     if 0 < n_holdout < MIN_HOLDOUT_SAMPLES:
-        holdout = _cross_validate(features, latencies_ms, settings, order)
-        booster = _fit(features, latencies_ms, settings)
+        holdout = _cross_validate(features, latencies_ms, settings, order, monotone)
+        booster = _fit(features, latencies_ms, settings, monotone)
         return TrainedModel(booster, n, holdout, time.perf_counter() - started)
     held, kept = order[:n_holdout], order[n_holdout:]
-    booster = _fit(features[kept], latencies_ms[kept], settings)
+    booster = _fit(features[kept], latencies_ms[kept], settings, monotone)
     holdout = evaluate(booster, features[held], latencies_ms[held], settings, latencies_ms[kept])
     return TrainedModel(booster, len(kept), holdout, time.perf_counter() - started)
 
 
 def _cross_validate(
-    features: np.ndarray, latencies_ms: np.ndarray, settings: TrainingSettings, order: np.ndarray
+    features: np.ndarray,
+    latencies_ms: np.ndarray,
+    settings: TrainingSettings,
+    order: np.ndarray,
+    monotone: Mapping[str, int] | None,
 ) -> HoldoutMetrics:
     """Out-of-fold metrics: each fold predicted by a model fitted on the others, and judged
     against the constant of those others."""
@@ -116,7 +147,7 @@ def _cross_validate(
     level = settings.quantile_alpha if settings.objective == "quantile" else 0.5
     for held in np.array_split(order, CV_FOLDS):
         kept = np.setdiff1d(order, held, assume_unique=True)
-        booster = _fit(features[kept], latencies_ms[kept], settings)
+        booster = _fit(features[kept], latencies_ms[kept], settings, monotone)
         predicted[held] = latency_from_margin(
             booster.inplace_predict(features[held]), settings.target_transform
         )
@@ -124,7 +155,12 @@ def _cross_validate(
     return _metrics(predicted, latencies_ms, baseline, settings, folds=CV_FOLDS)
 
 
-def _fit(features: np.ndarray, latencies_ms: np.ndarray, settings: TrainingSettings) -> xgb.Booster:
+def _fit(
+    features: np.ndarray,
+    latencies_ms: np.ndarray,
+    settings: TrainingSettings,
+    monotone: Mapping[str, int] | None,
+) -> xgb.Booster:
     target = np.log(latencies_ms) if settings.target_transform == "log" else latencies_ms
     params: dict[str, object] = {
         "tree_method": "hist",
@@ -137,6 +173,8 @@ def _fit(features: np.ndarray, latencies_ms: np.ndarray, settings: TrainingSetti
         params["quantile_alpha"] = settings.quantile_alpha
     if settings.train_threads:
         params["nthread"] = settings.train_threads
+    if monotone:
+        params["monotone_constraints"] = monotone_constraints(monotone)
     try:
         train = xgb.DMatrix(features, label=target, feature_names=list(FEATURE_COLUMNS))
         return xgb.train(params, train, num_boost_round=settings.n_estimators)

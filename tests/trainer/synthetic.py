@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from trainer.artifacts import Manifest
+from trainer.features import FEATURE_COLUMNS
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
 
@@ -82,3 +83,14 @@ async def publish_version(model_dir: Path, n: int = 2000, seed: int = 0, **setti
     manifest = await service.retrain()
     assert manifest is not None
     return manifest
+
+
+def uncached_sweep(features: np.ndarray) -> np.ndarray:
+    """One typical row, its uncached tokens swept from none to the whole prompt and beyond the data."""
+    column = {name: i for i, name in enumerate(FEATURE_COLUMNS)}
+    rows = np.repeat(np.median(features, axis=0, keepdims=True), 200, axis=0)
+    length = np.linspace(0, 2 * features[:, column["input_token_length"]].max(), 200)
+    rows[:, column["input_token_length"]] = length
+    rows[:, column["prefix_cache_score"]] = 0.0
+    rows[:, column["effective_input_tokens"]] = length
+    return rows.astype(np.float32)

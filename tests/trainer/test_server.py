@@ -11,11 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import xgboost as xgb
 
 from tests.support import sample_value
 from tests.trainer.running import Trainer, started
-from tests.trainer.synthetic import training_samples
+from tests.trainer.synthetic import training_samples, uncached_sweep
 from trainer.artifacts import Manifest
+from trainer.features import TRAINING_SAMPLE_DECODER, matrix_from_columns
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
 
@@ -320,3 +322,15 @@ async def test_a_retrain_request_refits_on_new_samples_only_and_each_version_kee
         assert errors[1] is None
         assert errors[3] == manifest.models["ttft"].holdout.mape
         assert errors[2] is not None and 0 < errors[2] < 0.5
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_the_served_ttft_model_is_monotone_unless_turned_off(tmp_path: Path, enabled: bool) -> None:
+    service = TrainerService(TrainerSettings(model_dir=tmp_path, ttft_monotone=enabled))
+    samples = training_samples(300, seed=3, noise=0.5)  # small and noisy, where trees wander most
+    service.add_samples(samples)
+    assert await service.retrain() is not None
+    booster = xgb.Booster(model_file=bytearray(service.store.read_model("ttft")[1]))
+    features = matrix_from_columns(TRAINING_SAMPLE_DECODER.decode(samples))
+    steps = np.diff(booster.inplace_predict(uncached_sweep(features)))
+    assert bool(np.all(steps >= 0)) is enabled

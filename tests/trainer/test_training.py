@@ -8,10 +8,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.trainer.synthetic import training_samples
-from trainer.features import TRAINING_SAMPLE_DECODER, matrix_from_columns
+from tests.trainer.synthetic import training_samples, uncached_sweep
+from trainer.features import FEATURE_COLUMNS, TRAINING_SAMPLE_DECODER, matrix_from_columns
 from trainer.settings import TrainingSettings
-from trainer.training import TrainingError, evaluate, latency_from_margin, train_model
+from trainer.training import (
+    TTFT_MONOTONE,
+    TrainingError,
+    evaluate,
+    latency_from_margin,
+    monotone_constraints,
+    train_model,
+)
 
 
 def dataset(n: int, seed: int = 0, noise: float = 0.02) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -128,3 +135,26 @@ def test_unusable_data_is_refused() -> None:
         train_model(features[:1], ttft[:1], TrainingSettings(), np.random.default_rng(0))
     with pytest.raises(TrainingError):
         train_model(features, np.zeros(20), TrainingSettings(), np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("monotone", [TTFT_MONOTONE, None])
+def test_a_monotone_ttft_model_never_predicts_more_uncached_tokens_as_faster(monotone) -> None:
+    # Noisy, small: the window a model is first fitted on, where trees wander most.
+    features, ttft, _ = dataset(300, seed=3, noise=0.5)
+    model = train_model(features, ttft, TrainingSettings(), np.random.default_rng(0), monotone)
+    steps = np.diff(model.booster.inplace_predict(uncached_sweep(features)))
+    if monotone:
+        assert np.all(steps >= 0)
+    else:
+        assert np.any(steps < 0)  # what the constraint prevents
+
+
+def test_monotone_constraints_follow_the_feature_columns() -> None:
+    text = monotone_constraints({"prefix_cache_score": -1, "is_queued": 1})
+    directions = [int(x) for x in text.strip("()").split(",")]
+    assert len(directions) == len(FEATURE_COLUMNS)
+    assert directions[FEATURE_COLUMNS.index("prefix_cache_score")] == -1
+    assert directions[FEATURE_COLUMNS.index("is_queued")] == 1
+    assert sum(map(abs, directions)) == 2
+    with pytest.raises(ValueError, match="not feature columns"):
+        monotone_constraints({"prompt_colour": 1})
