@@ -88,14 +88,7 @@ async def test_strict_predictions(client: httpx.AsyncClient, model_dir: Path) ->
     assert (first["model_type"], first["quantile"]) == ("xgboost", None)
     datetime.fromisoformat(first["last_model_load"])
     # The served numbers are the model's, to the 3 decimals sent.
-    manifest = Manifest.model_validate_json((model_dir / "manifest.json").read_bytes())
-    models = build_model_set(
-        manifest,
-        {n: (model_dir / i.file).read_bytes() for n, i in manifest.models.items()},
-        loaded_at=datetime.now(UTC),
-        source="test",
-    )
-    ttft, tpot = models.predict(decode_feature_rows(rows))
+    ttft, tpot = _served_models(model_dir).predict(decode_feature_rows(rows))
     assert [p["ttft_ms"] for p in body["predictions"]] == pytest.approx(ttft.tolist(), abs=1e-3)
     assert [p["tpot_ms"] for p in body["predictions"]] == pytest.approx(tpot.tolist(), abs=1e-3)
     # ... and they are good predictions of the known function.
@@ -228,20 +221,24 @@ async def test_an_unexpected_error_is_a_json_500(
 BINARY = {"content-type": FEATURE_ROWS_TYPE}
 
 
+def _served_models(model_dir: Path) -> ModelSet:
+    """The models of ``model_dir``'s current version, as a predictor loads them."""
+    manifest = Manifest.model_validate_json((model_dir / "manifest.json").read_bytes())
+    return build_model_set(
+        manifest,
+        {n: (model_dir / i.file).read_bytes() for n, i in manifest.models.items()},
+        loaded_at=datetime.now(UTC),
+        source="test",
+    )
+
+
 async def test_binary_calls_get_the_models_numbers(client: httpx.AsyncClient, model_dir: Path) -> None:
     rows = feature_rows(100, seed=7)
     response = await client.post("/predict/bulk/strict", content=encode_rows(rows), headers=BINARY)
     assert response.status_code == 200
     assert response.headers["content-type"] == PREDICTIONS_TYPE
     assert response.headers[MODEL_VERSION_HEADER] == "1"
-    manifest = Manifest.model_validate_json((model_dir / "manifest.json").read_bytes())
-    models = build_model_set(
-        manifest,
-        {n: (model_dir / i.file).read_bytes() for n, i in manifest.models.items()},
-        loaded_at=datetime.now(UTC),
-        source="test",
-    )
-    ttft, tpot = models.predict(decode_feature_rows(rows))
+    ttft, tpot = _served_models(model_dir).predict(decode_feature_rows(rows))
     assert decode_predictions(response.content) == np.column_stack((ttft, tpot)).tolist()  # exactly
     as_json = (await client.post("/predict/bulk/strict", json={"requests": rows})).json()["predictions"]
     assert [p["ttft_ms"] for p in as_json] == pytest.approx(ttft.tolist(), abs=1e-3)
