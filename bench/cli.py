@@ -219,9 +219,9 @@ def _add_sync_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workloads",
         default=",".join(w.name for w in sync_sweep.DEFAULT_WORKLOADS),
-        help="comma-separated NAME[:RATE_SCALE[:ENGINES[:LIMIT]]] (defaults: "
-        + ", ".join(f"{w.name}:{w.rate_scale:g}:{w.engines}:{w.limit}" for w in sync_sweep.DEFAULT_WORKLOADS)
-        + ")",
+        help="comma-separated NAME[:RATE_SCALE[:ENGINES[:LIMIT]]] among "
+        + ", ".join(f"{w.name}:{w.rate_scale:g}:{w.engines}:{w.limit}" for w in sync_sweep.WORKLOADS)
+        + " (default: the first three)",
     )
     p.add_argument("--routers", default=",".join(defaults.routers), help="comma-separated router names")
     p.add_argument("--router-replicas", type=_counts, default=defaults.router_replicas, help="K values")
@@ -246,7 +246,7 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 def _sweep_workload(text: str) -> sync_sweep.SweepWorkload:
     """``NAME[:RATE_SCALE[:ENGINES[:LIMIT]]]``; what is left out comes from the defaults."""
-    known = {w.name: w for w in sync_sweep.DEFAULT_WORKLOADS}
+    known = {w.name: w for w in sync_sweep.WORKLOADS}
     name, *rest = text.strip().split(":")
     if name not in known or len(rest) > 3:
         raise ValueError(f"workloads are NAME[:RATE_SCALE[:ENGINES[:LIMIT]]], NAME among {', '.join(known)}")

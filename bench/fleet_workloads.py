@@ -21,6 +21,10 @@ agentic-weka               Claude Code sessions (Weka/SemiAnalysis traces): turn
 mooncake-conversation      Mooncake's production conversation trace (12,031 requests): recorded
 mooncake-synthetic         arrival times divided by the scale, prefix identity from hash_ids (512-
                            token blocks); prompts longer than the window are clipped.
+mooncake-conversation-     the conversation trace with each request's arrival drawn uniformly
+spread                     (seeded) within its timestamp's bucket: the trace stamps arrivals to
+                           ~3 s buckets (up to 28 requests share one stamp), so replayed as
+                           recorded every bucket arrives in one instant.
 azure-conv, azure-code     Azure LLM inference traces 2023: recorded times divided by the scale,
                            no prefix information (load balancing only).
 session-trace:PATH         a session trace in the generic JSONL format of ``bench.traces``; arrival
@@ -34,6 +38,7 @@ attainment are defined and the predicted-latency router sees objectives.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,22 +146,38 @@ def agentic_weka(options: WorkloadOptions) -> Workload:
     )
 
 
-def _mooncake(kind: str) -> Builder:
+def spread_over_buckets(arrivals: list[float], rng: random.Random) -> list[float]:
+    """``arrivals`` (sorted, stamped to buckets) with each one drawn uniformly between its stamp
+    and the next distinct stamp; the last bucket is as wide as the median bucket."""
+    if not arrivals:
+        return []
+    stamps = sorted(set(arrivals))
+    width = {a: b - a for a, b in itertools.pairwise(stamps)}
+    gaps = sorted(width.values())
+    width[stamps[-1]] = gaps[len(gaps) // 2] if gaps else 0.0
+    return [t + rng.random() * width[t] for t in arrivals]
+
+
+def _mooncake(kind: str, spread: bool = False) -> Builder:
     def build(options: WorkloadOptions) -> Workload:
         rows = traces.read_mooncake(traces.trace_path(traces.MOONCAKE[kind]), options.limit)
+        arrivals = [row.arrival_s for row in rows]
+        if spread:
+            arrivals = spread_over_buckets(arrivals, random.Random(options.seed))
         sessions, clipped = [], 0
-        for index, row in enumerate(rows):
+        for index, (row, arrival_s) in enumerate(zip(rows, arrivals, strict=True)):
             output = min(row.output_tokens, MAX_OUTPUT)
             size = min(row.input_tokens, options.max_model_len - output)
             clipped += size < row.input_tokens
             turn = Turn(size, max(1, output), prefix="blocks", hash_ids=row.hash_ids)
-            sessions.append(Session(f"m{index}", row.arrival_s / options.scale, (turn,)))
+            sessions.append(Session(f"m{index}", arrival_s / options.scale, (turn,)))
+        timing = "arrivals spread over their ~3 s buckets" if spread else "recorded arrivals"
         return Workload(
-            f"mooncake-{kind}",
+            f"mooncake-{kind}" + ("-spread" if spread else ""),
             sessions,
             description=(
-                f"Mooncake {kind} trace, {len(rows)} requests at {options.scale}x the recorded rate, "
-                f"prefixes from hash_ids ({clipped} prompts clipped to the window)"
+                f"Mooncake {kind} trace, {len(rows)} requests at {options.scale}x the recorded rate "
+                f"({timing}), prefixes from hash_ids ({clipped} prompts clipped to the window)"
             ),
             slo_ttft_ms=2000.0,
             slo_tpot_ms=50.0,
@@ -229,6 +250,7 @@ WORKLOADS: dict[str, Builder] = {
     "rl-stragglers": rl_stragglers,
     "agentic-weka": agentic_weka,
     "mooncake-conversation": _mooncake("conversation"),
+    "mooncake-conversation-spread": _mooncake("conversation", spread=True),
     "mooncake-synthetic": _mooncake("synthetic"),
     "azure-conv": _azure("conv"),
     "azure-code": _azure("code"),

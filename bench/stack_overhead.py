@@ -19,7 +19,8 @@ reports for each config:
   grow by a few hundred tokens a turn to 30k+ tokens, as coding agents' do. EPP CPU per
   request against turn number, to show whether the cost grows with the conversation; and a
   ~26k-token prompt seen for the first time, then extended once;
-* a py-spy flame graph of the EPP in each phase (SVG), when py-spy is installed.
+* a py-spy flame graph of the EPP in each phase (SVG), when py-spy is installed, from a shorter
+  pass of its own after the measured ones (py-spy stops the EPP at every sample).
 
 Per-request CPU of one request at a time is read from ``/proc/PID/task/*/schedstat``
 (nanoseconds), since ``/proc/PID/stat`` counts in 10 ms ticks.
@@ -33,7 +34,7 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -232,13 +233,14 @@ def _turn(
 
 
 def measure_sessions(
-    sut: StackUnderTest, settings: StackOverheadSettings, idle: dict[str, float]
+    sut: StackUnderTest, settings: StackOverheadSettings, idle: dict[str, float], seed: int = 7
 ) -> dict[str, Any]:
-    """Interleaved growing sessions, then a long prompt seen first and extended once."""
+    """Interleaved growing sessions, then a long prompt seen first and extended once (their
+    texts drawn with ``seed``)."""
     assert sut.stack.epp is not None
     pid = sut.stack.epp.process.pid
     url = sut.stack.gateway_url + "/v1/chat/completions"
-    rng = random.Random(7)
+    rng = random.Random(seed)
     idle_rate = idle["epp"]
     sessions = [
         _Session([{"role": "system", "content": f"You are coding agent {i}."}])
@@ -265,24 +267,18 @@ def _measure(
     task = progress.add_task(f"stack overhead: {config}", total=3)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _stack(config, settings) as sut:
-        assert sut.stack.epp is not None
-        pid = sut.stack.epp.process.pid
         if settings.predictors:
             time.sleep(3.0)  # let the first model train, as a user's stack would have
         idle = measure_idle(sut, settings.idle_s)
 
-        def svg(phase: str) -> Path | None:
-            return out_dir / f"stack-{config}-{phase}.svg" if settings.flame_graphs else None
-
-        with flame_graph(pid, svg("short"), rate=250):
-            short = measure_short(sut, settings, idle)
+        short = measure_short(sut, settings, idle)
         progress.advance(task)
         throughput = measure_wrk(sut, settings)
-        with flame_graph(pid, svg("streamed"), rate=250):
-            streamed = measure_streamed(sut, settings, idle)
+        streamed = measure_streamed(sut, settings, idle)
         progress.advance(task)
-        with flame_graph(pid, svg("sessions"), rate=250):
-            sessions = measure_sessions(sut, settings, idle)
+        sessions = measure_sessions(sut, settings, idle)
+        if settings.flame_graphs:
+            _profile_phases(sut, settings, idle, out_dir, config)
         progress.advance(task)
     return {
         "config": config,
@@ -292,6 +288,25 @@ def _measure(
         "streamed": streamed,
         "sessions": sessions,
     }
+
+
+def _profile_phases(
+    sut: StackUnderTest, settings: StackOverheadSettings, idle: dict[str, float], out_dir: Path, config: str
+) -> None:
+    """A py-spy flame graph of the EPP in each phase, from shorter passes after the measured ones:
+    py-spy stops the EPP at every sample, which would otherwise add to the figures (on this
+    2-core machine a sampled pass gave 2.3 ms added p50 at concurrency 1 against 1.6 unsampled)."""
+    assert sut.stack.epp is not None
+    pid = sut.stack.epp.process.pid
+    brief = replace(settings, short_s=3.0, concurrencies=(max(settings.concurrencies),), turns=8)
+    phases = {
+        "short": lambda: measure_short(sut, brief, idle),
+        "streamed": lambda: measure_streamed(sut, brief, idle),
+        "sessions": lambda: measure_sessions(sut, brief, idle, seed=8),
+    }
+    for phase, measure in phases.items():
+        with flame_graph(pid, out_dir / f"stack-{config}-{phase}.svg", rate=250):
+            measure()
 
 
 def _plot(results: list[dict[str, Any]], path: Path) -> None:

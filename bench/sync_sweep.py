@@ -49,6 +49,9 @@ DEFAULT_WORKLOADS = (
     SweepWorkload("mooncake-conversation", 1.0, 8, 1500),
 )
 """Loads near saturation (the rates and fleets of the ``fleet`` defaults' busiest runs)."""
+WORKLOADS = (*DEFAULT_WORKLOADS, SweepWorkload("mooncake-conversation-spread", 1.0, 8, 1500))
+"""What ``--workloads`` may name: the defaults, and the Mooncake conversation trace with each
+arrival spread over its ~3 s timestamp bucket (``bench.fleet_workloads``)."""
 
 
 @dataclass(frozen=True, slots=True)

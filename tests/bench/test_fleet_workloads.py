@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 from bench import traces
-from bench.fleet_workloads import WorkloadOptions, build_workload
+from bench.fleet_workloads import WorkloadOptions, build_workload, spread_over_buckets
 
 SLICES = Path(__file__).parents[1] / "fixtures" / "traces"
 
@@ -30,6 +31,30 @@ def test_mooncake_rows_and_prefix_blocks() -> None:
     last = workload.sessions[-1]
     assert last.start_s == pytest.approx(rows[-1].arrival_s / 2)
     assert last.turns[0].prefix == "blocks" and last.turns[0].hash_ids == rows[-1].hash_ids
+
+
+def test_spread_arrivals_stay_in_their_buckets() -> None:
+    stamps = [0.0, 0.0, 0.0, 3.0, 6.0, 6.0, 8.0, 8.0]
+    spread = spread_over_buckets(stamps, random.Random(1))
+    ends = {0.0: 3.0, 3.0: 6.0, 6.0: 8.0, 8.0: 11.0}  # the last bucket: the median width, 3 s
+    assert all(t <= s < ends[t] for t, s in zip(stamps, spread, strict=True))
+    assert len(set(spread)) == len(stamps)
+    assert spread == spread_over_buckets(stamps, random.Random(1))
+    assert spread_over_buckets([], random.Random(1)) == []
+
+
+def test_mooncake_spread_keeps_requests_and_breaks_the_bursts() -> None:
+    options = WorkloadOptions(limit=200, seed=3)
+    recorded = build_workload("mooncake-conversation", options)
+    spread = build_workload("mooncake-conversation-spread", options)
+    assert [s.turns for s in spread.sessions] == [s.turns for s in recorded.sessions]
+    starts = [s.start_s for s in recorded.sessions]
+    assert len(set(starts)) < len(starts) // 5  # the trace stamps ~3 s buckets
+    assert len({s.start_s for s in spread.sessions}) == len(starts)
+    pairs = zip(recorded.sessions, spread.sessions, strict=True)
+    assert all(0 <= b.start_s - a.start_s < 3.01 for a, b in pairs)
+    other_seed = build_workload("mooncake-conversation-spread", WorkloadOptions(limit=200, seed=4))
+    assert other_seed.sessions != spread.sessions
 
 
 def test_mooncake_prompts_are_clipped_to_the_window() -> None:

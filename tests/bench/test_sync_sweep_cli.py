@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from bench import traces
 from bench.cli import main
+
+SLICES = Path(__file__).parents[1] / "fixtures" / "traces"
 
 
 def test_sync_sweep_writes_the_k_by_d_grid_with_the_goal_over_seeds(tmp_path: Path) -> None:
@@ -60,6 +63,20 @@ def test_sync_sweep_writes_the_k_by_d_grid_with_the_goal_over_seeds(tmp_path: Pa
     assert "| ray-kv-aware | 4 | 50 ms |" in report and "| ray-kv-aware | 4 | 0 ms |" in report
     assert f"{mean(1, None, 'e2e_ms') / 1e3:.2f} |" in report  # cells show the seeds' mean
     assert (out / "sync-sweep.png").stat().st_size > 1000
+
+
+def test_sync_sweep_replays_mooncake_with_spread_arrivals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(traces, "TRACES_DIR", SLICES)
+    out = tmp_path / "out"
+    arguments = ["--workloads", "mooncake-conversation-spread:1:2:60", "--routers", "gie-default"]
+    main(["sync-sweep", *arguments, "--router-replicas", "1,2", "--sync-delays-ms", "50", "--out", str(out)])
+    data = json.loads((out / "sync-sweep.json").read_text())
+    workload = data["workloads"]["mooncake-conversation-spread"]
+    assert (workload["engines"], workload["limit"]) == (2, 60)
+    assert "arrivals spread over their ~3 s buckets" in workload["description"]
+    assert [(r["router_replicas"], r["completed"]) for r in data["runs"]] == [(1, 60), (2, 60)]
 
 
 @pytest.mark.parametrize(
