@@ -19,6 +19,10 @@ reports for each config:
   grow by a few hundred tokens a turn to 30k+ tokens, as coding agents' do. EPP CPU per
   request against turn number, to show whether the cost grows with the conversation; and a
   ~26k-token prompt seen for the first time, then extended once;
+* **concurrent sessions**: ``concurrent_sessions`` growing sessions at once, turn by turn (every
+  session's next turn sent together): EPP CPU per request under load, net of idle, against the
+  turn's prompt size. One request at a time the EPP idles between messages, and on this 2-core
+  VM work after an idle gap costs it more CPU than the same work back to back;
 * a py-spy flame graph of the EPP in each phase (SVG), when py-spy is installed, from a shorter
   pass of its own after the measured ones (py-spy stops the EPP at every sample).
 
@@ -72,6 +76,7 @@ class StackOverheadSettings:
     sessions: int = 3
     turns: int = 48
     words_per_turn: int = 450
+    concurrent_sessions: int = 8
     first_seen_words: int = 18_500
     stream_tokens: int = 32
     wrk_connections: int = 16
@@ -277,6 +282,7 @@ def _measure(
         streamed = measure_streamed(sut, settings, idle)
         progress.advance(task)
         sessions = measure_sessions(sut, settings, idle)
+        concurrent = measure_concurrent_sessions(sut, settings, idle)
         if settings.flame_graphs:
             _profile_phases(sut, settings, idle, out_dir, config)
         progress.advance(task)
@@ -287,7 +293,55 @@ def _measure(
         "wrk": throughput,
         "streamed": streamed,
         "sessions": sessions,
+        "concurrent_sessions": concurrent,
     }
+
+
+def measure_concurrent_sessions(
+    sut: StackUnderTest, settings: StackOverheadSettings, idle: dict[str, float]
+) -> list[dict[str, Any]]:
+    """``settings.concurrent_sessions`` growing sessions, their turns sent together round by round:
+    per round, the EPP's CPU (and net of its idle rate over the round) per request."""
+    assert sut.stack.epp is not None
+    pid = sut.stack.epp.process.pid
+    url = sut.stack.gateway_url + "/v1/chat/completions"
+    rng = random.Random(9)
+    sessions = [
+        [{"role": "system", "content": f"You are coding agent {i} of a team."}]
+        for i in range(settings.concurrent_sessions)
+    ]
+
+    async def rounds() -> list[dict[str, Any]]:
+        results = []
+        async with httpx.AsyncClient(timeout=120) as client:
+            for turn in range(settings.turns):
+                for messages in sessions:
+                    messages.append({"role": "user", "content": _text(rng, settings.words_per_turn)})
+                bodies = [{"model": "tiny", "messages": m, "max_tokens": 8} for m in sessions]
+                before, started = task_cpu_seconds(pid), time.perf_counter()
+                responses = await asyncio.gather(*(client.post(url, json=body) for body in bodies))
+                wall, cpu = time.perf_counter() - started, task_cpu_seconds(pid) - before
+                tokens = []
+                for messages, response in zip(sessions, responses, strict=True):
+                    response.raise_for_status()
+                    data = response.json()
+                    messages.append(
+                        {"role": "assistant", "content": data["choices"][0]["message"]["content"] or "ok"}
+                    )
+                    tokens.append(data["usage"]["prompt_tokens"])
+                count = len(sessions)
+                results.append(
+                    {
+                        "turn": turn,
+                        "prompt_tokens": sorted(tokens)[count // 2],
+                        "epp_cpu_ms": round(cpu / count * 1e3, 3),
+                        "epp_cpu_net_of_idle_ms": round((cpu * 1e3 - idle["epp"] * wall) / count, 3),
+                        "round_ms": round(wall * 1e3, 2),
+                    }
+                )
+        return results
+
+    return asyncio.run(rounds())
 
 
 def _profile_phases(
@@ -316,6 +370,15 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
         ax.scatter(
             [t["prompt_tokens"] for t in turns], [t["epp_cpu_ms"] for t in turns], s=8, label=result["config"]
         )
+    for result in results:
+        rounds = result["concurrent_sessions"]
+        ax.scatter(
+            [r["prompt_tokens"] for r in rounds],
+            [r["epp_cpu_ms"] for r in rounds],
+            s=14,
+            marker="x",
+            label=f"{result['config']}, sessions at once",
+        )
     ax.set_xlabel("prompt tokens (each turn extends the session's previous prompt)")
     ax.set_ylabel("EPP CPU per request (ms)")
     ax.set_title("EPP CPU per request in growing chat sessions (live stack)")
@@ -325,31 +388,32 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _session_rows(result: dict[str, Any]) -> list[list[Any]]:
-    turns = result["sessions"]["turns"]
+_BANDS = [(0, 8_000), (8_000, 16_000), (16_000, 24_000), (24_000, 40_000)]
+
+
+def _band_rows(config: str, label: str, turns: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per prompt-size band of ``turns`` (the first turn left out: it is seen first)."""
     rows = []
-    bands = [(0, 8_000), (8_000, 16_000), (16_000, 24_000), (24_000, 40_000)]
-    for low, high in bands:
+    for low, high in _BANDS:
         band = [t for t in turns if low <= t["prompt_tokens"] < high and t["turn"] > 0]
         if band:
             cpu = sorted(t["epp_cpu_ms"] for t in band)
             net = sorted(t["epp_cpu_net_of_idle_ms"] for t in band)
-            label = f"{low // 1000}k–{high // 1000}k"
-            rows.append([result["config"], label, len(band), cpu[len(cpu) // 2], cpu[-1], net[len(net) // 2]])
-    s = result["sessions"]
+            size = f"{low // 1000}k–{high // 1000}k"
+            rows.append([config, label, size, len(band), cpu[len(cpu) // 2], cpu[-1], net[len(net) // 2]])
+    return rows
+
+
+def _session_rows(result: dict[str, Any], concurrent_sessions: int) -> list[list[Any]]:
+    config, s = result["config"], result["sessions"]
+    rows = _band_rows(config, "one at a time", s["turns"])
     for label in ("first_seen", "extension"):
         turn = s[label]
-        rows.append(
-            [
-                result["config"],
-                f"{label} ({turn['prompt_tokens']})",
-                1,
-                turn["epp_cpu_ms"],
-                "",
-                turn["epp_cpu_net_of_idle_ms"],
-            ]
-        )
-    return rows
+        size = f"{label} ({turn['prompt_tokens']})"
+        net = turn["epp_cpu_net_of_idle_ms"]
+        rows.append([config, "one at a time", size, 1, turn["epp_cpu_ms"], "", net])
+    together = f"{concurrent_sessions} at once (per round)"
+    return rows + _band_rows(config, together, result["concurrent_sessions"])
 
 
 def _streamed_row(result: dict[str, Any]) -> list[Any]:
@@ -412,9 +476,10 @@ def _markdown(data: dict[str, Any]) -> str:
         ["config", *data["results"][0]["idle_cpu_ms_per_s"]],
         [[r["config"], *r["idle_cpu_ms_per_s"].values()] for r in data["results"]],
     )
+    concurrent_sessions = data["settings"]["concurrent_sessions"]
     sessions = markdown_table(
-        ["config", "prompt tokens", "requests", "EPP CPU ms p50", "max", "p50 net of idle"],
-        [row for result in data["results"] for row in _session_rows(result)],
+        ["config", "sessions", "prompt tokens", "requests", "EPP CPU ms p50", "max", "p50 net of idle"],
+        [row for result in data["results"] for row in _session_rows(result, concurrent_sessions)],
     )
     m = data["machine"]
     return "\n\n".join(
@@ -432,8 +497,10 @@ def _markdown(data: dict[str, Any]) -> str:
             throughput,
             "## Streamed responses (every chunk crosses ext_proc)",
             streamed,
-            "## Growing chat sessions (one request at a time)",
-            "Net of idle: the EPP's idle CPU rate times the request's latency taken away.",
+            "## Growing chat sessions",
+            "One at a time: the sessions' turns interleaved, one request in flight; net of idle takes "
+            "the EPP's idle CPU rate times the request's latency away. At once: every session's next "
+            "turn sent together; a round's EPP CPU (net of the idle rate over the round) per request.",
             sessions,
             "![EPP CPU per turn](stack-overhead.png)",
             "Flame graphs of the EPP (py-spy): `stack-<config>-short.svg`, `stack-<config>-streamed.svg`, "
