@@ -31,9 +31,16 @@ async def trainer(tmp_path: Path) -> AsyncIterator[Trainer]:
 
 
 async def published(service: TrainerService, version: int = 1) -> Manifest:
-    """The manifest once the trainer's own loop has published ``version`` (fails after 60 s)."""
+    """The manifest once the trainer's own loop has published ``version`` and reported it in its
+    metrics (fails after 60 s): the store shows a version fitted in the worker thread a moment
+    before the loop reports it."""
+    registry = service.metrics.registry
     async with asyncio.timeout(60):
-        while (current := service.store.current) is None or current.version < version:
+        while (
+            (current := service.store.current) is None
+            or current.version < version
+            or (registry.get_sample_value("trainer_model_version") or 0) < current.version
+        ):
             await asyncio.sleep(0.01)
     return current
 
