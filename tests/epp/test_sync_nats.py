@@ -395,7 +395,11 @@ async def test_mutual_tls_connects_and_refuses_clients_without_a_trusted_certifi
         )
         await eventually(lambda: anonymous.transport.last_error is not None)
         await eventually(lambda: stranger.transport.last_error is not None)
-        assert "certificate required" in anonymous.transport.last_error.lower()
+        # TLS 1.3 ends the client's handshake before the server checks the client's certificate,
+        # so the refusal reaches it as the server's alert or as the connection cut under its
+        # first write, whichever comes first; either way it never connects (below).
+        refusals = ("certificate required", "broken pipe", "connection reset")
+        assert any(reason in anonymous.transport.last_error.lower() for reason in refusals)
         assert "certificate verify failed" in stranger.transport.last_error.lower()
         assert not anonymous.transport.connected and not stranger.transport.connected
         anonymous.route("a", 999, 0, 4)
