@@ -60,10 +60,16 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+_handed_out: set[int] = set()
+"""Ports this process has given out: callers that have not bound theirs yet (a stack's ports are
+all chosen before its processes start) must not get the same one."""
+
+
 def free_port() -> int:
     for _ in range(200):
         port = _rng.randrange(*_PORT_RANGE)
-        if _bindable(port):
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
             return port
     raise ProcessError("found no free port")
 
@@ -72,7 +78,9 @@ def free_port_range(count: int) -> int:
     """First of ``count`` consecutive free loopback ports (for a multi-replica simulator)."""
     for _ in range(50):
         first = _rng.randrange(_PORT_RANGE[0], _PORT_RANGE[1] - count)
-        if all(_bindable(p) for p in range(first, first + count)):
+        ports = range(first, first + count)
+        if _handed_out.isdisjoint(ports) and all(_bindable(p) for p in ports):
+            _handed_out.update(ports)
             return first
     raise ProcessError(f"found no {count} consecutive free ports")
 
