@@ -218,6 +218,14 @@ class _Session:
     messages: list[dict[str, str]] = field(default_factory=list)
 
 
+def _answered(messages: list[dict[str, str]], response: httpx.Response) -> int:
+    """Append the answer in ``response`` to the session's ``messages``; the prompt's token count."""
+    response.raise_for_status()
+    data = response.json()
+    messages.append({"role": "assistant", "content": data["choices"][0]["message"]["content"] or "ok"})
+    return data["usage"]["prompt_tokens"]
+
+
 def _turn(
     client: httpx.Client, url: str, epp_pid: int, epp_idle_ms_per_s: float, messages: list[dict[str, str]]
 ) -> dict[str, Any]:
@@ -226,11 +234,8 @@ def _turn(
     response = client.post(url, json={"model": "tiny", "messages": messages, "max_tokens": 8})
     latency = time.perf_counter() - start
     cpu = task_cpu_seconds(epp_pid) - before
-    response.raise_for_status()
-    data = response.json()
-    messages.append({"role": "assistant", "content": data["choices"][0]["message"]["content"] or "ok"})
     return {
-        "prompt_tokens": data["usage"]["prompt_tokens"],
+        "prompt_tokens": _answered(messages, response),
         "epp_cpu_ms": round(cpu * 1e3, 3),
         "epp_cpu_net_of_idle_ms": round(cpu * 1e3 - epp_idle_ms_per_s * latency, 3),
         "latency_ms": round(latency * 1e3, 2),
@@ -321,14 +326,7 @@ def measure_concurrent_sessions(
                 before, started = task_cpu_seconds(pid), time.perf_counter()
                 responses = await asyncio.gather(*(client.post(url, json=body) for body in bodies))
                 wall, cpu = time.perf_counter() - started, task_cpu_seconds(pid) - before
-                tokens = []
-                for messages, response in zip(sessions, responses, strict=True):
-                    response.raise_for_status()
-                    data = response.json()
-                    messages.append(
-                        {"role": "assistant", "content": data["choices"][0]["message"]["content"] or "ok"}
-                    )
-                    tokens.append(data["usage"]["prompt_tokens"])
+                tokens = [_answered(m, r) for m, r in zip(sessions, responses, strict=True)]
                 count = len(sessions)
                 results.append(
                     {
