@@ -17,9 +17,9 @@ per chunk, not per second. A py-spy flame graph (with native frames) of the firs
 request shows where a chunk's CPU goes.
 
 **bare gRPC**: the floor under a chunk's cost. A servicer that answers every message with the
-EPP's continue reply and does nothing else, in its own process, driven by a gRPC client with
-the same response-body message, one at a time: back to back, and paced at a decode step's
-interval (``pace_ms``) as a streamed answer arrives. Paced, every message wakes an idle
+EPP's continue reply and does nothing else (``bench.grpc_floor``), in its own process, driven
+by a gRPC client with the same response-body message, one at a time: back to back, and paced
+at a decode step's interval (``pace_ms``) as a streamed answer arrives. Paced, every message wakes an idle
 server (gRPC's socket thread, its completion-queue poller, the event loop), so it costs
 several times what a message costs back to back.
 """
@@ -45,7 +45,6 @@ from bench.flame_graph import flame_graph
 from bench.live_replay import uses_predictor
 from bench.report import machine, markdown_table, write_results
 from bench.stack_overhead import task_cpu_seconds
-from epp.extproc.messages import CONTINUE_RESPONSE_BODY
 from sim.processes import free_port
 from sim.stack import LocalStack, StackConfig, StackPorts
 
@@ -161,20 +160,6 @@ def _measure(config: str, settings: InflightSettings, out_dir: Path) -> dict[str
         stack.stop()
 
 
-class _BareProcessor(ext_proc_grpc.ExternalProcessorServicer):
-    async def Process(self, request_iterator, context):
-        async for _ in request_iterator:
-            yield CONTINUE_RESPONSE_BODY
-
-
-async def _serve_bare(port: int) -> None:
-    server = grpc.aio.server()
-    ext_proc_grpc.add_ExternalProcessorServicer_to_server(_BareProcessor(), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    await server.wait_for_termination()
-
-
 async def _drive(port: int, messages: int, pace_s: float) -> None:
     event = b'data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" a"}}]}\n\n'
     message = ProcessingRequest(response_body=HttpBody(body=event))
@@ -192,7 +177,7 @@ async def _drive(port: int, messages: int, pace_s: float) -> None:
 def measure_bare_grpc(settings: InflightSettings) -> list[dict[str, float]]:
     """Server CPU per message of the bare servicer, at each pace (its idle CPU is ~0)."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "bench.inflight_cost", "serve-bare", str(port)])
+    server = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", "--port", str(port)])
     try:
         uvloop.run(_drive(port, 50, 0.0))  # warm-up, once the server answers
         rows = []
@@ -256,9 +241,3 @@ def run(out_dir: Path, settings: InflightSettings | None = None) -> dict[str, An
     data = {"machine": machine(), "settings": settings.__dict__, "results": results, "bare_grpc": bare}
     write_results(out_dir, "inflight", data, _markdown(data))
     return data
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] != ["serve-bare"] or len(sys.argv) != 3:
-        sys.exit("usage: python -m bench.inflight_cost serve-bare PORT")
-    uvloop.run(_serve_bare(int(sys.argv[2])))

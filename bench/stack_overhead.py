@@ -23,6 +23,10 @@ reports for each config:
   session's next turn sent together): EPP CPU per request under load, net of idle, against the
   turn's prompt size. One request at a time the EPP idles between messages, and on this 2-core
   VM work after an idle gap costs it more CPU than the same work back to back;
+* **the gRPC floor**, once per run on the first config's replicas: the short requests (both
+  concurrencies, then wrk) through a third Envoy with the gateway's own config, whose ext_proc
+  service is ``bench.grpc_floor``, a servicer that only answers. Its CPU per request is what a
+  Python ext_proc service pays here before doing any work, the floor under the EPP's figures;
 * a py-spy flame graph of the EPP in each phase (SVG), when py-spy is installed, from a shorter
   pass of its own after the measured ones (py-spy stops the EPP at every sample).
 
@@ -51,6 +55,7 @@ from rich.progress import Progress
 
 from bench import wrk
 from bench.flame_graph import flame_graph
+from bench.grpc_floor import FloorGateway, floor_gateway
 from bench.loadgen import closed_loop
 from bench.report import machine, markdown_table, write_results
 from epp.envoy_config import gateway_bootstrap
@@ -101,6 +106,10 @@ class StackUnderTest:
     direct: Component
     direct_url: str
 
+    @property
+    def gateway_url(self) -> str:
+        return self.stack.gateway_url
+
     def processes(self) -> dict[str, list[Component]]:
         s = self.stack
         groups = {"epp": [s.epp], "envoy": [s.envoy], "predictors": s.predictors, "trainer": [s.trainer]}
@@ -138,6 +147,36 @@ def _stack(config: str, settings: StackOverheadSettings) -> Iterator[StackUnderT
         stack.stop()
 
 
+@dataclass
+class FloorUnderTest:
+    """The stack's replicas behind the gateway's Envoy config, with ``bench.grpc_floor`` in the
+    EPP's place (its CPU is reported under ``epp``, so the EPP's measurements apply unchanged)."""
+
+    floor: FloorGateway
+    replicas: list[Component]
+    direct_url: str
+
+    @property
+    def gateway_url(self) -> str:
+        return self.floor.url
+
+    def cpu(self) -> dict[str, float]:
+        return {
+            "epp": self.floor.servicer.cpu_seconds(),
+            "envoy": self.floor.envoy.cpu_seconds(),
+            "replicas": sum(c.cpu_seconds() for c in self.replicas),
+        }
+
+
+def measure_floor(sut: StackUnderTest, settings: StackOverheadSettings) -> dict[str, Any]:
+    """The short-request cases through the gRPC floor (it has no idle cost: it scrapes nothing)."""
+    stack = sut.stack
+    with floor_gateway(stack.replica_ports, stack.cluster_endpoints_file, stack.workdir) as gateway:
+        floor = FloorUnderTest(gateway, stack.replicas, sut.direct_url)
+        no_idle = {"epp": 0.0}
+        return {"short": measure_short(floor, settings, no_idle), "wrk": measure_wrk(floor, settings)}
+
+
 def _per_request(cpu_delta: dict[str, float], requests: int) -> dict[str, float]:
     return {name: round(seconds / max(1, requests) * 1e3, 3) for name, seconds in cpu_delta.items()}
 
@@ -151,13 +190,17 @@ def measure_idle(sut: StackUnderTest, seconds: float) -> dict[str, float]:
 
 
 def _load_case(
-    sut: StackUnderTest, body: bytes, concurrency: int, seconds: float, idle: dict[str, float]
+    sut: StackUnderTest | FloorUnderTest,
+    body: bytes,
+    concurrency: int,
+    seconds: float,
+    idle: dict[str, float],
 ) -> dict[str, Any]:
     """Closed-loop load without, then with the EPP; CPU is counted over the measured part only."""
     direct = asyncio.run(
         closed_loop(sut.direct_url + "/v1/completions", body, concurrency=concurrency, duration_s=2.0)
     )
-    url = sut.stack.gateway_url + "/v1/completions"
+    url = sut.gateway_url + "/v1/completions"
     asyncio.run(closed_loop(url, body, concurrency=concurrency, duration_s=0.5, warmup_s=0.0))
     before, started = sut.cpu(), time.perf_counter()
     with_epp = asyncio.run(closed_loop(url, body, concurrency=concurrency, duration_s=seconds, warmup_s=0.0))
@@ -176,17 +219,17 @@ def _load_case(
 
 
 def measure_short(
-    sut: StackUnderTest, settings: StackOverheadSettings, idle: dict[str, float]
+    sut: StackUnderTest | FloorUnderTest, settings: StackOverheadSettings, idle: dict[str, float]
 ) -> list[dict[str, Any]]:
     body = json.dumps({"model": "tiny", "prompt": SHORT_PROMPT, "max_tokens": 1}).encode()
     return [_load_case(sut, body, c, settings.short_s, idle) for c in settings.concurrencies]
 
 
-def measure_wrk(sut: StackUnderTest, settings: StackOverheadSettings) -> dict[str, Any]:
+def measure_wrk(sut: StackUnderTest | FloorUnderTest, settings: StackOverheadSettings) -> dict[str, Any]:
     """Short requests from wrk at ``settings.wrk_connections``: the stack's throughput without
     the Python load generator's CPU on the same cores. CPU per process group per request."""
     body = json.dumps({"model": "tiny", "prompt": SHORT_PROMPT, "max_tokens": 1}).encode()
-    url = sut.stack.gateway_url + "/v1/completions"
+    url = sut.gateway_url + "/v1/completions"
     wrk.post(url, body, settings.wrk_connections, 1)  # warm up
     before = sut.cpu()
     result = wrk.post(url, body, settings.wrk_connections, round(settings.short_s))
@@ -272,7 +315,7 @@ def measure_sessions(
 
 
 def _measure(
-    config: str, settings: StackOverheadSettings, out_dir: Path, progress: Progress
+    config: str, settings: StackOverheadSettings, out_dir: Path, progress: Progress, with_floor: bool
 ) -> dict[str, Any]:
     task = progress.add_task(f"stack overhead: {config}", total=3)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -290,6 +333,7 @@ def _measure(
         concurrent = measure_concurrent_sessions(sut, settings, idle)
         if settings.flame_graphs:
             _profile_phases(sut, settings, idle, out_dir, config)
+        floor = measure_floor(sut, settings) if with_floor else None
         progress.advance(task)
     return {
         "config": config,
@@ -299,6 +343,7 @@ def _measure(
         "streamed": streamed,
         "sessions": sessions,
         "concurrent_sessions": concurrent,
+        **({"grpc_floor": floor} if floor is not None else {}),
     }
 
 
@@ -430,6 +475,26 @@ def _streamed_row(result: dict[str, Any]) -> list[Any]:
     ]
 
 
+def _floor_rows(results: list[dict[str, Any]]) -> list[list[Any]]:
+    """The floor's short cases and wrk run beside the EPP's (the first config's stack)."""
+    rows = []
+    for result in results:
+        floor = result.get("grpc_floor")
+        if floor is None:
+            continue
+        for who, measured in (("grpc-floor", floor), (result["config"], result)):
+            for case in measured["short"]:
+                net = case["epp_net_of_idle_ms_per_request"]
+                load = f"concurrency {case['concurrency']}"
+                envoy = case["cpu_ms_per_request"]["envoy"]
+                rows.append([who, load, case["with_epp"]["rps"], case["added_p50_ms"], net, envoy])
+            run = measured["wrk"]
+            cpu = run["cpu_ms_per_request"]
+            load = f"wrk, {run['connections']} connections"
+            rows.append([who, load, run["wrk"]["rps"], "", cpu["epp"], cpu["envoy"]])
+    return rows
+
+
 def _markdown(data: dict[str, Any]) -> str:
     short_rows = []
     for result in data["results"]:
@@ -479,6 +544,10 @@ def _markdown(data: dict[str, Any]) -> str:
         ["config", "sessions", "prompt tokens", "requests", "EPP CPU ms p50", "max", "p50 net of idle"],
         [row for result in data["results"] for row in _session_rows(result, concurrent_sessions)],
     )
+    floor = markdown_table(
+        ["ext_proc service", "load", "rps", "added p50 ms", "service CPU ms/req (net of idle)", "Envoy"],
+        _floor_rows(data["results"]),
+    )
     m = data["machine"]
     return "\n\n".join(
         [
@@ -493,6 +562,12 @@ def _markdown(data: dict[str, Any]) -> str:
             short,
             "## Throughput from wrk (short requests; a C load generator, far cheaper on the shared CPUs)",
             throughput,
+            "## The gRPC floor (a servicer that only answers, in the EPP's place)",
+            "The same Envoy config and replicas. What a Python ext_proc service costs per request "
+            "on this machine before doing any work; "
+            "the EPP's rows (wrk's not net of idle) are repeated from above. wrk's CPU is over the "
+            "whole run.",
+            floor,
             "## Streamed responses (every chunk crosses ext_proc)",
             streamed,
             "## Growing chat sessions",
@@ -510,7 +585,10 @@ def _markdown(data: dict[str, Any]) -> str:
 def run(out_dir: Path, settings: StackOverheadSettings | None = None) -> dict[str, Any]:
     settings = settings or StackOverheadSettings()
     with Progress() as progress:
-        results = [_measure(config, settings, out_dir, progress) for config in settings.configs]
+        results = [
+            _measure(config, settings, out_dir, progress, with_floor=i == 0)
+            for i, config in enumerate(settings.configs)
+        ]
     data = {"machine": machine(), "settings": settings.__dict__, "results": results}
     write_results(out_dir, "stack-overhead", data, _markdown(data))
     _plot(results, out_dir / "stack-overhead.png")
