@@ -16,6 +16,7 @@ from epp.datalayer.static_file import EndpointsFileError
 from epp.scheduling.config import ConfigError
 from epp.settings import EppSettings
 from trainer.auth import TokenFileError
+from wire.heap import freeze_startup_heap
 
 
 def _flag(name: str) -> str:
@@ -61,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[EppSettings, str]:
 async def serve(settings: EppSettings) -> None:
     app = EppApp(settings)
     await app.start()
+    log = logging.getLogger(__name__)
+    log.debug("froze %d start-up objects out of the garbage collector's walks", freeze_startup_heap())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -69,7 +72,6 @@ async def serve(settings: EppSettings) -> None:
     # Drain: NOT_SERVING first, streams still taken for the grace (a second signal cuts it
     # short), then in-flight streams get up to the drain time.
     stop.clear()
-    log = logging.getLogger(__name__)
     log.info("draining: NOT_SERVING, taking new streams for %.1f s more", settings.shutdown_grace_s)
     await app.begin_drain()
     with contextlib.suppress(TimeoutError):

@@ -19,6 +19,8 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from wire.heap import freeze_startup_heap
+
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
@@ -188,6 +190,7 @@ def serve(app: FastAPI, host: str, port: int, log_level: str, health_port: int |
         "loop": "uvloop",
     }
     main = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
+    freeze_startup_heap()
     if health_port is None:
         main.run()
         return
