@@ -25,11 +25,7 @@ from pathlib import Path
 import grpc
 import uvloop
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
-from envoy.service.ext_proc.v3.external_processor_pb2 import (
-    BodyResponse,
-    ProcessingRequest,
-    ProcessingResponse,
-)
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
 from epp.app import GRPC_OPTIONS
 from epp.envoy_config import gateway_bootstrap
@@ -37,31 +33,27 @@ from epp.extproc import messages
 from epp.requestcontrol.director import REQUEST_ID_HEADER
 from sim.processes import Component, free_port, port_in_use, spawn, start_envoy, wait_until
 
-_CONTINUE = {
-    "request_headers": messages.CONTINUE_REQUEST_HEADERS,
-    "request_body": ProcessingResponse(request_body=BodyResponse()),
-    "request_trailers": messages.CONTINUE_REQUEST_TRAILERS,
-    "response_body": messages.CONTINUE_RESPONSE_BODY,
-    "response_trailers": messages.CONTINUE_RESPONSE_TRAILERS,
-}
-
 
 class FloorProcessor(ext_proc_grpc.ExternalProcessorServicer):
-    """Routes every request with a body to the next of ``targets`` (with none, lets it go on
-    unrouted), skips response bodies, and continues everything else."""
+    """Routes every request with a body to the next of ``targets``, skips response bodies, and
+    continues everything else. Without targets it serves only messages that need no pick (what
+    ``bench.inflight_cost`` sends)."""
 
     def __init__(self, targets: Sequence[str]) -> None:
-        self._targets: Iterator[str] | None = itertools.cycle(targets) if targets else None
+        self._targets: Iterator[str] = itertools.cycle(targets)
+        self._routes = bool(targets)
 
     def reply(self, message: ProcessingRequest) -> tuple[ProcessingResponse, bool]:
         """The answer to ``message``, and whether the stream is done after it."""
         kind = message.WhichOneof("request")
-        if kind == "request_body" and self._targets is not None:
+        if kind == "request_body":
+            if not self._routes:
+                raise ValueError("a request body came, and there is no target to route it to")
             extra = {REQUEST_ID_HEADER: "floor"}
             return messages.route_to([next(self._targets)], extra, in_body_reply=True), False
         if kind == "response_headers":
             return messages.add_response_headers({}, skip_body=True), True
-        return _CONTINUE[kind], False
+        return messages.CONTINUE_BY_KIND[kind or ""], False
 
     async def Process(
         self, request_iterator: AsyncIterator[ProcessingRequest], context: grpc.aio.ServicerContext

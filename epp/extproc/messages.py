@@ -46,6 +46,15 @@ CONTINUE_SKIPPING_RESPONSE_BODY = ProcessingResponse(
 )
 CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
 CONTINUE_RESPONSE_TRAILERS = ProcessingResponse(response_trailers=TrailersResponse())
+CONTINUE_BY_KIND = {
+    "request_headers": CONTINUE_REQUEST_HEADERS,
+    "request_trailers": CONTINUE_REQUEST_TRAILERS,
+    "response_headers": CONTINUE_RESPONSE_HEADERS,
+    "response_body": CONTINUE_RESPONSE_BODY,
+    "response_trailers": CONTINUE_RESPONSE_TRAILERS,
+}
+"""The reply that lets each kind of message go on unchanged (a request body has none: what goes
+on after it depends on the body mode)."""
 
 
 def served_endpoint(message: ProcessingRequest) -> str | None:

@@ -46,15 +46,6 @@ from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestReco
 log = logging.getLogger(__name__)
 
 
-_CONTINUE = {
-    "request_headers": messages.CONTINUE_REQUEST_HEADERS,
-    "request_trailers": messages.CONTINUE_REQUEST_TRAILERS,
-    "response_headers": messages.CONTINUE_RESPONSE_HEADERS,
-    "response_body": messages.CONTINUE_RESPONSE_BODY,
-    "response_trailers": messages.CONTINUE_RESPONSE_TRAILERS,
-}
-
-
 _ROUTING_MESSAGES = ("request_body", "request_trailers")
 """The messages whose answer may wait for the pick (and so for flow control)."""
 
@@ -233,7 +224,7 @@ class ExtProcStream:
             return self._reject(error)
         # The request is on its way upstream already: let it be; close() settles the books.
         self.phase = Phase.DONE
-        continuation = _CONTINUE.get(message.WhichOneof("request") or "")
+        continuation = messages.CONTINUE_BY_KIND.get(message.WhichOneof("request") or "")
         return [continuation] if continuation else []
 
     def _finish(self) -> None:

@@ -42,13 +42,12 @@ def test_it_routes_bodies_to_its_targets_in_turn_and_ends_the_stream_at_the_resp
     assert reply == CONTINUE_SKIPPING_RESPONSE_BODY  # the body of a non-streamed response is skipped
 
 
-def test_without_targets_it_continues_every_message():
+def test_without_targets_it_continues_chunks_and_refuses_a_body_it_cannot_route():
     floor = FloorProcessor([])
-    reply, done = floor.reply(BODY)
-    assert reply.HasField("request_body") and not reply.request_body.response.HasField("header_mutation")
-    assert not done
     chunk, done = floor.reply(ProcessingRequest(response_body=HttpBody(body=b"data: x\n\n")))
     assert chunk.HasField("response_body") and not done
+    with pytest.raises(ValueError, match="no target"):
+        floor.reply(BODY)
 
 
 @pytest.mark.integration
