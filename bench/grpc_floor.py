@@ -4,8 +4,8 @@ It speaks the same protocol as the EPP behind the local gateway's Envoy (request
 BUFFERED body, response headers; the stream ends after the reply to those), with the same gRPC
 server (``grpc.aio`` on uvloop, the EPP's options) and the same reply builders, but picks the
 next replica in turn and reads nothing: no parse, no tokenizer, no scheduling, no metrics. What
-it costs per request is what any Python ext_proc service pays on this machine before it does
-any work, the floor under the EPP's own figures.
+it costs per request is what a Python ext_proc service on grpcio pays on this machine before it
+does any work, the floor under the EPP's own figures.
 
     python -m bench.grpc_floor --port PORT [--target HOST:PORT ...]
 
