@@ -40,14 +40,13 @@ class FloorProcessor(ext_proc_grpc.ExternalProcessorServicer):
     ``bench.inflight_cost`` sends)."""
 
     def __init__(self, targets: Sequence[str]) -> None:
-        self._targets: Iterator[str] = itertools.cycle(targets)
-        self._routes = bool(targets)
+        self._targets: Iterator[str] | None = itertools.cycle(targets) if targets else None
 
     def reply(self, message: ProcessingRequest) -> tuple[ProcessingResponse, bool]:
         """The answer to ``message``, and whether the stream is done after it."""
         kind = message.WhichOneof("request")
         if kind == "request_body":
-            if not self._routes:
+            if self._targets is None:
                 raise ValueError("a request body came, and there is no target to route it to")
             extra = {REQUEST_ID_HEADER: "floor"}
             return messages.route_to([next(self._targets)], extra, in_body_reply=True), False
