@@ -23,22 +23,12 @@ import pytest
 import yaml
 
 from epp.envoy_config import write_cluster_endpoints
-from sim.stack import LocalStack
-from tests.stacks import start_stack
+from tests.stacks import envoy_stat, start_stack
 from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
 
 DEBUG = {"x-llm-epp-debug": "true"}  # the EPP names the endpoint it picked in the response
-
-
-def envoy_stat(stack: LocalStack, name: str) -> float:
-    """One counter from Envoy's admin ``/stats``."""
-    admin = f"http://127.0.0.1:{stack.config.ports.envoy_admin}"
-    text = httpx.get(f"{admin}/stats", params={"filter": f"^{name}$"}, timeout=5).text
-    stat, value = text.strip().split(": ")
-    assert stat == name, text
-    return float(value)
 
 
 @dataclass
