@@ -1,4 +1,5 @@
-"""Reading one upstream host's state from a running Envoy's admin ``/clusters`` page."""
+"""Reading a running Envoy's admin pages: one upstream host's state (``/clusters``), one counter
+(``/stats``)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,12 @@ def host_stats(admin_port: int, cluster: str, address: str) -> dict[str, str]:
 def is_healthy(admin_port: int, cluster: str, address: str) -> bool:
     """Whether Envoy would send new requests to ``address``: its health flags say plain ``healthy``."""
     return host_stats(admin_port, cluster, address).get("health_flags") == "healthy"
+
+
+def stat(admin_port: int, name: str) -> float:
+    """The value of the counter or gauge named exactly ``name`` on ``/stats``."""
+    text = httpx.get(f"http://127.0.0.1:{admin_port}/stats", params={"filter": f"^{name}$"}, timeout=2).text
+    found, value = text.strip().split(": ")
+    if found != name:
+        raise LookupError(f"Envoy has no stat {name!r}: {text!r}")
+    return float(value)

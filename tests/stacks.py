@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
 from sim.stack import LocalStack, StackConfig, StackPorts
 from tests.support import metric_sum
 
@@ -31,12 +29,3 @@ def start_stack(workdir: Path, replicas: int, **overrides) -> LocalStack:
     stack = CheckedStack(config)
     stack.start()
     return stack
-
-
-def envoy_stat(stack: LocalStack, name: str) -> float:
-    """One counter from the stack's Envoy admin ``/stats``."""
-    admin = f"http://127.0.0.1:{stack.config.ports.envoy_admin}"
-    text = httpx.get(f"{admin}/stats", params={"filter": f"^{name}$"}, timeout=5).text
-    stat, value = text.strip().split(": ")
-    assert stat == name, text
-    return float(value)

@@ -20,6 +20,7 @@ import pytest
 
 from epp.envoy_config import EppTls, FailureMode
 from sim.certs import write_ca
+from sim.envoy_admin import stat
 from sim.processes import Component, free_port, start_envoy
 from sim.stack import LocalStack
 from tests.stacks import start_stack
@@ -126,9 +127,8 @@ def test_synced_replicas_serve_tls_and_are_health_checked_in_plaintext(tmp_path:
     TLS streams) and spreads streams over both."""
     stack = start_stack(tmp_path, replicas=2, sim_profile="instant", tls="tls", epp_replicas=2)
     try:
-        admin = f"http://127.0.0.1:{stack.config.ports.envoy_admin}"
-        assert wait_for(lambda: httpx.get(f"{admin}/stats?filter=cluster.epp.membership_healthy").text.strip()
-                        == "cluster.epp.membership_healthy: 2")  # fmt: skip
+        admin = stack.config.ports.envoy_admin
+        assert wait_for(lambda: stat(admin, "cluster.epp.membership_healthy") == 2)
         for _ in range(6):
             response = httpx.post(f"{stack.gateway_url}/v1/completions", json=BODY, timeout=10)
             assert response.status_code == 200, response.text

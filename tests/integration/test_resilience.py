@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from epp.envoy_config import write_cluster_endpoints
-from tests.stacks import envoy_stat, start_stack
+from sim.envoy_admin import stat
+from tests.stacks import start_stack
 from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
@@ -117,8 +118,10 @@ def test_idle_gaps_longer_than_the_engines_keep_alive_fail_no_request(tmp_path: 
 
     try:
         statuses = asyncio.run(replay())
-        idle_closed = envoy_stat(stack, "cluster.model_servers.upstream_cx_idle_timeout")
-        remote_closed = envoy_stat(stack, "cluster.model_servers.upstream_cx_destroy_remote")
+        idle_closed = stat(stack.config.ports.envoy_admin, "cluster.model_servers.upstream_cx_idle_timeout")
+        remote_closed = stat(
+            stack.config.ports.envoy_admin, "cluster.model_servers.upstream_cx_destroy_remote"
+        )
     finally:
         stack.stop()
     assert len(statuses) == bursts * per_burst
@@ -192,7 +195,7 @@ def test_a_request_reset_before_any_byte_is_retried_on_the_epps_next_pick(tmp_pa
             assert response.status_code == 200, response.text
             assert "x-llm-epp-served-by" not in response.headers  # for the EPP only
             picks.append(response.headers["x-llm-epp-endpoint"])
-        retried = envoy_stat(stack, "cluster.model_servers.upstream_rq_retry")
+        retried = stat(stack.config.ports.envoy_admin, "cluster.model_servers.upstream_rq_retry")
         now = [metric_sum(stack.replica_url(i) + "/metrics", "vllm:request_success_total") for i in (0, 1)]
     finally:
         engine.shutdown()
