@@ -99,8 +99,8 @@ class EppSettings(BaseModel):
     scrape_timeout_s: float = Field(
         0.5,
         gt=0,
-        description="engine /metrics request timeout; an engine that misses it (stalled) is out "
-        "of scheduling until its next good scrape",
+        description="an engine that shows no sign of life this long (no good /metrics scrape, no "
+        "answer to a request: stalled, not merely busy) is out of scheduling until its next good scrape",
     )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
     kv_events_staleness_s: float = Field(

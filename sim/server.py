@@ -13,7 +13,9 @@ Admin, from loopback only (403 from elsewhere): ``POST /admin/engine-speed`` wit
 ``{"profile": name or path (default: the server's), "slowdown": factor (default 1)}`` makes
 every later engine step cost that profile's step time × ``slowdown`` (the engine changes speed
 mid-run, e.g. to test the EPP's drift detection); it answers the profile and slowdown now in
-force.
+force. ``POST /admin/metrics-delay`` with ``{"seconds": s}`` makes every later ``/metrics``
+answer ``s`` late while the engine serves on as before: vLLM's API server under heavy load, whose
+event loop is busy streaming tokens.
 
 KV events: ``--kv-events-config`` takes vLLM's JSON (``sim.kv_events``), so one launcher serves
 both. Replica ``i`` of ``--replicas N`` publishes on its own endpoints, derived as vLLM derives a
@@ -76,6 +78,14 @@ class EngineSpeed(BaseModel):
     slowdown: float = Field(1.0, gt=0.0, le=1000.0)
 
 
+class MetricsDelay(BaseModel):
+    """The body of ``POST /admin/metrics-delay``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: float = Field(ge=0.0, le=600.0)
+
+
 ENGINE_OVERRIDES = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks", "max_model_len")
 
 
@@ -123,6 +133,7 @@ class SimulatedVllm:
             self.engine, on_step=self._on_step, on_step_lag=self.metrics.record_step_lag
         )
         self.serving = OpenAIServing(self.model, self.driver, self.profile.frontend)
+        self.metrics_delay_s = 0.0
         self.app = _create_app(self)
 
     def _on_step(self, outputs: list[RequestOutput]) -> None:
@@ -142,6 +153,14 @@ def load_served_model(settings: ServerSettings) -> ServedModel:
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app of a new replica; its SimulatedVllm is ``app.state.replica``."""
     return SimulatedVllm(settings or ServerSettings()).app
+
+
+def _from_loopback(request: Request) -> bool:
+    return request.client is not None and request.client.host in LOOPBACK_HOSTS
+
+
+def _admin_refused() -> JSONResponse:
+    return error_response(403, "PermissionDenied", "admin routes answer loopback clients only", None)
 
 
 def _create_app(replica: SimulatedVllm) -> FastAPI:
@@ -210,12 +229,14 @@ def _create_app(replica: SimulatedVllm) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        if replica.metrics_delay_s:
+            await asyncio.sleep(replica.metrics_delay_s)
         return Response(replica.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/admin/engine-speed")
     async def engine_speed(body: EngineSpeed, raw: Request) -> JSONResponse:
-        if raw.client is None or raw.client.host not in LOOPBACK_HOSTS:
-            return error_response(403, "PermissionDenied", "admin routes answer loopback clients only", None)
+        if not _from_loopback(raw):
+            return _admin_refused()
         try:
             profile = load_profile(body.profile) if body.profile else replica.profile
         except ProfileError as exc:
@@ -223,6 +244,14 @@ def _create_app(replica: SimulatedVllm) -> FastAPI:
         replica.engine.cost_model = profile.cost.scaled(body.slowdown)
         logger.info("engine steps now cost %s x %.3g", profile.name, body.slowdown)
         return JSONResponse({"profile": profile.name, "slowdown": body.slowdown})
+
+    @app.post("/admin/metrics-delay")
+    async def metrics_delay(body: MetricsDelay, raw: Request) -> JSONResponse:
+        if not _from_loopback(raw):
+            return _admin_refused()
+        replica.metrics_delay_s = body.seconds
+        logger.info("/metrics now answers %.3g s late", body.seconds)
+        return JSONResponse({"seconds": body.seconds})
 
     @app.get("/kv_event_sources")
     async def kv_event_sources() -> dict[str, Any]:

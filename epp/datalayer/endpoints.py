@@ -2,7 +2,8 @@
 
 An endpoint is a scheduling candidate while its last metrics scrape succeeded and no
 upstream failure has been reported since. Scrapes and failures are recorded with the
-injected clock's time.
+injected clock's time, and so is the endpoint's last sign of life (a good scrape, or an answer
+to a request), by which the scraper tells a busy engine from a stalled one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class _Entry:
     state: EndpointState
     healthy: bool = False
     last_error: str | None = None
+    alive_at: float = float("-inf")
 
 
 class EndpointStore:
@@ -64,6 +66,19 @@ class EndpointStore:
             self._candidates = None
         entry.healthy = True
         entry.last_error = None
+        entry.alive_at = max(entry.alive_at, metrics.updated_at)
+
+    def record_alive(self, name: str, now: float) -> None:
+        """The endpoint answered a request at ``now`` (it is alive, whatever its scrapes say);
+        this alone does not make an unhealthy endpoint a candidate again."""
+        entry = self._entries.get(name)
+        if entry is not None and now > entry.alive_at:
+            entry.alive_at = now
+
+    def alive_at(self, name: str) -> float:
+        """When the endpoint last showed life (-inf: never, or not in the pool)."""
+        entry = self._entries.get(name)
+        return entry.alive_at if entry is not None else float("-inf")
 
     def record_max_model_len(self, name: str, max_model_len: int) -> None:
         entry = self._entries.get(name)

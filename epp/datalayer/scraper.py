@@ -1,9 +1,15 @@
 """Polls every endpoint's Prometheus ``/metrics`` on a short tick (50 ms by default).
 
 One task per endpoint, started and stopped as the store adds and removes endpoints, so a
-slow or dead endpoint never delays the others. A failed scrape takes the endpoint out of
-scheduling until the next success; a scrape unanswered for ``timeout`` (0.5 s by default) is a
-failure, so an engine that stalls leaves scheduling within about ``interval + timeout``. The
+slow or dead endpoint never delays the others. A failed scrape (refused, reset, an HTTP error,
+a body that is not metrics) takes the endpoint out of scheduling until the next success.
+
+A late scrape alone does not: vLLM serves ``/metrics`` on the event loop that streams its
+tokens, so a busy engine answers it late, by seconds under heavy load, while it keeps
+answering requests. The endpoint leaves scheduling when it has shown no sign of life (a good
+scrape, or an answer to a request: ``EndpointStore.record_alive``) for ``timeout`` (0.5 s by
+default), so an engine that stalls leaves within about ``interval + timeout``, and a busy one
+stays, routed on its last figures and the EPP's own counts. The
 client is aiohttp with keep-alive: at 20 scrapes a second per endpoint, httpx's per-request
 cost (~1.5 ms of CPU) was a fifth of the EPP's CPU. A body equal to the endpoint's last one (an
 idle engine's) is not parsed again, only stamped fresh.
@@ -28,6 +34,8 @@ from epp.datalayer.served_models import MODELS_PATH, ModelsParseError, parse_max
 from epp.scheduling.types import Endpoint, EngineMetrics
 
 log = logging.getLogger(__name__)
+MIN_WAIT_S = 0.01
+"""The shortest a scrape is given, so that one is always tried before a verdict."""
 
 
 class MetricsScraper:
@@ -45,7 +53,7 @@ class MetricsScraper:
         self.interval = interval
         self.models_refresh_s = models_refresh_s
         self.models_retry_s = models_retry_s
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._last: dict[str, tuple[bytes, EngineMetrics]] = {}
@@ -53,7 +61,8 @@ class MetricsScraper:
 
     def start(self) -> None:
         self._session = aiohttp.ClientSession(
-            timeout=self.timeout, connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+            connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
         )
         self.store.subscribe(on_added=self._start_endpoint, on_removed=self._stop_endpoint)
 
@@ -82,18 +91,30 @@ class MetricsScraper:
 
     async def scrape_once(self, endpoint: Endpoint, url: str) -> None:
         assert self._session is not None, "start() first"
+        name = endpoint.name
+        # A healthy endpoint's scrape may take until it has shown no life for ``timeout``.
+        wait_s = self.timeout
+        if self.store.is_healthy(name):
+            wait_s = max(self.store.alive_at(name) + self.timeout - self.clock(), MIN_WAIT_S)
         try:
-            async with self._session.get(url) as response:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=wait_s)) as response:
                 response.raise_for_status()
                 body = await response.read()
-            metrics = self._parse(endpoint.name, body)
-        except (aiohttp.ClientError, TimeoutError, MetricsParseError) as exc:
-            why = str(exc) or type(exc).__name__
-            if self.store.is_healthy(endpoint.name):
-                log.warning("endpoint %s unhealthy: %s", endpoint.name, why)
-            self.store.record_failure(endpoint.name, why)
+            metrics = self._parse(name, body)
+        except TimeoutError as exc:  # aiohttp's own timeouts are TimeoutErrors too
+            if self.clock() - self.store.alive_at(name) < self.timeout:
+                return  # late, but the engine answered requests meanwhile: busy, not stalled
+            self._failed(name, f"no sign of life for {self.timeout:g} s ({str(exc) or 'scrape timed out'})")
             return
-        self.store.record_scrape(endpoint.name, metrics)
+        except (aiohttp.ClientError, MetricsParseError) as exc:
+            self._failed(name, str(exc) or type(exc).__name__)
+            return
+        self.store.record_scrape(name, metrics)
+
+    def _failed(self, name: str, why: str) -> None:
+        if self.store.is_healthy(name):
+            log.warning("endpoint %s unhealthy: %s", name, why)
+        self.store.record_failure(name, why)
 
     def _parse(self, name: str, body: bytes) -> EngineMetrics:
         """The scrape's figures, stamped now; a body equal to the endpoint's last one (an idle

@@ -197,8 +197,13 @@ class Director:
             record.meter = ResponseMeter(streaming=content_type.startswith("text/event-stream"))
         else:
             record.response_complete = True
-        if status >= 500 and record.endpoint_name:
-            self._upstream_failed(record.endpoint_name, f"HTTP {status}")
+        name = record.endpoint_name
+        if name is None:
+            return
+        if status >= 500:
+            self._upstream_failed(name, f"HTTP {status}")
+        else:
+            self.store.record_alive(name, self.clock())
 
     def response_body(self, record: RequestRecord, chunk: bytes, end_of_stream: bool) -> None:
         """One chunk of the watched response body. The response is complete at the body's end or
@@ -209,6 +214,7 @@ class Director:
         routed = record.routed
         if meter.feed(chunk) and routed is not None:
             now = self.clock()
+            self.store.record_alive(routed.endpoint_name, now)
             self.lifecycle.first_token(routed, now)
             self.lifecycle.progress(routed, meter.tokens, now)
             if record.flow_ticket is not None:

@@ -5,20 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import pytest
-from aiohttp import web
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.served_models import ModelsParseError, parse_max_model_len
 from epp.scheduling.types import Endpoint
 from sim.openai_api import models_response
+from tests.epp.fake_engine import METRICS, Engine
 from tests.support import eventually
-
-METRICS = b"vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0.1\n"
 
 
 def test_an_engines_context_is_the_longest_listed() -> None:
@@ -53,40 +49,6 @@ def test_the_pools_context_is_the_longest_any_endpoint_reported() -> None:
     assert store.max_model_len() == 8192
     store.replace([Endpoint("a", "10.0.0.1", 8000)])
     assert store.max_model_len() == 2048
-
-
-@dataclass
-class Engine:
-    """Serves /metrics, and /v1/models with ``max_model_len`` (404 while it is None)."""
-
-    max_model_len: int | None = None
-    models_calls: list[float] = field(default_factory=list)
-    port: int = 0
-    metrics_body: bytes = METRICS
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics_body, content_type="text/plain")
-
-    async def models(self, request: web.Request) -> web.Response:
-        self.models_calls.append(time.monotonic())
-        if self.max_model_len is None:
-            return web.json_response({"detail": "Not Found"}, status=404)
-        return web.json_response(models_response("tiny", "/m", self.max_model_len, created=1))
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[Engine]:
-    fake = Engine()
-    app = web.Application()
-    app.router.add_get("/metrics", fake.metrics)
-    app.router.add_get("/v1/models", fake.models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fake.port = site._server.sockets[0].getsockname()[1]
-    yield fake
-    await runner.cleanup()
 
 
 async def test_the_scraper_learns_each_engines_context_and_follows_changes(engine: Engine) -> None:

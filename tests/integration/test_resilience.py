@@ -39,11 +39,11 @@ class Outcome:
     error: str | None = None
 
 
-def _streamed_completion(client: openai.OpenAI, max_tokens: int) -> Outcome:
+def _streamed_completion(client: openai.OpenAI, max_tokens: int, prompt: str = "Tell me a story") -> Outcome:
     outcome = Outcome(time.monotonic())
     try:
         raw = client.completions.with_raw_response.create(
-            model="tiny", prompt="Tell me a story", max_tokens=max_tokens, stream=True, extra_headers=DEBUG
+            model="tiny", prompt=prompt, max_tokens=max_tokens, stream=True, extra_headers=DEBUG
         )
         outcome.endpoint = raw.headers.get("x-llm-epp-endpoint")
         tokens = sum(1 for chunk in raw.parse() if chunk.choices and chunk.choices[0].text)
@@ -87,6 +87,56 @@ def test_a_frozen_replica_fails_no_request_and_leaves_scheduling_within_a_second
     assert len(during) >= 150
     late = [round(o.started - frozen_at, 3) for o in during if o.endpoint == name]
     assert late == [], "routed to the frozen replica more than 1 s after it froze"
+
+
+def test_replicas_whose_metrics_answer_late_under_load_keep_serving(tmp_path: Path) -> None:
+    """Eight clients stream 40-token answers without a pause; after 1 s both replicas' /metrics
+    answer 2 s late (vLLM's API server under heavy load), four times the EPP's scrape timeout.
+    The replicas keep answering requests, so they stay in scheduling and no request fails. Once
+    the load stops they show no life, and are out until their metrics answer in time again.
+    Routed by the EPP's own request counts (``least-request``): scorers of scraped figures would
+    route every request on the figures of the last good scrape, to one replica."""
+    stack = start_stack(tmp_path, replicas=2, sim_profile="default", epp_config="least-request")
+    client = openai.OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="x", max_retries=0, timeout=60)
+    stop, outcomes, health = threading.Event(), [], []
+    names = ("replica-0", "replica-1")
+
+    def healthy() -> list[float]:
+        url = stack.epp_metrics_url
+        return [metric_sum(url, "llm_epp_endpoint_healthy", model_server_pod=n) for n in names]
+
+    def client_loop(worker: int) -> None:
+        for i in range(10**6):
+            if stop.is_set():
+                return
+            outcomes.append(_streamed_completion(client, 40, f"{worker}-{i} Tell me a story"))
+
+    def delay_metrics(seconds: float) -> None:
+        for replica in range(2):
+            url = f"{stack.replica_url(replica)}/admin/metrics-delay"
+            assert httpx.post(url, json={"seconds": seconds}).status_code == 200
+
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            for worker in range(8):
+                pool.submit(client_loop, worker)
+            time.sleep(1.0)
+            delay_metrics(2.0)
+            delayed_at = time.monotonic()
+            while time.monotonic() < delayed_at + 5.0:
+                health.append(healthy())
+                time.sleep(0.1)
+            stop.set()
+        assert wait_for(lambda: healthy() == [0, 0], timeout=5), "idle with late metrics: no sign of life"
+        delay_metrics(0.0)
+        assert wait_for(lambda: healthy() == [1, 1], timeout=5)
+    finally:
+        stop.set()
+        stack.stop()
+    assert [o for o in outcomes if o.error] == []
+    during = [o for o in outcomes if o.started >= delayed_at + 1.0]
+    assert len(during) >= 40 and {o.endpoint for o in during} == set(names)
+    assert all(h == [1, 1] for h in health), health
 
 
 def test_idle_gaps_longer_than_the_engines_keep_alive_fail_no_request(tmp_path: Path) -> None:

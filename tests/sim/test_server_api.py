@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -346,3 +347,27 @@ async def test_engine_speed_changes_at_runtime_from_loopback_only(served_model: 
     assert refused.status_code == 403 and refused.json()["error"]["type"] == "PermissionDenied"
     replica = app.state.replica
     assert replica.engine.cost_model == replica.profile.cost
+
+
+async def test_metrics_answer_late_on_request_while_the_engine_serves_on(served_model: ServedModel) -> None:
+    completion = {"model": "tiny", "prompt": "Hi", "max_tokens": 2}
+    async with (
+        running_replica(served_model, "instant") as (_, url),
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):
+        answer = await client.post("/admin/metrics-delay", json={"seconds": 0.4})
+        assert (answer.status_code, answer.json()) == (200, {"seconds": 0.4})
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        scrape = asyncio.ensure_future(client.get("/metrics"))
+        served = await client.post("/v1/completions", json=completion)
+        assert served.status_code == 200 and not scrape.done()
+        assert (await scrape).status_code == 200 and loop.time() - started >= 0.4
+        for bad in ({"seconds": -1}, {"delay": 1}):
+            refused = await client.post("/admin/metrics-delay", json=bad)
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == 400, bad
+    app = create_app(ServerSettings(profile="default"))
+    transport = httpx.ASGITransport(app=app, client=("192.0.2.7", 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
+        refused = await client.post("/admin/metrics-delay", json={"seconds": 3})
+    assert refused.status_code == 403 and app.state.replica.metrics_delay_s == 0.0
