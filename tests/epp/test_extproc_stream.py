@@ -339,7 +339,10 @@ async def test_non_streamed_requests_skip_the_response_body_and_finish_on_header
     assert reply.HasField("response_headers") and reply.HasField("mode_override")
     assert reply.mode_override.response_body_mode == ProcessingMode.NONE
     assert reply.mode_override.response_header_mode == ProcessingMode.DEFAULT  # the rest unchanged
-    assert s.phase is Phase.DONE and h.in_flight() == 0
+    # Done: the server sends this reply, then closes the stream, which settles the books.
+    assert s.done and h.in_flight() == 1
+    s.close()
+    assert h.in_flight() == 0
     labels = {"model_name": "tiny", "target_model_name": "tiny"}
     assert h.metric("inference_objective_request_duration_seconds_sum", **labels) == pytest.approx(0.25)
     assert h.metric("inference_objective_output_tokens_count", **labels) == 0  # tokens unknown, not zero
@@ -357,12 +360,15 @@ async def test_non_streamed_requests_skip_the_response_body_and_finish_on_header
     (reply,) = await debug.on_message(response_headers_msg(200, "application/json"))
     added = {o.header.key for o in reply.response_headers.response.header_mutation.set_headers}
     assert "x-llm-epp-endpoint" in added and reply.mode_override.response_body_mode == ProcessingMode.NONE
+    debug.close()
 
     bodyless = h.stream()  # a response without a body has nothing to skip
     await bodyless.on_message(headers_msg())
     await bodyless.on_message(body_msg(json.dumps({**COMPLETION, "stream": False}).encode(), eos=True))
     (reply,) = await bodyless.on_message(response_headers_msg(204, "application/json", eos=True))
-    assert not reply.HasField("mode_override") and h.in_flight() == 0
+    assert not reply.HasField("mode_override") and bodyless.done
+    bodyless.close()
+    assert h.in_flight() == 0
 
 
 def epp_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

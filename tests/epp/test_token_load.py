@@ -255,6 +255,8 @@ async def test_streamed_tokens_move_load_from_prefill_to_decode() -> None:
     await s.on_message(response_body_msg(sse("b", "c"), eos=False))
     assert gauges(h, target) == (0, prompt + 3)
     await s.on_message(response_body_msg(sse("d") + b"data: [DONE]\n\n", eos=True))
+    assert s.done
+    s.close()
     assert h.tracker.in_flight() == 0
 
 
