@@ -8,6 +8,8 @@ stack      the ``make run`` stack's CPU per request, process by process: short r
            growing chat sessions to 30k+ tokens (EPP CPU against turn); py-spy flame graphs
 inflight   EPP CPU against time in flight: one long streamed and one non-streamed request at a
            time (net of idle, per chunk, per second in flight, by thread); py-spy flame graphs
+metering   a streamed answer's EPP and Envoy CPU (1 and 512 tokens) under each response metering:
+           every chunk, or the first token and Envoy's access log
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
            (``predictor --throughput-only``: one model, its serving cost only)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
@@ -49,6 +51,7 @@ from bench import (
     inflight_cost,
     kv_index_bench,
     live_replay,
+    metering_cost,
     overhead,
     oversized_prompt,
     predictor_bench,
@@ -97,6 +100,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
     "stack": stack_overhead.run,
     "inflight": inflight_cost.run,
+    "metering": metering_cost.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,

@@ -24,6 +24,8 @@ from epp.datalayer.objectives import ObjectivePriorities
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
+from epp.extproc.access_log import AccessLogReceiver
+from epp.extproc.access_log import add_to_server as add_access_log_to_server
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.flowcontrol.config import build_flow_control
 from epp.flowcontrol.gate import FlowGate
@@ -44,6 +46,7 @@ from epp.observability.tracing import RequestTracer, otlp_tracer_provider
 from epp.pipeline_metrics import export_producer_failures
 from epp.plugins.predicted_latency import find_predicted_latency
 from epp.plugins.token_load import find_token_load
+from epp.requestcontrol.completion_log import MeteringSettings
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
@@ -165,6 +168,12 @@ class EppApp:
             objective_priorities=self.objective_priorities,
             default_max_model_len=settings.max_model_len,
             flow_gate=self.flow_gate,
+            metering=MeteringSettings(
+                settings.response_metering,
+                settings.metering_sample_every,
+                settings.metering_calibration_streams,
+                settings.completion_log_silence_s,
+            ),
         )
         self.scraper = MetricsScraper(
             self.store, self.clock, settings.scrape_interval_s, settings.scrape_timeout_s
@@ -237,6 +246,9 @@ class EppApp:
 
         self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(ExternalProcessor(self.director, s.max_body_bytes), self._grpc)
+        add_access_log_to_server(AccessLogReceiver(self.director.log_entry), self._grpc)
+        if s.response_metering == "first-token":
+            self._tasks.append(asyncio.create_task(self._follow_handoffs(), name="handed-off-requests"))
         tls = s.grpc_tls()
         address = f"{s.host}:{s.grpc_port}"
         self.grpc_port = (
@@ -273,6 +285,15 @@ class EppApp:
             len(self.store.all()),
             self.pipeline.profile.name,
         )
+
+    async def _follow_handoffs(self) -> None:
+        """Each second: move the handed-off streams' decode progress on, and finish those whose
+        access-log entry never came."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.director.estimate_progress()
+            if expired := self.director.expire_handoffs():
+                log.warning("%d handed-off requests had no access-log entry: finished unheard", expired)
 
     async def _start_kubernetes(self) -> None:
         s = self.settings

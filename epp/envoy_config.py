@@ -45,6 +45,14 @@ FULL_DUPLEX_STREAMED (what the anchor's gateways configure, and the EPP serves t
 EPP collect the body and send every byte back: on a 110 KB (26k-token) body that is twice the
 EPP's gRPC CPU for the request (0.85 against 0.45 ms), and Envoy CPU besides.
 
+Access log to the EPP (``access_log_to_epp``, for the EPP's ``--response-metering
+first-token``): every request the EPP routed is logged over gRPC (``envoy.access_loggers.http_grpc``)
+to the EPP's own port, batched for at most ``ACCESS_LOG_FLUSH``, with the request id as forwarded;
+a stream still open is logged every ``ACCESS_LOG_PERIOD`` as well, so the EPP can tell a long
+stream from a lost entry. With several EPP replicas each one gets every entry (a logger per
+replica, :func:`with_epp_replicas`): a replica finishes the requests it handed off and counts
+the others' as unknown.
+
 Without an EPP address the same gateway has no ext_proc filter at all and round-robins over
 the model servers: the baseline the overhead benchmark compares against.
 
@@ -63,6 +71,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from epp.extproc.messages import DESTINATION_HEADER, LB_METADATA_NAMESPACE, SERVED_BY_ATTRIBUTE
+from epp.requestcontrol.director import REQUEST_ID_HEADER
 
 FailureMode = Literal["FailOpen", "FailClose"]
 BodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
@@ -102,6 +111,12 @@ _LOAD_ASSIGNMENT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssi
 _EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 _RAW_BUFFER = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
+_HTTP_GRPC_LOG = "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig"
+ACCESS_LOG_FLUSH = "0.1s"
+"""The most an access-log entry waits in Envoy's batch before it goes to the EPP."""
+ACCESS_LOG_PERIOD = "10s"
+"""How often Envoy logs a stream still open (``access_log_flush_interval``); the EPP's
+``--completion-log-silence-s`` must exceed it."""
 _PLAINTEXT_HEALTH = {"llm_epp_health": "plaintext"}
 """Transport-socket match of the health checks: the EPP's health port is plaintext."""
 
@@ -395,11 +410,13 @@ def gateway_bootstrap(
     listen_address: str = "127.0.0.1",
     max_request_bytes: int = 16 << 20,
     epp_tls: EppTls | None = None,
+    access_log_to_epp: bool = False,
 ) -> dict[str, Any]:
     """An Envoy v3 bootstrap (as a dict, dump it to YAML or JSON) for the gateway; add ``admin`` to taste.
 
     ``endpoints_file`` holds the model servers (see :func:`write_cluster_endpoints`); it must
     exist when Envoy starts. ``api_paths`` are the request paths routed to them.
+    ``access_log_to_epp``: log every routed request to the EPP (see the module doc).
     """
     if not api_paths or not all(p.startswith("/") for p in api_paths):
         raise ValueError(f"api_paths must be non-empty absolute paths, got {list(api_paths)}")
@@ -413,6 +430,14 @@ def gateway_bootstrap(
         "max_request_headers_kb": MAX_REQUEST_HEADERS_KB,
         # The client sees the request id the request was served under (the EPP's, if it replaced one).
         "always_set_request_id_in_response": True,
+        **(
+            {
+                "access_log": [epp_access_log("epp")],
+                "access_log_options": {"access_log_flush_interval": ACCESS_LOG_PERIOD},
+            }
+            if with_epp and access_log_to_epp
+            else {}
+        ),
         "local_reply_config": local_reply_config(),
         "route_config": {
             "virtual_hosts": [
@@ -458,6 +483,24 @@ def gateway_bootstrap(
             "clusters": clusters,
         },
     }
+
+
+def epp_access_log(cluster: str) -> dict[str, Any]:
+    """The access logger that sends the EPP (``cluster``) an entry for every request it routed
+    (those that carry its destination header), batched (see the module doc)."""
+    config = {
+        "@type": _HTTP_GRPC_LOG,
+        "common_config": {
+            "log_name": "llm-epp",
+            "grpc_service": {"envoy_grpc": {"cluster_name": cluster}},
+            "transport_api_version": "V3",
+            "buffer_flush_interval": ACCESS_LOG_FLUSH,
+            "buffer_size_bytes": 16384,
+        },
+        "additional_request_headers_to_log": [REQUEST_ID_HEADER],
+    }
+    routed = {"header_filter": {"header": {"name": DESTINATION_HEADER, "present_match": True}}}
+    return {"name": "envoy.access_loggers.http_grpc", "filter": routed, "typed_config": config}
 
 
 EXT_PROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -529,8 +572,24 @@ def with_epp_replicas(bootstrap: dict[str, Any], replicas: Sequence[tuple[str, i
             "max_ejection_percent": 100,
         },
     }
-    resources = {
-        **bootstrap["static_resources"],
-        "clusters": [epp if c["name"] == "epp" else c for c in clusters],
-    }
+    clusters = [epp if c["name"] == "epp" else c for c in clusters]
+    listeners = bootstrap["static_resources"]["listeners"]
+    hcm = listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]
+    if "access_log" in hcm:  # every replica gets every entry: each finishes its own requests
+        log_clusters = [
+            {
+                **{k: v for k, v in epp.items() if k not in ("health_checks", "outlier_detection")},
+                "name": f"epp-log-{i}",
+                "load_assignment": _load_assignment(f"epp-log-{i}", [(a, p)]),
+            }
+            for i, (a, p, _) in enumerate(replicas)
+        ]
+        clusters += log_clusters
+        hcm = {**hcm, "access_log": [epp_access_log(c["name"]) for c in log_clusters]}
+        chain = {
+            **listeners[0]["filter_chains"][0],
+            "filters": [{**listeners[0]["filter_chains"][0]["filters"][0], "typed_config": hcm}],
+        }
+        listeners = [{**listeners[0], "filter_chains": [chain]}, *listeners[1:]]
+    resources = {**bootstrap["static_resources"], "clusters": clusters, "listeners": listeners}
     return {**bootstrap, "static_resources": resources}

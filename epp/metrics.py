@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from epp.tokenizer_cache import TokenizerCache
 
 MAX_MODEL_LABELS = 100
+LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENCY_BUCKETS = (
     0.005,
     0.025,
@@ -253,6 +254,29 @@ class RequestMetrics:
             "llm_epp_upstream_failures",
             "Responses showing the endpoint failed (5xx or reset)",
             ["model_server_pod"],
+            registry=registry,
+        )
+        self.access_log_entries = Counter(
+            "llm_epp_access_log_entries",
+            "Gateway access-log entries received (kind: final, intermediate, or unknown: for a "
+            "request this EPP did not hand off)",
+            ["kind"],
+            registry=registry,
+        )
+        self.access_log_lag = Histogram(
+            "llm_epp_access_log_lag_seconds",
+            "From a handed-off request's last upstream byte to the EPP finishing it from its log entry",
+            buckets=LAG_BUCKETS,
+            registry=registry,
+        )
+        self.handed_off = Gauge(
+            "llm_epp_handed_off_requests",
+            "Streamed requests metered to their first token, waiting for their access-log entry",
+            registry=registry,
+        )
+        self.handed_off_expired = Counter(
+            "llm_epp_handed_off_expired",
+            "Handed-off requests finished unheard: no access-log entry within --completion-log-silence-s",
             registry=registry,
         )
         self._series: dict[str, ModelSeries] = {}

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from epp.requestcontrol.completion_log import ResponseMetering
 from epp.tls import ServerTlsFiles
 
 # No default: tokenizing with any other model's vocabulary would silently skew every token
@@ -103,6 +104,24 @@ class EppSettings(BaseModel):
         "answer to a request: stalled, not merely busy) is out of scheduling until its next good scrape",
     )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
+    response_metering: ResponseMetering = Field(
+        "full",
+        description="full: read every chunk of a streamed response; first-token: read it to its "
+        "first token, then let the gateway's access log (sent to this EPP's gRPC port, "
+        "envoy.access_loggers.http_grpc) finish it: needs a gateway that sends its log here",
+    )
+    metering_sample_every: int = Field(
+        100, ge=1, description="first-token metering: still read one stream in this many to its end"
+    )
+    metering_calibration_streams: int = Field(
+        4, ge=1, description="first-token metering: read each model's first streams to their end"
+    )
+    completion_log_silence_s: float = Field(
+        30.0,
+        gt=0,
+        description="first-token metering: a stream with no access-log entry this long is finished "
+        "as not completed; must exceed the gateway's access_log_flush_interval (the local gateway's: 10 s)",
+    )
     kv_events_staleness_s: float = Field(
         5.0, gt=0, description="a busy engine silent this long falls back to the approximate index"
     )

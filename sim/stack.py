@@ -36,6 +36,7 @@ from epp.envoy_config import (
     with_epp_replicas,
     write_cluster_endpoints,
 )
+from epp.requestcontrol.completion_log import ResponseMetering
 from epp.tokenization import TINY_MODEL_DIR
 from sim.certs import LocalPki, write_local_pki
 from sim.nats_server import start_nats_server
@@ -114,6 +115,9 @@ class StackConfig:
     tls: TlsMode = "off"
     """ext_proc between Envoy and the EPPs: plaintext, TLS (Envoy verifies the EPP against a
     throwaway CA) or mTLS (the EPPs also require Envoy's client certificate)."""
+    response_metering: ResponseMetering = "first-token"
+    """How the EPPs meter streamed responses: to the first token, finished by the gateway's
+    access log (which the gateway then sends them), or every chunk (``epp.requestcontrol.completion_log``)."""
 
 
 def port_flag(name: str) -> str:
@@ -298,6 +302,7 @@ class LocalStack:
             body_mode=self.config.body_mode,
             api_paths=self.config.api_paths,
             epp_tls=epp_tls,
+            access_log_to_epp=self.config.response_metering == "first-token",
         )
         if self.config.epp_replicas > 1:
             bootstrap = with_epp_replicas(bootstrap, [("127.0.0.1", g, h) for g, h, _ in self.epp_ports])
@@ -338,7 +343,15 @@ class LocalStack:
         latency_flags = self._start_latency_sidecars()
         default_config = "predicted-latency" if self.config.predictors else "gie-default"
         epp_config = self.config.epp_config or default_config
-        epp_args = ["--config", epp_config, *latency_flags, *self._epp_tls_args(), *self.config.epp_args]
+        epp_args = [
+            "--config",
+            epp_config,
+            "--response-metering",
+            self.config.response_metering,
+            *latency_flags,
+            *self._epp_tls_args(),
+            *self.config.epp_args,
+        ]
         if self.config.epp_replicas == 1:
             self.epp = start_epp(
                 self.workdir,
@@ -476,6 +489,13 @@ def main(argv: list[str] | None = None) -> None:
         default="off",
         help="ext_proc over TLS that Envoy verifies (a throwaway CA in the logs directory), or mTLS",
     )
+    parser.add_argument(
+        "--response-metering",
+        choices=["first-token", "full"],
+        default="first-token",
+        help="first-token: the EPP reads a streamed answer to its first token and Envoy's access log "
+        "finishes it; full: the EPP reads every chunk",
+    )
     args = parser.parse_args(argv)
     if args.epp_replicas < 1:
         parser.error("--epp-replicas must be at least 1")
@@ -493,6 +513,7 @@ def main(argv: list[str] | None = None) -> None:
             api_paths=[*INFERENCE_API_PATHS, *args.api_path],
             epp_replicas=args.epp_replicas,
             tls=args.tls,
+            response_metering=args.response_metering,
         )
     )
     kind = "real vLLM (CPU, up to a few minutes)" if args.engine == "vllm" else "simulated"

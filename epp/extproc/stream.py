@@ -8,13 +8,16 @@ and a STREAMED response body. The machine's phases::
        ▼
     BODY ── collect chunks (413 past the limit) ── end of body ──► parse + schedule ──► route
        ▼
-    RESPONSE ── headers: status, content type ── body chunks: meter tokens, reply at once
+    RESPONSE ── headers: status, content type ── body chunks: meter tokens, reply at once,
+                until the body ends, or (first-token metering) until the first token
 
 Envoy sends a body only after the reply to its headers (``epp.envoy_config`` turns
 ``send_body_without_waiting_for_header_response`` off), which is what lets the response headers
 reply skip the body of a non-streamed response: such a request costs three messages each way
 (request headers, request body, response headers); a streamed one costs one more each way per
-response chunk, and one for the body's end. The request's books (bookings, observers, metrics)
+response chunk, and one for the body's end; with first-token metering
+(``epp.requestcontrol.completion_log``) a streamed one ends at its first token, and the
+gateway's access log finishes it. The request's books (bookings, observers, metrics)
 are settled in :meth:`ExtProcStream.close`, after the last reply has gone: off Envoy's path,
 which takes ~30 µs off the answer to a non-streamed response's headers.
 
@@ -206,10 +209,15 @@ class ExtProcStream:
         return [reply]
 
     def _response_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
-        if self.record is not None and self.phase is Phase.RESPONSE:
-            self.director.response_body(self.record, chunk, end_of_stream)
-            if end_of_stream:
-                self.phase = Phase.DONE
+        record = self.record
+        # Ending the stream at the body's end, or at a handed-off response's first token, lets
+        # Envoy re-inject the chunks it queued and go on without the EPP.
+        if (
+            record is not None
+            and self.phase is Phase.RESPONSE
+            and self.director.response_body(record, chunk, end_of_stream)
+        ):
+            self.phase = Phase.DONE
         return [messages.CONTINUE_RESPONSE_BODY]
 
     def _reject(self, error: RequestError) -> list[ProcessingResponse]:

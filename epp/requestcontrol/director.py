@@ -2,10 +2,16 @@
 
 The ext_proc adapter calls, in order: :meth:`Director.schedule` (or
 :meth:`Director.schedule_bodyless`), :meth:`Director.response_headers`,
-:meth:`Director.response_body` for each chunk, and always :meth:`Director.finish` once,
-however the stream ended. The director parses the request, reads the response's progress and
-status, and hands each step to the request lifecycle (``epp.requestcontrol.lifecycle``), which
-owns the bookings and the observers; it keeps the request metrics through a lifecycle observer.
+:meth:`Director.response_body` for each chunk until it says the EPP needs no more, and always
+:meth:`Director.finish` once, however the stream ended. The director parses the request, reads
+the response's progress and status, and hands each step to the request lifecycle
+(``epp.requestcontrol.lifecycle``), which owns the bookings and the observers; it keeps the
+request metrics through a lifecycle observer.
+
+With first-token metering (``epp.requestcontrol.completion_log``) most streamed responses are
+read to their first token only; :meth:`Director.finish` then keeps them booked until the
+gateway's access log finishes them (:meth:`Director.log_entry`), or until they have been silent
+too long (:meth:`Director.expire_handoffs`, called periodically).
 """
 
 from __future__ import annotations
@@ -22,6 +28,15 @@ from epp.datalayer.endpoints import EndpointStore
 from epp.errors import NoEndpointAvailable, RequestError
 from epp.flowcontrol.gate import FlowGate, FlowTicket
 from epp.metrics import ModelSeries, RequestMetrics
+from epp.requestcontrol.completion_log import (
+    BytesPerToken,
+    DecodeRates,
+    HandOffs,
+    LogEntry,
+    MeteringPlan,
+    MeteringSettings,
+    finish_time,
+)
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.requestcontrol.response_meter import ResponseMeter
@@ -64,6 +79,8 @@ class RequestRecord:
     """Held from flow control's dispatch to the finish (with flow control on)."""
     on_held: Callable[[float], None] | None = None
     """Called when flow control holds the request, with the most it may wait (seconds)."""
+    hand_off: bool = False
+    """Its streamed response is metered to the first token only; the access log finishes it."""
 
     @property
     def endpoint_name(self) -> str | None:
@@ -85,10 +102,18 @@ class Director:
         objective_priorities: Mapping[str, int] | None = None,
         default_max_model_len: int | None = None,
         flow_gate: FlowGate | None = None,
+        metering: MeteringSettings | None = None,
     ) -> None:
         """``default_max_model_len`` is the context length while no engine has reported its own;
-        ``flow_gate`` holds requests while the pool is saturated (flow control, off without it)."""
+        ``flow_gate`` holds requests while the pool is saturated (flow control, off without it);
+        ``metering`` says how streamed responses are metered (every chunk, by default)."""
         self.flow_gate = flow_gate
+        self.metering = metering or MeteringSettings()
+        self._plan = MeteringPlan(self.metering)
+        self.bytes_per_token = BytesPerToken()
+        self.decode_rates = DecodeRates()
+        self._handoffs: HandOffs[RequestRecord] = HandOffs(self.metering.silence_s)
+        metrics.handed_off.set_function(lambda: len(self._handoffs))
         self.lifecycle = lifecycle
         self.default_max_model_len = default_max_model_len
         self.objective_priorities = objective_priorities if objective_priorities is not None else {}
@@ -194,7 +219,11 @@ class Director:
             if actual is not None:
                 self.lifecycle.rebooked(routed, actual, self.clock())
         if body_follows:
-            record.meter = ResponseMeter(streaming=content_type.startswith("text/event-stream"))
+            streaming = content_type.startswith("text/event-stream")
+            record.meter = ResponseMeter(streaming=streaming)
+            record.hand_off = (
+                streaming and routed is not None and not self._plan.meter_fully(routed.request.model)
+            )
         else:
             record.response_complete = True
         name = record.endpoint_name
@@ -205,12 +234,13 @@ class Director:
         else:
             self.store.record_alive(name, self.clock())
 
-    def response_body(self, record: RequestRecord, chunk: bytes, end_of_stream: bool) -> None:
-        """One chunk of the watched response body. The response is complete at the body's end or
-        at a streamed response's ``data: [DONE]``, whichever comes first."""
+    def response_body(self, record: RequestRecord, chunk: bytes, end_of_stream: bool) -> bool:
+        """One chunk of the watched response body; returns whether the EPP needs no more of it.
+        The response is complete at the body's end or at a streamed response's ``data: [DONE]``,
+        whichever comes first; a response to hand off needs nothing past its first token."""
         meter = record.meter
         if meter is None:
-            return
+            return True
         routed = record.routed
         if meter.feed(chunk) and routed is not None:
             now = self.clock()
@@ -224,35 +254,113 @@ class Director:
         # of body to Envoy, Envoy closes this stream without sending an end_of_stream.
         if end_of_stream or meter.done:
             record.response_complete = True
+            return True
+        return record.hand_off and routed is not None and routed.first_token_at is not None
 
     def finish(self, record: RequestRecord) -> None:
-        """The stream is over, completed or not. Idempotent."""
+        """The stream is over, completed or not; a response handed off at its first token waits
+        for its access-log entry. Idempotent."""
         if record.finished:
             return
         record.finished = True
-        if record.flow_ticket is not None:
-            record.flow_ticket.finished()
         routed = record.routed
         if routed is None:  # refused, or body-less: routed, not metered
+            _release_ticket(record)
+            return
+        now = self.clock()
+        if record.hand_off and not record.response_complete and routed.first_token_at is not None:
+            self._handoffs.add(record.request_id, record, now)
             return
         meter = record.meter
+        tokens = None
         if meter is not None:
             meter.finish()
+            tokens = meter.completion_tokens
+            if meter.streaming and record.response_complete:
+                self.bytes_per_token.observe(routed.request.model, meter.body_bytes, tokens)
         completed = record.response_complete and record.status is not None and record.status < 400
+        error = str(record.status) if record.response_complete else "aborted"
+        streaming = meter is not None and meter.streaming
+        self._finished(record, routed, now, completed, streaming, tokens, error)
+
+    def log_entry(self, entry: LogEntry) -> None:
+        """The gateway logged a request: finish it if it was handed off to the log (an entry for
+        a stream still open, ``intermediate``, only moves its decode progress on)."""
+        now = self.clock()
+        if entry.intermediate:
+            record = self._handoffs.heard(entry.request_id, now)
+            self.metrics.access_log_entries.labels("intermediate" if record else "unknown").inc()
+            if record is not None and record.routed is not None:
+                tokens = self.bytes_per_token.tokens(record.routed.request.model, entry.response_bytes)
+                if tokens is not None:
+                    self.lifecycle.progress(record.routed, tokens, now)
+            return
+        record = self._handoffs.pop(entry.request_id)
+        self.metrics.access_log_entries.labels("final" if record else "unknown").inc()
+        if record is None or record.routed is None:
+            return
+        routed = record.routed
+        finished_at = finish_time(record.received_at, routed.first_token_at, entry, now)
+        self.metrics.access_log_lag.observe(now - finished_at)
+        record.status = entry.status or record.status
+        tokens = self.bytes_per_token.tokens(routed.request.model, entry.response_bytes)
+        error = str(entry.status) if entry.ended == "complete" else entry.ended
+        self._finished(record, routed, finished_at, entry.completed, True, tokens, error)
+
+    def estimate_progress(self) -> None:
+        """Move each handed-off request's decode progress on by its endpoint's recent TPOT."""
+        now = self.clock()
+        for record in self._handoffs.waiting():
+            routed = record.routed
+            assert routed is not None and routed.first_token_at is not None
+            decoding_s = now - routed.first_token_at
+            tokens = self.decode_rates.tokens(routed.endpoint_name, decoding_s, routed.request.max_tokens)
+            if tokens is not None:
+                self.lifecycle.progress(routed, tokens, now)
+
+    def expire_handoffs(self) -> int:
+        """Finish, as not completed, the handed-off requests silent too long; how many there were."""
+        now = self.clock()
+        expired = list(self._handoffs.expired(now))
+        for record in expired:
+            assert record.routed is not None
+            self._finished(record, record.routed, now, False, True, None, "unlogged")
+        self.metrics.handed_off_expired.inc(len(expired))
+        return len(expired)
+
+    def _finished(
+        self,
+        record: RequestRecord,
+        routed: RoutedRequest,
+        now: float,
+        completed: bool,
+        streaming: bool,
+        completion_tokens: int | None,
+        error: str,
+    ) -> None:
+        _release_ticket(record)
         outcome = self.lifecycle.finished(
             routed,
-            self.clock(),
+            now,
             status=record.status,
             completed=completed,
-            streaming=meter is not None and meter.streaming,
-            completion_tokens=meter.completion_tokens if meter is not None else None,
+            streaming=streaming,
+            completion_tokens=completion_tokens,
         )
+        if outcome.completed and streaming and (tpot := outcome.tpot_s) is not None:
+            self.decode_rates.observe(routed.endpoint_name, tpot)
         if not outcome.completed and record.series is not None:
-            self.metrics.error(record.series, str(record.status) if record.response_complete else "aborted")
+            self.metrics.error(record.series, error)
 
     def _upstream_failed(self, name: str, why: str) -> None:
         self.metrics.upstream_failures.labels(name).inc()
         self.store.record_failure(name, why)
+
+
+def _release_ticket(record: RequestRecord) -> None:
+    """Flow control's hold on the request ends with the request."""
+    if record.flow_ticket is not None:
+        record.flow_ticket.finished()
 
 
 class _MetricsObserver(LifecycleObserver):

@@ -62,6 +62,7 @@ class ResponseMeter:
         self.streaming = streaming
         self.max_buffered_bytes = max_buffered_bytes
         self.tokens = 0
+        self.body_bytes = 0
         self.usage: Usage | None = None
         self.done = False
         self._pending = b""
@@ -72,6 +73,7 @@ class ResponseMeter:
         """Account for one body chunk; return how many new tokens it carried."""
         if not chunk:
             return 0
+        self.body_bytes += len(chunk)
         if not self.streaming:
             self._buffered += len(chunk)
             if self._buffered <= self.max_buffered_bytes:

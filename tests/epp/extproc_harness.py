@@ -28,6 +28,7 @@ from epp.latency.metrics import PredictionMetrics
 from epp.latency.report import PredictionReport
 from epp.metrics import ModelLabels, RequestMetrics
 from epp.plugins.token_load import find_tracker
+from epp.requestcontrol.completion_log import MeteringSettings
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
@@ -91,6 +92,7 @@ class Harness:
         tokenizer: ModelTokenizer | None = None,
         default_max_model_len: int | None = None,
         observers: Sequence[LifecycleObserver] = (),
+        metering: MeteringSettings | None = None,
     ) -> None:
         self.clock = FakeClock()
         self.store = EndpointStore()
@@ -116,6 +118,7 @@ class Harness:
             self.clock,
             random.Random(1),
             default_max_model_len=default_max_model_len,
+            metering=metering,
         )
         self.max_body = max_body
 

@@ -132,3 +132,42 @@ def test_envoy_validates_a_health_checked_ext_proc_cluster_of_two_epps(tmp_path:
     assert "outlier_detection" in epp and "typed_extension_protocol_options" in epp  # still HTTP/2
     [single_epp] = [c for c in single["static_resources"]["clusters"] if c["name"] == "epp"]
     assert "health_checks" not in single_epp  # the input is left as it was
+
+
+def _access_logs(bootstrap: dict) -> list[dict]:
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    return hcm.get("access_log", [])
+
+
+def test_envoy_validates_the_access_log_to_one_epp_and_to_each_of_several(tmp_path: Path) -> None:
+    endpoints = write_cluster_endpoints(tmp_path / "eds" / "endpoints.json", [("127.0.0.1", 18100)])
+    plain = gateway_bootstrap(listen_port=18081, epp_address=("127.0.0.1", 19002), endpoints_file=endpoints)
+    assert _access_logs(plain) == []
+    single = gateway_bootstrap(
+        listen_port=18081, epp_address=("127.0.0.1", 19002), endpoints_file=endpoints, access_log_to_epp=True
+    )
+    validate_bootstrap(tmp_path, single)
+    [logger] = _access_logs(single)
+    config = logger["typed_config"]
+    assert config["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "epp"
+    assert config["additional_request_headers_to_log"] == ["x-request-id"]
+    assert logger["filter"]["header_filter"]["header"]["name"] == "x-gateway-destination-endpoint"
+    replicas = with_epp_replicas(single, [("127.0.0.1", 19002, 19003), ("127.0.0.1", 19012, 19013)])
+    validate_bootstrap(tmp_path, replicas)
+    clusters = {c["name"]: c for c in replicas["static_resources"]["clusters"]}
+    names = [
+        log["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+        for log in _access_logs(replicas)
+    ]
+    assert names == ["epp-log-0", "epp-log-1"]
+    ports = [
+        clusters[n]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+            "socket_address"
+        ]["port_value"]
+        for n in names
+    ]
+    assert ports == [19002, 19012]
+    assert [
+        log["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+        for log in _access_logs(single)
+    ] == ["epp"]
