@@ -49,7 +49,10 @@ Access log to the EPP (``access_log_to_epp``, for the EPP's ``--response-meterin
 first-token``): every request the EPP routed is logged over gRPC (``envoy.access_loggers.http_grpc``)
 to the EPP's own port, batched for at most ``ACCESS_LOG_FLUSH``, with the request id as forwarded;
 a stream still open is logged every ``ACCESS_LOG_PERIOD`` as well, so the EPP can tell a long
-stream from a lost entry. With several EPP replicas each one gets every entry (a logger per
+stream from a lost entry. A Lua filter marks a streamed answer whose ``data: [DONE]`` reached
+the client (dynamic metadata ``llm_epp.sse_done``, which the entry carries): the openai SDK
+hangs up on reading it, often before the engine's end of body reaches Envoy, and Envoy then
+logs a client that went away. With several EPP replicas each one gets every entry (a logger per
 replica, :func:`with_epp_replicas`): a replica finishes the requests it handed off and counts
 the others' as unknown.
 
@@ -111,6 +114,7 @@ _LOAD_ASSIGNMENT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssi
 _EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 _RAW_BUFFER = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
+_LUA = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
 _HTTP_GRPC_LOG = "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig"
 ACCESS_LOG_FLUSH = "0.1s"
 """The most an access-log entry waits in Envoy's batch before it goes to the EPP."""
@@ -445,6 +449,7 @@ def gateway_bootstrap(
             ]
         },
         "http_filters": [
+            *([sse_done_filter()] if with_epp and access_log_to_epp else []),
             {
                 "name": "envoy.filters.http.header_mutation",
                 "typed_config": {
@@ -482,6 +487,36 @@ def gateway_bootstrap(
             ],
             "clusters": clusters,
         },
+    }
+
+
+SSE_DONE_METADATA = ("llm_epp", "sse_done")
+"""Where the gateway marks a streamed answer whose ``data: [DONE]`` went to the client."""
+_SSE_DONE_LUA = """
+function envoy_on_response(handle)
+  local content_type = handle:headers():get("content-type") or ""
+  if string.find(content_type, "text/event-stream", 1, true) == nil then
+    return
+  end
+  local tail = ""
+  for chunk in handle:bodyChunks() do
+    local text = tail .. chunk:getBytes(0, chunk:length())
+    if string.find(text, "data: [DONE]", 1, true) ~= nil then
+      handle:streamInfo():dynamicMetadata():set("{}", "{}", true)
+      return
+    end
+    tail = string.sub(text, -11)
+  end
+end
+""".format(*SSE_DONE_METADATA)
+
+
+def sse_done_filter() -> dict[str, Any]:
+    """The Lua filter that marks a streamed answer's ``data: [DONE]`` (see the module doc); it
+    reads each chunk as it goes by and holds none back."""
+    return {
+        "name": "envoy.filters.http.lua",
+        "typed_config": {"@type": _LUA, "default_source_code": {"inline_string": _SSE_DONE_LUA}},
     }
 
 

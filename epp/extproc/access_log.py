@@ -16,6 +16,7 @@ from envoy.data.accesslog.v3.accesslog_pb2 import AccessLogType, HTTPAccessLogEn
 from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsMessage, StreamAccessLogsResponse
 
+from epp.envoy_config import SSE_DONE_METADATA
 from epp.requestcontrol.completion_log import Ending, LogEntry
 from epp.requestcontrol.director import REQUEST_ID_HEADER
 
@@ -23,10 +24,17 @@ log = logging.getLogger(__name__)
 _PERIODIC = frozenset((AccessLogType.DownstreamPeriodic, AccessLogType.UpstreamPeriodic))
 
 
+def _sse_done(entry: HTTPAccessLogEntry) -> bool:
+    namespace, key = SSE_DONE_METADATA
+    marks = entry.common_properties.metadata.filter_metadata.get(namespace)
+    return marks is not None and key in marks.fields and marks.fields[key].bool_value
+
+
 def _ending(entry: HTTPAccessLogEntry) -> Ending:
     flags = entry.common_properties.response_flags
     if flags.downstream_connection_termination or flags.downstream_remote_reset:
-        return "client_gone"
+        # A client that hangs up on `data: [DONE]` (the openai SDK does) got the whole answer.
+        return "complete" if _sse_done(entry) else "client_gone"
     if (
         flags.upstream_remote_reset
         or flags.upstream_connection_termination

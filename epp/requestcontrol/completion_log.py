@@ -8,10 +8,10 @@ Envoy's access log for it arrives (:class:`LogEntry`, from ``epp.extproc.access_
 
 What the log cannot say is made up as follows:
 
-* **Output tokens**: the response's body bytes divided by a bytes-per-token ratio
-  (:class:`BytesPerToken`), learned from the streams that are still metered chunk by chunk: the
-  first ``calibration_streams`` of each model, then one stream in ``sample_every``
-  (:class:`MeteringPlan`). No estimate (None) until a model has one metered stream.
+* **Output tokens**: from the response's body bytes, by a bytes-per-token line
+  (:class:`BytesPerToken`) learned from the streams that are still metered chunk by chunk: the
+  first ``calibration_streams`` of each kind of answer (model and API), then one stream in
+  ``sample_every`` (:class:`MeteringPlan`). No estimate (None) before a kind has one.
 * **The finish time** on the EPP's clock: Envoy's times count from the request's start, which
   is when the EPP received its headers give or take a hop (well under a millisecond), so the
   last upstream byte came at ``received_at + time_to_last_upstream_rx_byte``.
@@ -72,13 +72,13 @@ class MeteringSettings:
     sample_every: int = 100
     """In first-token mode, one stream in this many is still metered chunk by chunk."""
     calibration_streams: int = 4
-    """Each model's first streams are metered fully, whatever the sampling."""
+    """Each kind of answer's first streams are metered fully, whatever the sampling."""
     silence_s: float = 30.0
     """A handed-off request not heard of this long is finished as not completed."""
 
 
 class BytesPerToken:
-    """Each model's streamed-response size against its output tokens, from fully metered
+    """Each kind of answer's streamed size against its output tokens, from fully metered
     streams: a least-squares line ``bytes = overhead + per_token * tokens``. Each SSE event of a
     token is about the same size; a stream's first and last events (the role, the finish
     reason, ``[DONE]``, any usage) are its overhead, which a plain ratio would spread over the
@@ -86,18 +86,18 @@ class BytesPerToken:
 
     def __init__(self) -> None:
         self._sums: dict[str, list[float]] = {}
-        """Per model: streams, Σ tokens, Σ bytes, Σ tokens², Σ tokens × bytes."""
+        """Per kind: streams, Σ tokens, Σ bytes, Σ tokens², Σ tokens × bytes."""
 
-    def observe(self, model: str, body_bytes: int, tokens: int) -> None:
+    def observe(self, kind: str, body_bytes: int, tokens: int) -> None:
         if tokens <= 0 or body_bytes <= 0:
             return
-        sums = self._sums.setdefault(model, [0.0] * 5)
+        sums = self._sums.setdefault(kind, [0.0] * 5)
         for i, value in enumerate((1, tokens, body_bytes, tokens * tokens, tokens * body_bytes)):
             sums[i] += value
 
-    def line(self, model: str) -> tuple[float, float] | None:
-        """``(overhead, per_token)`` bytes for ``model``, or None before any of its streams."""
-        sums = self._sums.get(model)
+    def line(self, kind: str) -> tuple[float, float] | None:
+        """``(overhead, per_token)`` bytes for ``kind``, or None before any of its streams."""
+        sums = self._sums.get(kind)
         if sums is None:
             return None
         n, t, b, tt, tb = sums
@@ -109,10 +109,10 @@ class BytesPerToken:
                 return overhead, per_token
         return 0.0, b / t
 
-    def tokens(self, model: str, body_bytes: int) -> int | None:
-        """The tokens ``body_bytes`` of ``model``'s stream carry (at least 1), or None before any
+    def tokens(self, kind: str, body_bytes: int) -> int | None:
+        """The tokens ``body_bytes`` of a ``kind`` stream carry (at least 1), or None before any
         of its streams was metered."""
-        line = self.line(model)
+        line = self.line(kind)
         if line is None:
             return None
         overhead, per_token = line
@@ -144,18 +144,18 @@ class DecodeRates:
 
 
 class MeteringPlan:
-    """Which streams are metered chunk by chunk: each model's first ``calibration_streams``,
+    """Which streams are metered chunk by chunk: each kind's first ``calibration_streams``,
     then every ``sample_every``-th (deterministic, so a test or a replay sees the same)."""
 
     def __init__(self, settings: MeteringSettings) -> None:
         self.settings = settings
         self._streams: dict[str, int] = {}
 
-    def meter_fully(self, model: str) -> bool:
+    def meter_fully(self, kind: str) -> bool:
         if self.settings.mode == "full":
             return True
-        n = self._streams.get(model, 0)
-        self._streams[model] = n + 1
+        n = self._streams.get(kind, 0)
+        self._streams[kind] = n + 1
         return n < self.settings.calibration_streams or n % self.settings.sample_every == 0
 
 

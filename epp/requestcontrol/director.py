@@ -222,7 +222,7 @@ class Director:
             streaming = content_type.startswith("text/event-stream")
             record.meter = ResponseMeter(streaming=streaming)
             record.hand_off = (
-                streaming and routed is not None and not self._plan.meter_fully(routed.request.model)
+                streaming and routed is not None and not self._plan.meter_fully(_answer_kind(routed.request))
             )
         else:
             record.response_complete = True
@@ -277,7 +277,7 @@ class Director:
             meter.finish()
             tokens = meter.completion_tokens
             if meter.streaming and record.response_complete:
-                self.bytes_per_token.observe(routed.request.model, meter.body_bytes, tokens)
+                self.bytes_per_token.observe(_answer_kind(routed.request), meter.body_bytes, tokens)
         completed = record.response_complete and record.status is not None and record.status < 400
         error = str(record.status) if record.response_complete else "aborted"
         streaming = meter is not None and meter.streaming
@@ -290,10 +290,11 @@ class Director:
         if entry.intermediate:
             record = self._handoffs.heard(entry.request_id, now)
             self.metrics.access_log_entries.labels("intermediate" if record else "unknown").inc()
-            if record is not None and record.routed is not None:
-                tokens = self.bytes_per_token.tokens(record.routed.request.model, entry.response_bytes)
+            routed = record.routed if record is not None else None
+            if routed is not None:
+                tokens = self.bytes_per_token.tokens(_answer_kind(routed.request), entry.response_bytes)
                 if tokens is not None:
-                    self.lifecycle.progress(record.routed, tokens, now)
+                    self.lifecycle.progress(routed, tokens, now)
             return
         record = self._handoffs.pop(entry.request_id)
         self.metrics.access_log_entries.labels("final" if record else "unknown").inc()
@@ -303,7 +304,7 @@ class Director:
         finished_at = finish_time(record.received_at, routed.first_token_at, entry, now)
         self.metrics.access_log_lag.observe(now - finished_at)
         record.status = entry.status or record.status
-        tokens = self.bytes_per_token.tokens(routed.request.model, entry.response_bytes)
+        tokens = self.bytes_per_token.tokens(_answer_kind(routed.request), entry.response_bytes)
         error = str(entry.status) if entry.ended == "complete" else entry.ended
         self._finished(record, routed, finished_at, entry.completed, True, tokens, error)
 
@@ -355,6 +356,12 @@ class Director:
     def _upstream_failed(self, name: str, why: str) -> None:
         self.metrics.upstream_failures.labels(name).inc()
         self.store.record_failure(name, why)
+
+
+def _answer_kind(request: LLMRequest) -> str:
+    """What a streamed answer's bytes per token depend on: the model (its name is in every
+    event) and the API (chat deltas or completion texts)."""
+    return f"{request.model} {request.api.value}"
 
 
 def _release_ticket(record: RequestRecord) -> None:

@@ -138,6 +138,12 @@ def test_envoys_entry_is_read_into_what_the_director_needs(flags: dict[str, bool
     assert entry.completed == (ended == "complete")
 
 
+def test_a_client_that_hung_up_on_done_got_the_whole_answer() -> None:
+    raw = _envoy_entry(downstream_connection_termination=True)
+    raw.common_properties.metadata.filter_metadata["llm_epp"].update({"sse_done": True})
+    assert log_entry(raw).ended == "complete"
+
+
 def test_a_periodic_entry_is_intermediate_and_envoys_id_is_the_fallback() -> None:
     raw = _envoy_entry()
     del raw.request.request_headers["x-request-id"]

@@ -346,3 +346,11 @@ def test_shipped_configs_are_the_epps_own() -> None:
     for link in (CHART / "configs").iterdir():
         assert link.is_symlink(), f"{link.name} must link to epp/configs, not copy it"
         assert link.resolve().parent == (CHART.parents[1] / "epp" / "configs").resolve()
+
+
+def test_the_epp_meters_every_chunk_unless_the_gateway_is_said_to_send_its_access_log() -> None:
+    """Managed gateways may not send an access log to the EPP: full metering is the default."""
+    assert epp_args(_containers(render(GUIDE))["epp"]["args"])[0].response_metering == "full"
+    extension = {**GUIDE["inferenceExtension"], "responseMetering": "first-token"}
+    rendered = render({**GUIDE, "inferenceExtension": extension})
+    assert epp_args(_containers(rendered)["epp"]["args"])[0].response_metering == "first-token"
