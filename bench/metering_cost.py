@@ -9,9 +9,11 @@ time; the EPP's CPU per request net of its idle rate, and Envoy's CPU per reques
 The first-token run sends each model's calibration streams first, so its figures are those of
 handed-off streams. With the shipped sampling one stream in N is still read to its end, at the
 full run's cost, so the mean over all requests is ``(1 - 1/N) × first-token + 1/N × full``: the
-``shipped`` rows. The EPPs scrape their engines every ``scrape_interval_s`` here (0.5 s, not
-``make run``'s 50 ms), so that the idle cost charged over a long answer's seconds does not
-drown the per-request figures; the idle cost is measured on its own elsewhere.
+``shipped`` rows. The EPPs scrape their engines every ``scrape_interval_s`` here (5 s, not
+``make run``'s 50 ms): a busy engine's scrape is parsed anew each time (an idle one's is not),
+a cost per second of the pool's, not per request, which over a long answer's seconds would
+otherwise be charged to the answer; scrapes are measured on their own (``llm-epp-bench
+idle``, ``capacity``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class MeteringCostSettings:
     concurrency: int = 16
     replicas: int = 4
     predictors: int = 2
-    scrape_interval_s: float = 0.5
+    scrape_interval_s: float = 5.0
     idle_s: float = 6.0
 
 
