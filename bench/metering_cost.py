@@ -6,6 +6,11 @@ once per ``--response-metering``: ``full`` (every chunk of the answer crosses ex
 In each: streamed chat answers of 1 and of 512 tokens (``ignore_eos``), ``concurrency`` at a
 time; the EPP's CPU per request net of its idle rate, and Envoy's CPU per request.
 
+Then the accuracy of what the EPP learns from each metering: ``accuracy_requests`` streamed
+answers of varied prompts and lengths, ``accuracy_concurrency`` at a time; the output tokens
+the EPP counted against the client's, and the live TTFT and TPOT MAPE of the newest latency
+model (``llm_epp_prediction_mape``).
+
 The first-token run sends each model's calibration streams first, so its figures are those of
 handed-off streams. With the shipped sampling one stream in N is still read to its end, at the
 full run's cost, so the mean over all requests is ``(1 - 1/N) × first-token + 1/N × full``: the
@@ -18,6 +23,7 @@ idle``, ``capacity``).
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,12 +34,14 @@ from typing import Any
 import httpx
 import matplotlib.pyplot as plt
 
+from bench.prometheus_samples import Samples, scrape, total
 from bench.report import machine, markdown_table, save_figure, write_results
 from bench.stack_overhead import task_cpu_seconds
 from epp.settings import EppSettings
 from sim.stack import LocalStack, StackConfig, StackPorts
 
 SHIPPED_SAMPLE_EVERY: int = EppSettings.model_fields["metering_sample_every"].default
+OUTPUT_TOKENS = "inference_objective_output_tokens_sum"
 CALIBRATION_STREAMS: int = EppSettings.model_fields["metering_calibration_streams"].default
 
 
@@ -47,13 +55,16 @@ class MeteringCostSettings:
     predictors: int = 2
     scrape_interval_s: float = 5.0
     idle_s: float = 6.0
+    accuracy_requests: int = 240
+    accuracy_concurrency: int = 8
+    seed: int = 0
 
 
-def _stream(client: httpx.Client, url: str, tokens: int) -> int:
+def _stream(client: httpx.Client, url: str, tokens: int, prompt: str = "Tell me about routers.") -> int:
     """One streamed chat answer of ``tokens`` tokens, read whole; returns its SSE data lines."""
     body = {
         "model": "tiny",
-        "messages": [{"role": "user", "content": "Tell me about routers."}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": tokens,
         "stream": True,
         "ignore_eos": True,
@@ -61,6 +72,42 @@ def _stream(client: httpx.Client, url: str, tokens: int) -> int:
     with client.stream("POST", url, json=body) as response:
         response.raise_for_status()
         return sum(line.startswith("data: ") for line in response.iter_lines())
+
+
+def newest_mape(samples: Samples) -> dict[str, float]:
+    """Each target's rolling MAPE of the newest model version that has one."""
+    newest: dict[str, tuple[int, float]] = {}
+    for (name, labels), value in samples.items():
+        if name != "llm_epp_prediction_mape":
+            continue
+        label = dict(labels)
+        target, version = label["target"], int(label["model_version"])
+        if version >= newest.get(target, (-1, 0.0))[0]:
+            newest[target] = (version, value)
+    return {target: mape for target, (_, mape) in newest.items()}
+
+
+def _accuracy(stack: LocalStack, url: str, settings: MeteringCostSettings) -> dict[str, Any]:
+    rng = random.Random(settings.seed)
+    plan = [
+        (rng.randint(16, 384), f"request {i}: " + "tell me about routers and queues " * rng.randint(2, 60))
+        for i in range(settings.accuracy_requests)
+    ]
+    metrics_url = stack.epp_metrics_url
+    counted_before = total(scrape(metrics_url), OUTPUT_TOKENS)
+    concurrency = settings.accuracy_concurrency
+    limits = httpx.Limits(max_connections=concurrency)
+    with httpx.Client(timeout=120, limits=limits) as client, ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(lambda p: _stream(client, url, *p), plan))
+    time.sleep(1.0)  # the last access-log entries
+    samples = scrape(metrics_url)
+    counted = total(samples, OUTPUT_TOKENS) - counted_before
+    return {
+        "requests": len(plan),
+        "output_tokens": sum(tokens for tokens, _ in plan),
+        "output_tokens_counted": counted,
+        "mape": newest_mape(samples),
+    }
 
 
 def _cell(stack: LocalStack, url: str, tokens: int, settings: MeteringCostSettings, idle_rate: float) -> dict:
@@ -104,7 +151,8 @@ def _measure(mode: str, settings: MeteringCostSettings) -> dict[str, Any]:
         time.sleep(settings.idle_s)
         idle_rate = (task_cpu_seconds(stack.epp.process.pid) - before) / settings.idle_s
         cells = [_cell(stack, url, n, settings, idle_rate) for n in settings.output_tokens]
-        return {"mode": mode, "idle_ms_per_s": idle_rate * 1e3, "cells": cells}
+        accuracy = _accuracy(stack, url, settings)
+        return {"mode": mode, "idle_ms_per_s": idle_rate * 1e3, "cells": cells, "accuracy": accuracy}
     finally:
         stack.stop()
 
@@ -150,6 +198,15 @@ def _markdown(data: dict[str, Any]) -> str:
         [name, f"{_ratio(cells, 'epp_ms'):.2f}×", f"{_ratio(cells, 'envoy_ms'):.2f}×"]
         for name, cells in _rows(data)
     ]
+    accuracy = [
+        [
+            r["mode"],
+            f"{r['accuracy']['output_tokens_counted']:.0f} / {r['accuracy']['output_tokens']}",
+            f"{r['accuracy']['mape'].get('ttft', float('nan')):.3f}",
+            f"{r['accuracy']['mape'].get('tpot', float('nan')):.3f}",
+        ]
+        for r in data["results"]
+    ]
     s = data["settings"]
     tokens = s["output_tokens"]
     return "\n\n".join(
@@ -163,6 +220,10 @@ def _markdown(data: dict[str, Any]) -> str:
             markdown_table(["metering", "output tokens", "EPP ms", "Envoy ms", "EPP + Envoy ms"], table),
             f"{tokens[-1]} tokens against {tokens[0]}:",
             markdown_table(["metering", "EPP", "Envoy"], ratios),
+            f"What the EPP learned from {s['accuracy_requests']} answers of 16–384 tokens "
+            f"({s['accuracy_concurrency']} at a time): output tokens it counted against those sent, "
+            "and the live MAPE of the newest latency model:",
+            markdown_table(["metering", "output tokens counted / sent", "TTFT MAPE", "TPOT MAPE"], accuracy),
         ]
     )
 
