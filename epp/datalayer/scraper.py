@@ -58,35 +58,41 @@ class _Poller:
     """One endpoint's polling task, when its last scrape started, until when it counts as busy
     whatever its figures say, and the wait before its next scrape, which may be cut short."""
 
-    __slots__ = ("_timer", "_wait", "busy_until", "started", "task")
+    __slots__ = ("_due", "_timer", "_wait", "busy_until", "started", "task")
 
     def __init__(self) -> None:
         self.task: asyncio.Task[None] | None = None
         self.started = float("-inf")
         self.busy_until = float("-inf")
         self._wait: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
+        self._due = float("inf")
+        """When the wait ends, on the loop's clock (uvloop's zero-delay handles do not say)."""
 
     async def sleep(self, delay: float) -> None:
         """Wait ``delay`` seconds, or less if :meth:`hurry` says so meanwhile."""
-        loop = asyncio.get_running_loop()
-        self._wait = loop.create_future()
-        self._timer = loop.call_later(delay, _settle, self._wait)
+        self._wait = asyncio.get_running_loop().create_future()
+        self._end_wait_in(delay)
         try:
             await self._wait
         finally:
-            self._timer.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
             self._wait = self._timer = None
 
     def hurry(self, delay: float) -> None:
         """End the current wait within ``delay`` seconds (if it would end later)."""
-        wait, timer = self._wait, self._timer
-        if wait is None or timer is None or wait.done():
+        if self._wait is None or self._wait.done():
             return
+        if self._due > asyncio.get_running_loop().time() + delay:
+            self._end_wait_in(delay)
+
+    def _end_wait_in(self, delay: float) -> None:
         loop = asyncio.get_running_loop()
-        if timer.when() > loop.time() + delay:
-            timer.cancel()
-            self._timer = loop.call_later(delay, _settle, wait)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._due = loop.time() + delay
+        self._timer = loop.call_later(delay, _settle, self._wait)
 
 
 def _settle(wait: asyncio.Future[None]) -> None:
@@ -169,20 +175,24 @@ class MetricsScraper(LifecycleObserver):
         )
         return self.interval if busy else self.idle_interval
 
-    def hurry(self, name: str | None = None) -> None:
-        """Scrape ``name`` (None: every endpoint) as soon as the fast tick allows: at once if its
-        last scrape started an ``interval`` ago or more."""
-        pollers = self._pollers.values() if name is None else filter(None, [self._pollers.get(name)])
+    def hurry(self) -> None:
+        """Scrape every endpoint as soon as the fast tick allows (see :meth:`_hurry`)."""
         now = self.clock()
-        for poller in pollers:
-            poller.hurry(max(0.0, poller.started + self.interval - now))
+        for poller in self._pollers.values():
+            self._hurry(poller, now)
+
+    def _hurry(self, poller: _Poller, now: float) -> None:
+        """End ``poller``'s wait one ``interval`` after its last scrape started: at once if that
+        was an ``interval`` ago or more; a shorter wait stays as it is."""
+        poller.hurry(max(0.0, poller.started + self.interval - now))
 
     def _active(self, name: str, now: float) -> None:
-        """The EPP sent ``name`` a request or saw one end at ``now``: busy for ``linger_s``."""
+        """The EPP sent ``name`` a request or saw one end at ``now``: busy for ``linger_s``,
+        and scraped as soon as the fast tick allows."""
         poller = self._pollers.get(name)
         if poller is not None:
             poller.busy_until = max(poller.busy_until, now + self.linger_s)
-            self.hurry(name)
+            self._hurry(poller, now)
 
     def on_routed(self, routed: RoutedRequest, now: float) -> None:
         self._active(routed.endpoint_name, now)

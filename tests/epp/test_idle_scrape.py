@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+import uvloop
 
 from epp.datalayer.endpoints import EndpointStore
-from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.scraper import MetricsScraper, _Poller
 from epp.scheduling.framework import CycleState, RequestOutcome
 from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.types import Endpoint, EngineMetrics, SchedulingResult
@@ -137,3 +138,16 @@ async def test_a_stalled_idle_endpoint_leaves_scheduling_once_a_request_is_route
     scraper.on_routed(routed_to(store), clock())
     await eventually(lambda: not store.is_healthy("e0"), timeout_s=3, what="the stalled endpoint out")
     assert store.candidates() == []
+
+
+def test_a_wait_of_no_time_can_be_hurried_on_uvloop() -> None:
+    """The EPP runs on uvloop, whose zero-delay timers are plain handles (no ``when()``)."""
+
+    async def hurried() -> None:
+        poller = _Poller()
+        waiting = asyncio.create_task(poller.sleep(0.0))
+        await asyncio.sleep(0)  # the wait begins
+        poller.hurry(0.0)
+        await waiting
+
+    uvloop.run(hurried())
