@@ -130,8 +130,8 @@ async def test_hurrying_never_scrapes_faster_than_the_fast_tick(engine: Engine, 
 async def test_a_stalled_idle_endpoint_leaves_scheduling_once_a_request_is_routed_there(
     scraped, engine: Engine, clock: FakeClock
 ) -> None:
-    """Its last sign of life is its last idle scrape, more than a timeout ago: the scrape the
-    request triggers is given only what is left of the timeout, and finds it stalled."""
+    """Within about a timeout of the scrape the request triggers (its silence counts from one
+    fast tick before that scrape, not from its last idle scrape)."""
     store, scraper = scraped
     engine.metrics_delay_s = 1.0
     clock.advance(2 * TIMEOUT_S)
@@ -151,3 +151,20 @@ def test_a_wait_of_no_time_can_be_hurried_on_uvloop() -> None:
         await waiting
 
     uvloop.run(hurried())
+
+
+async def test_the_scrape_a_request_triggers_gets_a_whole_timeout_however_long_ago_the_last_was(
+    scraped, engine: Engine, clock: FakeClock
+) -> None:
+    """An idle engine was not asked for 10 s: that silence is no stall, and it answers this scrape
+    a third of a timeout late, as a busy engine does; it stays in, on that one scrape."""
+    store, scraper = scraped
+    await eventually(lambda: engine.metrics_calls >= 1)
+    before = engine.metrics_calls
+    engine.metrics_delay_s = TIMEOUT_S / 3
+    clock.advance(10.0)
+    scraper.on_routed(routed_to(store), clock())
+    state = store.by_name("e0")
+    assert state is not None
+    await eventually(lambda: state.metrics.updated_at == clock(), what="the scrape the request triggered")
+    assert store.is_healthy("e0") and engine.metrics_calls == before + 1
