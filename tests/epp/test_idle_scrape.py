@@ -6,16 +6,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 import uvloop
 
+from epp.app import EppApp
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.scraper import MetricsScraper, _Poller
 from epp.scheduling.framework import CycleState, RequestOutcome
 from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.types import Endpoint, EngineMetrics, SchedulingResult
-from tests.epp.factories import FakeClock, make_request
+from tests.epp.factories import FakeClock, local_epp_settings, make_request
 from tests.epp.fake_engine import Engine
 from tests.support import eventually
 
@@ -168,3 +170,14 @@ async def test_the_scrape_a_request_triggers_gets_a_whole_timeout_however_long_a
     assert state is not None
     await eventually(lambda: state.metrics.updated_at == clock(), what="the scrape the request triggered")
     assert store.is_healthy("e0") and engine.metrics_calls == before + 1
+
+
+async def test_the_epp_wires_the_idle_tick_into_its_lifecycle_and_flow_control(tmp_path: Path) -> None:
+    config = tmp_path / "flow-control.yaml"
+    config.write_text(
+        "plugins:\n- type: queue-scorer\n- type: queue-kv-saturation-detector\nfeatureGates: [flowControl]\n"
+    )
+    app = EppApp(local_epp_settings(tmp_path, config=str(config), idle_scrape_interval_s=0.7))
+    assert app.scraper.idle_interval == 0.7 and app.scraper.interval == 0.05
+    assert app.scraper in app.lifecycle.observers
+    assert app.flow_gate is not None and app.flow_gate.on_hold == app.scraper.hurry
