@@ -14,20 +14,29 @@ after ``settle_s`` of start-up:
 
 The load average before each reading goes in the results: other work on the machine's cores
 inflates the figures.
+
+**Under load** the idle tick must not make the view staler: per arm, ``loaded_endpoints`` stub
+engines behind Envoy get ``loaded_rate`` requests a second through the EPP (one at a time,
+evenly spaced), and the EPP's ``llm_epp_endpoint_metrics_age_seconds`` of every endpoint is
+sampled every 100 ms for ``idle_s``: the scrapes' age as a decision would see it.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import matplotlib.pyplot as plt
 
+from bench.prometheus_samples import scrape
 from bench.report import machine, markdown_table, save_figure, write_results
+from bench.rig import GatewayRig
 from bench.stack_overhead import task_cpu_seconds
 from bench.stub_engine import stub_engine_bootstrap
 from epp.tokenization import TINY_MODEL_DIR
@@ -46,6 +55,8 @@ class IdleSettings:
     pool_sizes: tuple[int, ...] = (4, 100)
     idle_s: float = 10.0
     settle_s: float = 3.0
+    loaded_endpoints: int = 4
+    loaded_rate: float = 40.0
 
 
 def ms_per_s(cpu_before_s: float, cpu_after_s: float, wall_s: float) -> float:
@@ -86,6 +97,48 @@ def _measure(endpoints: int, flags: tuple[str, ...], settings: IdleSettings, wor
     return {"endpoints": endpoints, "ms_per_s": round(rate, 1), "load_1m_before": round(load_1m, 2)}
 
 
+def age_summary(ages_s: list[float]) -> dict[str, float]:
+    """Mean, p99 and largest of sampled scrape ages, in milliseconds."""
+    ordered = sorted(ages_s)
+    return {
+        "mean_ms": round(sum(ordered) * 1e3 / len(ordered), 1),
+        "p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))] * 1e3, 1),
+        "max_ms": round(ordered[-1] * 1e3, 1),
+    }
+
+
+def _send(url: str, rate: float, stop: threading.Event) -> None:
+    """One short completion after another, ``rate`` a second, until ``stop``."""
+    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 1}
+    with httpx.Client(timeout=10) as client:
+        due = time.monotonic()
+        while not stop.is_set():
+            client.post(f"{url}/v1/completions", json=body).raise_for_status()
+            due += 1 / rate
+            time.sleep(max(0.0, due - time.monotonic()))
+
+
+def _scrape_ages_under_load(flags: tuple[str, ...], settings: IdleSettings) -> dict[str, Any]:
+    with GatewayRig(settings.loaded_endpoints, epp_args=list(flags)) as rig:
+        stop = threading.Event()
+        sender = threading.Thread(target=_send, args=(rig.with_epp_url, settings.loaded_rate, stop))
+        sender.start()
+        try:
+            time.sleep(settings.settle_s)
+            ages: list[float] = []
+            end = time.monotonic() + settings.idle_s
+            while time.monotonic() < end:
+                samples = scrape(f"http://127.0.0.1:{rig.epp_metrics_port}/metrics")
+                ages += [
+                    v for (name, _), v in samples.items() if name == "llm_epp_endpoint_metrics_age_seconds"
+                ]
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            sender.join()
+    return {"endpoints": settings.loaded_endpoints, "samples": len(ages), **age_summary(ages)}
+
+
 def _markdown(data: dict[str, Any]) -> str:
     settings = data["settings"]
     rows = [
@@ -100,6 +153,12 @@ def _markdown(data: dict[str, Any]) -> str:
             f"{data['machine']['date']}.",
             markdown_table(["arm", "endpoints", "EPP CPU (ms/s)", "load average (1 min) before"], rows),
             "![EPP idle CPU](idle.png)",
+            f"Scrape age under load: {settings['loaded_rate']:g} requests/s through Envoy and the EPP to "
+            f"{settings['loaded_endpoints']} stub engines, every endpoint's age sampled every 100 ms.",
+            markdown_table(
+                ["arm", "samples", "mean (ms)", "p99 (ms)", "max (ms)"],
+                [[r["arm"], r["samples"], r["mean_ms"], r["p99_ms"], r["max_ms"]] for r in data["loaded"]],
+            ),
         ]
     )
 
@@ -125,7 +184,11 @@ def run(out_dir: Path, settings: IdleSettings | None = None) -> dict[str, Any]:
                 measured = _measure(endpoints, flags, settings, Path(workdir))
             results.append({"arm": arm, **measured})
             print(f"{arm}, {endpoints} endpoints: {measured['ms_per_s']:.1f} ms/s", flush=True)
-    data = {"machine": machine(), "settings": asdict(settings), "results": results}
+    loaded = []
+    for arm, flags in ARMS.items():
+        loaded.append({"arm": arm, **_scrape_ages_under_load(flags, settings)})
+        print(f"{arm}, under load: {loaded[-1]}", flush=True)
+    data = {"machine": machine(), "settings": asdict(settings), "results": results, "loaded": loaded}
     out_dir.mkdir(parents=True, exist_ok=True)
     _plot(data, out_dir)
     write_results(out_dir, "idle", data, _markdown(data))

@@ -41,13 +41,16 @@ def test_the_report_has_a_row_per_reading(tmp_path: Path) -> None:
         {"arm": arm, "endpoints": n, "ms_per_s": rate, "load_1m_before": 0.2}
         for arm, n, rate in [("idle tick", 4, 30.0), ("fast tick", 4, 45.5), ("idle tick", 100, 40.0)]
     ]
+    loaded = [{"arm": "idle tick", "samples": 400, "mean_ms": 25.1, "p99_ms": 50.4, "max_ms": 53.2}]
     data = {
         "machine": {"cpus": 2, "date": "today"},
-        "settings": {"idle_s": 10, "settle_s": 3},
+        "settings": {"idle_s": 10, "settle_s": 3, "loaded_rate": 40.0, "loaded_endpoints": 4},
         "results": results,
+        "loaded": loaded,
     }
     markdown = idle_cost._markdown(data)
     assert "| fast tick | 4 | 45.5 | 0.20 |" in markdown and "| idle tick | 100 | 40.0 | 0.20 |" in markdown
+    assert "| idle tick | 400 | 25.1 | 50.4 | 53.2 |" in markdown
     assert idle_cost._plot(data, tmp_path) == "idle.png" and (tmp_path / "idle.png").stat().st_size > 0
 
 
@@ -58,3 +61,8 @@ def test_the_command_line_passes_pool_sizes_and_duration(monkeypatch, tmp_path: 
     assert seen == [idle_cost.IdleSettings(pool_sizes=(2, 8), idle_s=1.5)]
     with pytest.raises(SystemExit):
         main(["idle", "--pool-sizes", "0"])
+
+
+def test_ages_are_summarised_in_milliseconds() -> None:
+    ages = [0.001 * i for i in range(100, 0, -1)]  # 100 down to 1 ms
+    assert idle_cost.age_summary(ages) == {"mean_ms": 50.5, "p99_ms": 99.0, "max_ms": 100.0}
