@@ -198,7 +198,9 @@ class EppApp:
             return None
         metrics = FlowMetrics(self.registry, self.settings.pool_name, flow_control.controller)
         # A held request wants every endpoint's figures fresh, idle ones' too (their age counts).
-        return FlowGate(flow_control, self.store.candidates, self.clock, metrics, on_hold=self.scraper.hurry)
+        return FlowGate(
+            flow_control, self.store.candidates, self.clock, metrics, on_queued=self.scraper.hurry
+        )
 
     def _replica_sync(self) -> NatsSyncTransport:
         """Active-active: share this replica's bookings with its peers over NATS, apply theirs."""

@@ -180,4 +180,4 @@ async def test_the_epp_wires_the_idle_tick_into_its_lifecycle_and_flow_control(t
     app = EppApp(local_epp_settings(tmp_path, config=str(config), idle_scrape_interval_s=0.7))
     assert app.scraper.idle_interval == 0.7 and app.scraper.interval == 0.05
     assert app.scraper in app.lifecycle.observers
-    assert app.flow_gate is not None and app.flow_gate.on_hold == app.scraper.hurry
+    assert app.flow_gate is not None and app.flow_gate.on_queued == app.scraper.hurry

@@ -176,11 +176,11 @@ async def test_a_peers_release_wakes_the_dispatcher_without_waiting_for_its_poll
     await gate.close()
 
 
-async def test_a_held_request_calls_on_hold_and_one_dispatched_at_once_does_not():
+async def test_a_held_request_calls_on_queued_and_one_dispatched_at_once_does_not():
     """The EPP asks for fresh scrapes of every endpoint then (idle ones are scraped slowly)."""
     gate, _ = make_gate()
     holds: list[float] = []
-    gate.on_hold = lambda: holds.append(time.monotonic())
+    gate.on_queued = lambda: holds.append(time.monotonic())
     running = await occupy(gate)
     assert holds == []
     waiter = asyncio.create_task(gate.wait(llm_request(), time.monotonic()))
