@@ -3,8 +3,11 @@
 The ``make run`` stack (simulated replicas, predicted-latency with its trainer and predictors),
 once per ``--response-metering``: ``full`` (every chunk of the answer crosses ext_proc) and
 ``first-token`` (the EPP reads to the first token, then Envoy's access log finishes the request).
-In each: streamed chat answers of 1 and of 512 tokens (``ignore_eos``), ``concurrency`` at a
-time; the EPP's CPU per request net of its idle rate, and Envoy's CPU per request.
+In each: ``requests`` streamed chat answers of 1 and of 512 tokens (``ignore_eos``), sent at
+the same even pace in both cells (over ``arrival_span_s``) and measured over the same window
+(``window_s``), so that what the EPP does per second while busy (training-sample batches,
+access-log batches, the trainer's and predictors' polls) weighs the same on both; the EPP's CPU
+per request net of its idle rate, and Envoy's CPU per request.
 
 Then the accuracy of what the EPP learns from each metering: ``accuracy_requests`` streamed
 answers of varied prompts and lengths, ``accuracy_concurrency`` at a time; the output tokens
@@ -50,7 +53,9 @@ class MeteringCostSettings:
     modes: tuple[str, ...] = ("full", "first-token")
     output_tokens: tuple[int, ...] = (1, 512)
     requests: int = 32
-    concurrency: int = 16
+    arrival_span_s: float = 6.0
+    window_s: float = 12.0
+    """From the first arrival; the longest answer (512 tokens, ~3.5 s) ends well before it."""
     replicas: int = 4
     predictors: int = 2
     scrape_interval_s: float = 5.0
@@ -113,18 +118,25 @@ def _accuracy(stack: LocalStack, url: str, settings: MeteringCostSettings) -> di
 def _cell(stack: LocalStack, url: str, tokens: int, settings: MeteringCostSettings, idle_rate: float) -> dict:
     assert stack.epp is not None and stack.envoy is not None
     epp, envoy = stack.epp.process.pid, stack.envoy.process.pid
-    with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=settings.concurrency)) as client:
+    gap = settings.arrival_span_s / settings.requests
+
+    def paced(i: int) -> int:
+        time.sleep(max(0.0, started + i * gap - time.monotonic()))
+        return _stream(client, url, tokens)
+
+    with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=settings.requests)) as client:
         epp_before, envoy_before, started = task_cpu_seconds(epp), task_cpu_seconds(envoy), time.monotonic()
-        with ThreadPoolExecutor(settings.concurrency) as pool:
-            lines = list(pool.map(lambda _: _stream(client, url, tokens), range(settings.requests)))
-        time.sleep(0.3)  # the last access-log batch (flushed every 0.1 s) reaches the EPP
-        wall = time.monotonic() - started
+        with ThreadPoolExecutor(settings.requests) as pool:
+            lines = list(pool.map(paced, range(settings.requests)))
+        left = started + settings.window_s - time.monotonic()
+        assert left > 0.3, "the answers outlasted the window: raise window_s"
+        time.sleep(left)  # the same window for every cell; the last access-log batch is in
         epp_cpu, envoy_cpu = task_cpu_seconds(epp) - epp_before, task_cpu_seconds(envoy) - envoy_before
     assert all(n >= tokens for n in lines), "an answer came back short"
     return {
         "tokens": tokens,
-        "wall_s": wall,
-        "epp_ms": (epp_cpu - idle_rate * wall) / settings.requests * 1e3,
+        "window_s": settings.window_s,
+        "epp_ms": (epp_cpu - idle_rate * settings.window_s) / settings.requests * 1e3,
         "envoy_ms": envoy_cpu / settings.requests * 1e3,
     }
 
@@ -136,7 +148,15 @@ def _measure(mode: str, settings: MeteringCostSettings) -> dict[str, Any]:
             predictors=settings.predictors,
             ports=StackPorts.free(),
             response_metering=mode,  # type: ignore[arg-type]
-            epp_args=["--log-level", "WARNING", "--scrape-interval-s", str(settings.scrape_interval_s)],
+            # A scrape this rare is the only sign of life for seconds: a late one must not eject.
+            epp_args=[
+                "--log-level",
+                "WARNING",
+                "--scrape-interval-s",
+                str(settings.scrape_interval_s),
+                "--scrape-timeout-s",
+                str(2 * settings.scrape_interval_s),
+            ],
         )
     )
     try:
@@ -212,7 +232,8 @@ def _markdown(data: dict[str, Any]) -> str:
     return "\n\n".join(
         [
             "# A streamed answer's cost by response metering",
-            f"{s['requests']} streamed chat answers per cell, {s['concurrency']} at a time, through the "
+            f"{s['requests']} streamed chat answers per cell, sent evenly over {s['arrival_span_s']} s and "
+            f"measured over {s['window_s']} s, through the "
             f"`make run` stack ({s['replicas']} simulated replicas, predicted-latency); EPP CPU net of "
             "its idle rate ("
             + ", ".join(f"{r['mode']} {r['idle_ms_per_s']:.1f} ms/s" for r in data["results"])

@@ -12,7 +12,7 @@ from bench.metering_cost import MeteringCostSettings, shipped
 
 def _result(mode: str, epp: tuple[float, float], envoy: tuple[float, float]) -> dict:
     cells = [
-        {"tokens": n, "wall_s": 1.0, "epp_ms": e, "envoy_ms": v}
+        {"tokens": n, "window_s": 12.0, "epp_ms": e, "envoy_ms": v}
         for n, e, v in zip((1, 512), epp, envoy, strict=True)
     ]
     accuracy = {"requests": 10, "output_tokens": 1000, "output_tokens_counted": 990, "mape": {"ttft": 0.1}}
