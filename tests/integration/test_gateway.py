@@ -211,9 +211,10 @@ def test_a_streamed_answer_crosses_ext_proc_to_its_first_token_and_is_counted_fr
     ) as response:
         events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
     assert sum(1 for e in events if e["choices"] and e["choices"][0]["text"]) == 40
-    # Estimated from the answer's bytes, by a line fitted on the streams read whole.
+    # Estimated from the answer's bytes, by a line fitted on the streams read whole (here the
+    # module's earlier short answers, so the line is extrapolated: within a quarter).
     assert wait_for(lambda: metric_sum(stack.epp_metrics_url, tokens) > counted)
-    assert metric_sum(stack.epp_metrics_url, tokens) == pytest.approx(counted + 40, abs=2)
+    assert metric_sum(stack.epp_metrics_url, tokens) - counted == pytest.approx(40, rel=0.25)
     after = _ext_proc_counts(stack)
     delta = {name: after[name] - before[name] for name in after}
     # The request's three and the first token's chunk, and the few Envoy had sent on meanwhile:
