@@ -12,26 +12,26 @@ Bodies:
 
 * DELTAS: a list of deltas, each a list starting with its :class:`DeltaKind`::
 
-      [ROUTED, key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None,
-       prompt_tail | None]
-      [FIRST_TOKEN, key]
-      [PROGRESS, key, generated]
-      [RELEASED, key]
+      [TOTALS, endpoint, requests, prefill_tokens, decode_tokens, expected_remaining_tokens,
+       kv_tokens, min_tpot_slo_ms | None, tail_rows]
       [PREFIX, endpoint, block_size, hashes]   # hashes: little-endian uint64 bytes
 
-  ``key`` names one routed request among the sender's (an int, unique per incarnation);
-  ``prompt_tail`` is the hash of the prompt's last full block in the prefix match's
-  chain (a uint64; it names the whole prompt up to there), by which a peer recognises a
-  conversation's next turn (``epp.plugins.token_load``).
-* SNAPSHOT: ``[bookings, prefix]``: the sender's own live bookings, each
-  ``[key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None, prompt_tail | None,
-  decoding, generated]``,
-  and the most recent blocks of its approximate prefix index (its own inserts and its peers'),
-  each ``[endpoint, block_size, hashes]``, oldest first (bounded, ``SyncTuning.snapshot_prefix_blocks``).
+  TOTALS is the sender's own load on ``endpoint`` now (absolute, not a change: the receiver
+  replaces what it held; ``requests`` 0: nothing left there), with the smallest TPOT SLO among
+  its streaming requests there (None: none runs). ``tail_rows`` lists its live bookings there
+  that name their prompt's tail, as little-endian uint64 bytes, :data:`TAIL_ROW_FIELDS` per
+  booking: ``tail, prompt_tokens, prefill_tokens, decode_tokens, expected_remaining_tokens,
+  kv_tokens``, where ``tail`` is the hash of the prompt's last full block in the prefix match's
+  chain (it names the whole prompt up to there), by which a peer recognises a conversation's next
+  turn (``epp.load.peer_totals``).
+* SNAPSHOT: ``[totals, prefix]``: the sender's TOTALS for every endpoint where it has bookings,
+  each without the leading kind, and the most recent blocks of its approximate prefix index (its
+  own inserts and its peers'), each ``[endpoint, block_size, hashes]``, oldest first (bounded,
+  ``SyncTuning.snapshot_prefix_blocks``).
 * HEARTBEAT, SNAPSHOT_REQUEST: empty.
 
-Version 3 is the only one (version 2's bookings had no ``prompt_tail``; version 1's SNAPSHOT held
-the bookings alone); a message of any other version is refused whole (:class:`SchemaError`).
+Version 4 is the only one (versions 1–3 sent one delta per step of each request: routed, first
+token, progress, released); a message of any other version is refused whole (:class:`SchemaError`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 3
+from epp.load.peer_totals import TAIL_ROW_FIELDS
+
+SCHEMA_VERSION = 4
 
 
 class MessageKind(IntEnum):
@@ -55,11 +57,9 @@ class MessageKind(IntEnum):
 
 
 class DeltaKind(IntEnum):
-    ROUTED = 1
-    FIRST_TOKEN = 2
-    PROGRESS = 3
-    RELEASED = 4
+    # 1-4 were version 3's per-request deltas.
     PREFIX = 5
+    TOTALS = 6
 
 
 _DELTA_NAMES = {k.value: k.name.lower() for k in DeltaKind}
@@ -142,3 +142,16 @@ def pack_hashes(hashes: Sequence[int]) -> bytes:
 def unpack_hashes(data: bytes) -> list[int]:
     """The block hashes packed by :func:`pack_hashes`; ValueError if ``data`` is not whole uint64s."""
     return np.frombuffer(data, dtype="<u8").tolist()
+
+
+def pack_rows(rows: Sequence[Sequence[int]]) -> bytes:
+    """Tail rows of :data:`TAIL_ROW_FIELDS` uint64s each, packed as TOTALS carries them."""
+    return pack_hashes([value for row in rows for value in row])
+
+
+def unpack_rows(data: bytes) -> np.ndarray:
+    """The ``(n, TAIL_ROW_FIELDS)`` uint64 view of packed tail rows; ValueError if ``data`` is no
+    whole number of rows."""
+    if len(data) % (8 * TAIL_ROW_FIELDS):
+        raise ValueError("tail rows are not whole")
+    return np.frombuffer(data, dtype="<u8").reshape(-1, TAIL_ROW_FIELDS)

@@ -143,7 +143,7 @@ class NatsSyncTransport:
         log.info("sync: connected to NATS as %s on %s", self.state.replica_id, self.events_subject)
         await self._on_connected()
         self._spawn(self._publish_loop(), "sync-publish")
-        self._spawn(self._progress_loop(), "sync-progress")
+        self._spawn(self._tick_loop(), "sync-tick")
         self._spawn(self._heartbeat_loop(), "sync-heartbeat")
 
     async def _on_connected(self) -> None:
@@ -186,10 +186,10 @@ class NatsSyncTransport:
             self.state.unsent(data)
             await self._on_error(exc)
 
-    async def _progress_loop(self) -> None:
+    async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.state.tuning.progress_interval_s)
-            self.state.flush_progress()
+            self.state.flush()
             # Checked on this short tick, not once a heartbeat, so a dead peer's bookings leave
             # within peer_timeout_s of its last heartbeat plus one progress interval.
             self.state.expire()
