@@ -19,11 +19,11 @@ Bodies:
   TOTALS is the sender's own load on ``endpoint`` now (absolute, not a change: the receiver
   replaces what it held; ``requests`` 0: nothing left there), with the smallest TPOT SLO among
   its streaming requests there (None: none runs). ``tail_rows`` lists its live bookings there
-  that name their prompt's tail, as little-endian uint64 bytes, :data:`TAIL_ROW_FIELDS` per
-  booking: ``tail, prompt_tokens, prefill_tokens, decode_tokens, expected_remaining_tokens,
-  kv_tokens``, where ``tail`` is the hash of the prompt's last full block in the prefix match's
-  chain (it names the whole prompt up to there), by which a peer recognises a conversation's next
-  turn (``epp.load.peer_totals``).
+  that name their prompt's tail, as little-endian uint64 bytes, 6 per booking
+  (``epp.load.peer_totals.pack_tail_rows``): ``tail, prompt_tokens, prefill_tokens,
+  decode_tokens, expected_remaining_tokens, kv_tokens``, where ``tail`` is the hash of the
+  prompt's last full block in the prefix match's chain (it names the whole prompt up to there),
+  by which a peer recognises a conversation's next turn.
 * SNAPSHOT: ``[totals, prefix]``: the sender's TOTALS for every endpoint where it has bookings,
   each without the leading kind, and the most recent blocks of its approximate prefix index (its
   own inserts and its peers'), each ``[endpoint, block_size, hashes]``, oldest first (bounded,
@@ -43,8 +43,6 @@ from typing import Any
 
 import msgpack
 import numpy as np
-
-from epp.load.peer_totals import TAIL_ROW_FIELDS
 
 SCHEMA_VERSION = 4
 
@@ -142,16 +140,3 @@ def pack_hashes(hashes: Sequence[int]) -> bytes:
 def unpack_hashes(data: bytes) -> list[int]:
     """The block hashes packed by :func:`pack_hashes`; ValueError if ``data`` is not whole uint64s."""
     return np.frombuffer(data, dtype="<u8").tolist()
-
-
-def pack_rows(rows: Sequence[Sequence[int]]) -> bytes:
-    """Tail rows of :data:`TAIL_ROW_FIELDS` uint64s each, packed as TOTALS carries them."""
-    return pack_hashes([value for row in rows for value in row])
-
-
-def unpack_rows(data: bytes) -> np.ndarray:
-    """The ``(n, TAIL_ROW_FIELDS)`` uint64 view of packed tail rows; ValueError if ``data`` is no
-    whole number of rows."""
-    if len(data) % (8 * TAIL_ROW_FIELDS):
-        raise ValueError("tail rows are not whole")
-    return np.frombuffer(data, dtype="<u8").reshape(-1, TAIL_ROW_FIELDS)

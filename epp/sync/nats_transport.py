@@ -171,6 +171,9 @@ class NatsSyncTransport:
             await self._wake.wait()
             self._wake.clear()
             await self._publish_pending()
+            # What changes meanwhile waits for the next take, one TOTALS per endpoint: this
+            # bounds the peers' apply work whatever the request rate (epp.sync.state).
+            await asyncio.sleep(self.state.tuning.publish_interval_s)
 
     async def _publish_pending(self) -> None:
         for data in self.state.take_messages():

@@ -5,20 +5,21 @@ One :class:`ReplicaSyncState` per EPP replica. It does two jobs:
 * **Outbound.** The replica's pipeline hook (``epp.sync.hook``) reports the lifecycle of every
   request this replica routes (routed, prefix blocks inserted, first token, decode progress,
   released). The state keeps its own bookings' totals per endpoint and publishes, for each
-  endpoint whose totals changed, the totals themselves (absolute values, not the change): at once
-  when a request is routed, starts decoding or ends there, unless that endpoint already went out
-  so since the last tick, and otherwise (and for decode progress) at the next
-  :meth:`flush`. So each endpoint goes out at most twice per tick however many requests it
-  serves. Prefix inserts go out as they come (the same blocks twice in one batch, once). Messages
-  are numbered per incarnation and handed out, encoded, from :meth:`take_messages`.
+  endpoint whose totals changed, the totals themselves (absolute values, not the change): with
+  the next :meth:`take_messages` when a request is routed, starts decoding or ends there, and at
+  the next :meth:`flush` (the tick) for decode progress. However many requests change an
+  endpoint between two takes, it goes out once, as it is at the take; the live transport takes
+  at most every ``publish_interval_s``, so an endpoint goes out at most 1 / publish_interval_s
+  + 1 / progress_interval_s times a second. Prefix inserts go out as they come (the same blocks
+  twice in one take, once). Messages are numbered per incarnation.
 * **Inbound.** Messages from peers (:meth:`receive`) are applied to the structures the local
   plugins read (``SyncTargets``): a peer's totals for an endpoint replace what was held of that
   peer there (the token-load producer's ``peers``, :class:`~epp.load.peer_totals.PeerTotals`,
   and, for the predicted-latency producer's running TPOT SLOs, the peer's smallest SLO there,
   which is all its headroom reads); prefix inserts go to the approximate prefix index. Local
-  decisions read whatever has arrived; nothing here waits. A replica's apply work therefore grows
-  with endpoints × peers × tick rate, not with the pool's request rate (``llm-epp-bench
-  sync-apply``).
+  decisions read whatever has arrived; nothing here waits. A replica's apply work is therefore
+  bounded by endpoints × peers × take and tick rates, whatever the pool's request rate
+  (``llm-epp-bench sync-apply``).
 
 API (the live transport ``epp.sync.nats_transport`` and the fleet simulator both drive it)::
 
@@ -28,7 +29,8 @@ API (the live transport ``epp.sync.nats_transport`` and the fleet simulator both
 
     # every tuning.progress_interval_s:
     state.flush()                                   # queue the endpoints' coalesced totals
-    # whenever on_pending fired (the live transport: on the next loop turn):
+    # whenever on_pending fired (the live transport: on the next loop turn, at most every
+    # tuning.publish_interval_s):
     for data in state.take_messages(): deliver data to every peer, in order
     # every tuning.heartbeat_interval_s, after take_messages():
     deliver state.heartbeat() to every peer
@@ -83,8 +85,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from epp.load.peer_totals import PeerTotals
-from epp.load.token_load import EndpointLoad, TokenLoadTracker
+from epp.load.peer_totals import TAIL_ROW_BYTES, Counts, PeerTotals, pack_tail_rows
+from epp.load.token_load import TokenLoadTracker
 from epp.sync.messages import (
     DeltaKind,
     MessageKind,
@@ -94,9 +96,7 @@ from epp.sync.messages import (
     delta_name,
     encode,
     pack_hashes,
-    pack_rows,
     unpack_hashes,
-    unpack_rows,
 )
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,10 @@ _DELTA_OVERHEAD_BYTES = 64
 @dataclass(frozen=True, slots=True)
 class SyncTuning:
     progress_interval_s: float = 0.05
-    """The sync tick: how often the endpoints whose totals changed are published (coalesced)."""
+    """The sync tick: how often the endpoints whose decode progress changed are published."""
+    publish_interval_s: float = 0.005
+    """The live transport takes messages at most this often: what changed meanwhile goes out
+    once per endpoint, which bounds what peers apply however busy the pool is."""
     heartbeat_interval_s: float = 0.5
     peer_timeout_s: float = 3.0
     """A peer silent this long is dropped with all it booked."""
@@ -129,7 +132,7 @@ class SyncTargets:
     """Peers' load only (the token-load producer adds it to its own at read time)."""
     tpot_slos: dict[str, dict[Hashable, float]] | None = None
     """The predicted-latency producer's running TPOT SLOs, per endpoint, per booking (a peer's
-    smallest under the key ``("peer", its index)``)."""
+    smallest under its ``_Peer.slo_key``)."""
     record_prefix: Callable[[str, list[int]], None] | None = None
     """Record that an endpoint was sent these prompt blocks (the approximate prefix index)."""
     prefix_block_size: int = 0
@@ -178,21 +181,17 @@ class _Peer:
     """Names this incarnation in the shared structures' booking keys."""
     last_heard: float
     last_seq: int = 0
-    totals: dict[str, EndpointLoad] = field(default_factory=dict)
+    totals: dict[str, Counts] = field(default_factory=dict)
     """What the peer last published per endpoint where it has bookings."""
     kept: list[SyncMessage] | None = None
     """DELTAS messages kept for replay while a snapshot is awaited (None: in sync)."""
     asked: bool = False
     """The awaited snapshot was handed to the transport to request."""
-
-
-def _is_count(value: object) -> bool:
-    return type(value) is int and value >= 0
-
-
-def _peer_key(peer: _Peer) -> tuple[str, int]:
+    slo_key: tuple[str, int] = ("peer", -1)
     """The peer's key among the bookings of the running TPOT SLOs."""
-    return ("peer", peer.index)
+
+    def __post_init__(self) -> None:
+        self.slo_key = ("peer", self.index)
 
 
 class ReplicaSyncState:
@@ -232,8 +231,6 @@ class ReplicaSyncState:
         """Endpoints whose totals go out with the next :meth:`take_messages`."""
         self._dirty: dict[str, None] = {}
         """Endpoints whose totals changed since they last went out, due at the next :meth:`flush`."""
-        self._went_at_once: set[str] = set()
-        """Endpoints published at once since the last :meth:`flush`."""
         self._prefix: dict[tuple[str, int, bytes], None] = {}
         self._peers: dict[str, _Peer] = {}
         self._next_peer_index = 0
@@ -297,11 +294,10 @@ class ReplicaSyncState:
         self._changed(own.endpoint, at_once=True)
 
     def _changed(self, endpoint: str, *, at_once: bool) -> None:
-        """``endpoint``'s totals changed. A request routed, decoding or ended there goes out at
-        once (its peers route on it), unless that endpoint already went out so since the last
-        tick: past that, changes wait for the tick, which bounds what peers apply per endpoint."""
-        if at_once and endpoint not in self._went_at_once:
-            self._went_at_once.add(endpoint)
+        """``endpoint``'s totals changed. A request routed, decoding or ended there goes out with
+        the next :meth:`take_messages` (peers route on it; delaying it even to the next tick
+        herds their picks in bursts, see the README); decode progress waits for the tick."""
+        if at_once:
             self._wake_if_idle()
             self._due[endpoint] = None
         else:
@@ -313,7 +309,6 @@ class ReplicaSyncState:
             self._wake_if_idle()
             self._due.update(self._dirty)
             self._dirty.clear()
-        self._went_at_once.clear()
 
     def _tail_row(self, key: int, tail: int) -> tuple[int, ...]:
         """Our booking ``key``'s tail row (``epp.load.peer_totals``)."""
@@ -350,7 +345,7 @@ class ReplicaSyncState:
             load.expected_remaining_tokens,
             load.kv_tokens,
             min(slos, default=None),
-            pack_rows(rows),
+            pack_tail_rows(rows),
         ]
 
     def take_messages(self) -> list[bytes]:
@@ -570,25 +565,20 @@ class ReplicaSyncState:
             return "malformed"
         endpoint, requests, prefill, decode, remaining, kv, slo, packed = entry
         counts = (requests, prefill, decode, remaining, kv)
-        if not isinstance(endpoint, str) or not all(_is_count(v) for v in counts):
+        if type(endpoint) is not str or type(packed) is not bytes or len(packed) % TAIL_ROW_BYTES:
             return "malformed"
-        if not (slo is None or (isinstance(slo, int | float) and slo > 0)) or not isinstance(packed, bytes):
+        if not type(requests) is type(prefill) is type(decode) is type(remaining) is type(kv) is int:
             return "malformed"
-        try:
-            tails = unpack_rows(packed)
-        except ValueError:
+        if min(counts) < 0 or not (slo is None or (isinstance(slo, int | float) and slo > 0)):
             return "malformed"
-        load = EndpointLoad(*counts)
         before = peer.totals.pop(endpoint, None)
-        if load.requests:
-            peer.totals[endpoint] = load
+        if requests:
+            peer.totals[endpoint] = counts
         if self.targets.token_load is not None:
-            self.targets.token_load.replace(peer.index, endpoint, load, tails)
+            self.targets.token_load.replace(peer.index, endpoint, counts, packed)
         if self.targets.tpot_slos is not None:
-            self._set_tpot_slo(peer, endpoint, None if slo is None or not load.requests else float(slo))
-        if before is not None and (
-            load.requests < before.requests or load.prefill_tokens < before.prefill_tokens
-        ):
+            self._set_tpot_slo(peer, endpoint, None if slo is None or not requests else float(slo))
+        if before is not None and (requests < before[0] or prefill < before[1]):
             self._peer_freed()
         return None
 
@@ -596,9 +586,9 @@ class ReplicaSyncState:
         running = self.targets.tpot_slos
         assert running is not None
         if slo is not None:
-            running.setdefault(endpoint, {})[_peer_key(peer)] = slo
+            running.setdefault(endpoint, {})[peer.slo_key] = slo
         elif (on_endpoint := running.get(endpoint)) is not None:
-            on_endpoint.pop(_peer_key(peer), None)
+            on_endpoint.pop(peer.slo_key, None)
 
     def _peer_freed(self) -> None:
         if self.on_peer_freed is not None:
@@ -699,7 +689,7 @@ class ReplicaSyncState:
     def peer_bookings(self, replica: str) -> int:
         """The requests ``replica`` last published as in flight, over every endpoint."""
         peer = self._peers.get(replica)
-        return sum(load.requests for load in peer.totals.values()) if peer is not None else 0
+        return sum(counts[0] for counts in peer.totals.values()) if peer is not None else 0
 
     def own_bookings(self) -> int:
         return len(self._own)

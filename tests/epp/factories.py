@@ -7,13 +7,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry
 
 from epp.latency.client import PredictorClient, PredictorClientSettings
 from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import Prediction, PredictionUnavailable
-from epp.load.peer_totals import TAIL_ROW_FIELDS
+from epp.load.peer_totals import pack_tail_rows
 from epp.metrics import ModelLabels
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
 from epp.settings import EppSettings
@@ -113,7 +112,6 @@ async def client_for(
     return client
 
 
-def tail_rows(*bookings: tuple[int, int]) -> np.ndarray:
-    """Tail rows of not yet prefilled bookings, each (tail, prompt_tokens), 30 tokens expected."""
-    rows = [(tail, prompt, prompt, 0, 30, prompt) for tail, prompt in bookings]
-    return np.array(rows, dtype="<u8").reshape(-1, TAIL_ROW_FIELDS)
+def tail_rows(*bookings: tuple[int, int]) -> bytes:
+    """Packed tail rows of not yet prefilled bookings, each (tail, prompt_tokens), 30 tokens expected."""
+    return pack_tail_rows([(tail, prompt, prompt, 0, 30, prompt) for tail, prompt in bookings])

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.kvcache.approximate_index import ApproximatePrefixIndex
-from epp.load.peer_totals import PeerTotals
+from epp.load.peer_totals import PeerTotals, pack_tail_rows
 from epp.load.token_load import EndpointLoad, TokenLoadTracker
-from epp.sync.messages import DeltaKind, MessageKind, SyncMessage, decode, encode, pack_rows
+from epp.sync.messages import DeltaKind, MessageKind, SyncMessage, decode, encode
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
 from tests.epp.factories import FakeClock
 from tests.epp.sync_replicas import ENDPOINTS, EppReplica
@@ -79,26 +79,27 @@ def test_a_peer_sees_each_endpoints_totals_and_the_release() -> None:
     assert a.sync.stats.sent == {"totals": 3} and b.sync.peer_bookings("a") == 0
 
 
-def test_an_endpoint_goes_out_at_once_and_at_the_tick_however_many_requests_change_it() -> None:
+def test_an_endpoint_goes_out_once_per_take_however_many_requests_change_it() -> None:
     clock = FakeClock()
     a, b = make_replica("a", clock), make_replica("b", clock)
     keys = [a.route("a", 100, 0, 10) for _ in range(5)]
     a.route("b", 100, 0, 10)
-    first = a.sync.take_messages()
-    assert totals_sent(first) == ["a", "b"]  # at once, each with all it holds by then
-    deliver(first, b)
     for key in keys:
         a.first_token(key)
-        a.progress(key, 5)
     a.release(keys[0])
-    assert a.sync.take_messages() == []  # "a" already went out at once this tick: it waits
+    first = a.sync.take_messages()
+    assert totals_sent(first) == ["a", "b"]  # each once, as it is at the take
+    deliver(first, b)
+    assert loads(b.peers_load) == loads(a.own)
+    for key in keys[1:]:
+        a.progress(key, 5)
+    assert a.sync.take_messages() == []  # decode progress waits for the tick
     a.sync.flush()
     messages = a.sync.take_messages()
     assert totals_sent(messages) == ["a"]
     deliver(messages, b)
     assert loads(b.peers_load) == loads(a.own)
-    a.release(keys[1])  # a new tick: at once again
-    assert totals_sent(a.sync.take_messages()) == ["a"]
+    assert a.sync.stats.sent == {"totals": 3}
 
 
 def test_duplicates_are_dropped_and_counted() -> None:
@@ -502,7 +503,7 @@ def test_a_bookings_prompt_tail_reaches_peers_by_delta_and_by_snapshot() -> None
 def test_tail_rows_carry_each_bookings_load() -> None:
     clock = FakeClock()
     b = make_replica("b", clock)
-    rows = pack_rows([(7, 300, 0, 310, 20, 310), (8, 100, 100, 0, 5, 100)])
+    rows = pack_tail_rows([(7, 300, 0, 310, 20, 310), (8, 100, 100, 0, 5, 100)])
     totals = [DeltaKind.TOTALS, "e0", 2, 100, 310, 25, 410, None, rows]
     b.sync.receive(encode(SyncMessage(MessageKind.DELTAS, "a", 1, 1, 0.0, [totals])))
     assert b.peers_load.continue_turn("e0", 7, 1000)

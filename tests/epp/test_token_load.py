@@ -139,9 +139,9 @@ def continued_producer() -> TokenLoadProducer:
     two concurrent 160-token prompts both ending in hash 10 (peer 2); on e1 another 320-token
     prompt ending in hash 120."""
     producer = TokenLoadProducer("t", TokenLoadParameters(), PluginContext(clock=FakeClock()))
-    producer.peers.replace(1, "e0", EndpointLoad(1, 320, 0, 30, 320), tail_rows((20, 320)))
-    producer.peers.replace(2, "e0", EndpointLoad(2, 320, 0, 60, 320), tail_rows((10, 160), (10, 160)))
-    producer.peers.replace(1, "e1", EndpointLoad(1, 320, 0, 30, 320), tail_rows((120, 320)))
+    producer.peers.replace(1, "e0", (1, 320, 0, 30, 320), tail_rows((20, 320)))
+    producer.peers.replace(2, "e0", (2, 320, 0, 60, 320), tail_rows((10, 160), (10, 160)))
+    producer.peers.replace(1, "e1", (1, 320, 0, 30, 320), tail_rows((120, 320)))
     producer.tracker.admit(0, "e0", 320, 0, 30)
     return producer
 

@@ -27,8 +27,6 @@ def replica(name: str, clock: FakeClock, *, token_load: bool = True) -> EppRepli
 
 
 def deliver(src: EppReplica, dst: EppReplica) -> None:
-    """What ``src`` publishes by its next sync tick reaches ``dst``."""
-    src.sync.flush()
     for data in src.sync.take_messages():
         dst.sync.receive(data)
 
