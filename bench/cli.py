@@ -19,6 +19,8 @@ tokenize   parse + tokenize + block hashes of a 26k-token chat turn, first seen 
            seen one, with and without the tokenizer cache (in process)
 sync       active-active EPPs: sync lag through real NATS at 100 and 1,000 requests/s; requests/s
            and CPU per request through Envoy with one EPP process and with two
+sync-apply a replica's CPU for applying 3 peers' sync (100 endpoints) at 100, 1,000 and
+           10,000 requests/s pool-wide (in process, virtual time)
 sync-failures  two active-active EPPs: one killed under load (FailOpen, FailClose), a
            cancellation soak, NATS stopped for 10 s under load; failures and recovery times
 compare    one workload replayed through several routers on the fleet simulator
@@ -56,6 +58,7 @@ from bench import (
     oversized_prompt,
     predictor_bench,
     stack_overhead,
+    sync_apply,
     sync_bench,
     sync_failures,
     sync_sweep,
@@ -107,6 +110,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "oversized": oversized_prompt.run,
     "tokenize": tokenize_bench.run,
     "sync": sync_bench.run,
+    "sync-apply": sync_apply.run,
     "sync-failures": sync_failures.run,
     "tls": tls_cost.run,
     "fleet": run_fleet_defaults,
