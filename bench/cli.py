@@ -6,6 +6,9 @@ name       what it measures
 overhead   the EPP's added latency, throughput and CPU through real Envoy (stub engines)
 stack      the ``make run`` stack's CPU per request, process by process: short requests, and
            growing chat sessions to 30k+ tokens (EPP CPU against turn); py-spy flame graphs
+idle       EPP CPU per second with no traffic against the pool's size (4 and 100 stub engines),
+           idle endpoints on the slow scrape tick and all on the fast one
+           (``idle --pool-sizes 4,100 --idle-s 10``; see bench/idle_cost.py)
 inflight   EPP CPU against time in flight: one long streamed and one non-streamed request at a
            time (net of idle, per chunk, per second in flight, by thread); py-spy flame graphs
 metering   a streamed answer's EPP and Envoy CPU (1 and 512 tokens) under each response metering:
@@ -50,6 +53,7 @@ from bench import (
     compare,
     fidelity,
     flow_control,
+    idle_cost,
     inflight_cost,
     kv_index_bench,
     live_replay,
@@ -102,6 +106,7 @@ def run_fleet_defaults(out_dir: Path) -> None:
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
     "stack": stack_overhead.run,
+    "idle": idle_cost.run,
     "inflight": inflight_cost.run,
     "metering": metering_cost.run,
     "predictor": predictor_bench.run,
@@ -408,6 +413,21 @@ def _add_predictor(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_idle(p: argparse.ArgumentParser) -> None:
+    defaults = idle_cost.IdleSettings()
+    p.add_argument(
+        "--pool-sizes",
+        type=_counts,
+        default=defaults.pool_sizes,
+        help="comma-separated endpoint counts (default: %(default)s)",
+    )
+    p.add_argument("--idle-s", type=_positive, default=defaults.idle_s, help="seconds each reading lasts")
+
+
+def _idle(_parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    idle_cost.run(args.out, idle_cost.IdleSettings(pool_sizes=args.pool_sizes, idle_s=args.idle_s))
+
+
 def _predictor(_parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     predictor_bench.run(
         args.out, predictor_bench.PredictorBenchSettings(throughput_only=args.throughput_only)
@@ -450,6 +470,7 @@ _HANDLERS: dict[str, Callable[[argparse.ArgumentParser, argparse.Namespace], Non
     "flow-control": _flow_control,
     "sync-failures": _sync_failures,
     "predictor": _predictor,
+    "idle": _idle,
 }
 """The subcommands with options of their own; the others run a benchmark with its defaults."""
 
@@ -465,6 +486,7 @@ def main(argv: list[str] | None = None) -> None:
     _add_flow_control(sub)
     _add_sync_failures(sub.choices["sync-failures"])
     _add_predictor(sub.choices["predictor"])
+    _add_idle(sub.choices["idle"])
     args = parser.parse_args(argv)
     handler = _HANDLERS.get(args.command)
     if handler is not None:

@@ -36,6 +36,7 @@ class GatewayRig:
 
     def __post_init__(self) -> None:
         self.with_epp_port, self.without_epp_port = free_port(), free_port()
+        self.epp_metrics_port = free_port()
 
     @property
     def with_epp_url(self) -> str:
@@ -89,7 +90,7 @@ class GatewayRig:
             write_endpoints_file(self.workdir / "endpoints.yaml", upstreams),
             grpc_port=epp_port,
             health_port=free_port(),
-            metrics_port=free_port(),
+            metrics_port=self.epp_metrics_port,
             expected_endpoints=self.endpoints,
             tokenizer_dir=TINY_MODEL_DIR,
             extra_args=["--log-level", "WARNING", *self.epp_args],

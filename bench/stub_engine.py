@@ -1,14 +1,17 @@
 """A stand-in model server made of Envoy direct responses, for measuring router overhead only.
 
-Each listener answers ``/metrics`` with a minimal vLLM scrape and any other path with a
-fixed one-token completion, at C++ speed, so that what a benchmark measures is the proxy and
-the EPP rather than the model server.
+Each listener answers ``/metrics`` with a vLLM scrape (a minimal one unless given another),
+``/v1/models`` with a model listing and any other path with a fixed one-token completion, at
+C++ speed, so that what a benchmark measures is the proxy and the EPP rather than the model
+server.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from sim.openai_api import models_response
 
 METRICS = (
     "# TYPE vllm:num_requests_running gauge\n"
@@ -32,11 +35,12 @@ COMPLETION = json.dumps(
         },
     }
 )
+MODELS = json.dumps(models_response("tiny", "tiny", 4096, created=1))
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 
 
-def _listener(port: int) -> dict[str, Any]:
+def _listener(port: int, metrics: str) -> dict[str, Any]:
     def reply(prefix: str, body: str, content_type: str) -> dict[str, Any]:
         return {
             "match": {"prefix": prefix},
@@ -48,16 +52,18 @@ def _listener(port: int) -> dict[str, Any]:
         "@type": _HCM,
         "stat_prefix": f"stub{port}",
         "route_config": {
+            "max_direct_response_body_size_bytes": max(4096, len(metrics.encode())),
             "virtual_hosts": [
                 {
                     "name": "stub",
                     "domains": ["*"],
                     "routes": [
-                        reply("/metrics", METRICS, "text/plain"),
+                        reply("/metrics", metrics, "text/plain"),
+                        reply("/v1/models", MODELS, "application/json"),
                         reply("/", COMPLETION, "application/json"),
                     ],
                 }
-            ]
+            ],
         },
         "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}}],
     }
@@ -70,7 +76,8 @@ def _listener(port: int) -> dict[str, Any]:
     }
 
 
-def stub_engine_bootstrap(ports: list[int]) -> dict[str, Any]:
+def stub_engine_bootstrap(ports: list[int], metrics: str = METRICS) -> dict[str, Any]:
+    """Envoy's bootstrap for one stub engine per port, each answering ``metrics`` on ``/metrics``."""
     return {
-        "static_resources": {"listeners": [_listener(p) for p in ports]},
+        "static_resources": {"listeners": [_listener(p, metrics) for p in ports]},
     }

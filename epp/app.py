@@ -119,6 +119,13 @@ class EppApp:
             clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
         )
         self.pipeline = build_pipeline(config, context)
+        self.scraper = MetricsScraper(
+            self.store,
+            self.clock,
+            settings.scrape_interval_s,
+            settings.scrape_timeout_s,
+            idle_interval=settings.idle_scrape_interval_s,
+        )
         self.flow_gate = self._flow_gate(config, context)
         export_producer_failures(self.registry, self.pipeline)
         observers: list[LifecycleObserver] = [PredictionReport(prediction_metrics), DecisionLog()]
@@ -147,6 +154,8 @@ class EppApp:
         # The live page's recent decisions.
         self.recent = RecentDecisions()
         self.lifecycle.add_observer(self.recent)
+        # An idle endpoint's slow scrape tick turns fast as soon as a request is routed there.
+        self.lifecycle.add_observer(self.scraper)
         trackers = (
             [] if token_load is None else [token_load.tracker, *([token_load.peers] if self.sync else [])]
         )
@@ -175,9 +184,6 @@ class EppApp:
                 settings.completion_log_silence_s,
             ),
         )
-        self.scraper = MetricsScraper(
-            self.store, self.clock, settings.scrape_interval_s, settings.scrape_timeout_s
-        )
         self.kv_events = KVEventsSubscriber(
             self.store,
             self.kv_index,
@@ -200,7 +206,10 @@ class EppApp:
         if flow_control is None:
             return None
         metrics = FlowMetrics(self.registry, self.settings.pool_name, flow_control.controller)
-        return FlowGate(flow_control, self.store.candidates, self.clock, metrics)
+        # A held request wants every endpoint's figures fresh, idle ones' too (their age counts).
+        return FlowGate(
+            flow_control, self.store.candidates, self.clock, metrics, on_queued=self.scraper.hurry
+        )
 
     def _replica_sync(self) -> NatsSyncTransport:
         """Active-active: share this replica's bookings with its peers over NATS, apply theirs."""

@@ -96,7 +96,18 @@ class EppSettings(BaseModel):
     verify_tokenizer_cache: bool = Field(
         False, description="also tokenize every reused prompt whole and count mismatches (for tests)"
     )
-    scrape_interval_s: float = Field(0.05, gt=0, description="engine /metrics polling period")
+    scrape_interval_s: float = Field(
+        0.05, gt=0, description="engine /metrics polling period while the engine is busy"
+    )
+    idle_scrape_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="engine /metrics polling period while the engine is idle (nothing in flight from "
+        "this EPP, nothing running or waiting at its last scrape, no request routed there or "
+        "finished for 2 s); a request routed to it is scraped at once. An idle engine that stalls "
+        "is out of scheduling within about this plus --scrape-timeout-s (set it to "
+        "--scrape-interval-s to scrape every engine at that period always)",
+    )
     scrape_timeout_s: float = Field(
         0.5,
         gt=0,

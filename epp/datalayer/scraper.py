@@ -1,18 +1,34 @@
-"""Polls every endpoint's Prometheus ``/metrics`` on a short tick (50 ms by default).
+"""Polls every endpoint's Prometheus ``/metrics``: on a short tick (50 ms by default) while the
+endpoint is busy, on a slow one (1 s in the EPP, ``--idle-scrape-interval-s``) while it is idle.
 
 One task per endpoint, started and stopped as the store adds and removes endpoints, so a
 slow or dead endpoint never delays the others. A failed scrape (refused, reset, an HTTP error,
 a body that is not metrics) takes the endpoint out of scheduling until the next success.
 
-A late scrape alone does not: vLLM serves ``/metrics`` on the event loop that streams its
-tokens, so a busy engine answers it late, by seconds under heavy load, while it keeps
-answering requests. The endpoint leaves scheduling when it has shown no sign of life (a good
-scrape, or an answer to a request: ``EndpointStore.record_alive``) for ``timeout`` (0.5 s by
-default), so an engine that stalls leaves within about ``interval + timeout``, and a busy one
-stays, routed on its last figures and the EPP's own counts. The
-client is aiohttp with keep-alive: at 20 scrapes a second per endpoint, httpx's per-request
-cost (~1.5 ms of CPU) was a fifth of the EPP's CPU. A body equal to the endpoint's last one (an
-idle engine's) is not parsed again, only stamped fresh.
+An endpoint is busy while the EPP has requests in flight there, while its last scrape showed
+requests running or waiting (a peer replica's or another client's), for ``linger_s`` after the
+EPP last routed a request there or saw one finish, and while it is out of scheduling (so that
+it is back at the first good scrape). Otherwise its gauges do not move, and scraping them 20
+times a second cost most of an idle EPP's CPU, growing with the pool (~400 ms of CPU a second
+for 100 endpoints, 21 ms on the idle tick: ``llm-epp-bench idle``). The scraper follows the
+request lifecycle (a :class:`LifecycleObserver`): a request routed to an idle endpoint ends
+its poller's slow wait at once, so the next decisions there see a scrape taken after the
+request was sent, and the fast tick goes on from there.
+:meth:`MetricsScraper.hurry` does the same for every endpoint (flow control holding a request
+wants fresh figures from the whole pool). No endpoint is scraped more often than the fast tick.
+
+A late scrape alone does not take an endpoint out: vLLM serves ``/metrics`` on the event loop
+that streams its tokens, so a busy engine answers it late, by seconds under heavy load, while
+it keeps answering requests. The endpoint leaves scheduling when it has shown no sign of life
+(a good scrape, or an answer to a request: ``EndpointStore.record_alive``) for ``timeout``
+(0.5 s by default), counted from one fast tick before a scrape at the earliest (an idle engine
+was not asked meanwhile). So a busy engine that stalls leaves within about ``interval +
+timeout``, an idle one within about ``idle_interval + timeout`` (1.5 s in the EPP), or within
+about ``timeout`` of a request routed to it; a busy one that answers stays, routed on its last
+figures and the EPP's own counts. The client is
+aiohttp with keep-alive: at 20 scrapes a second per endpoint, httpx's per-request cost (~1.5 ms
+of CPU) was a fifth of the EPP's CPU. A body equal to the endpoint's last one (an idle
+engine's) is not parsed again, only stamped fresh.
 
 The same task reads the engine's context length from its ``/v1/models`` once it is healthy,
 again every ``models_refresh_s`` (an engine restarted in place may serve another), and every
@@ -31,14 +47,62 @@ import aiohttp
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.engine_metrics import MetricsParseError, parse_engine_metrics
 from epp.datalayer.served_models import MODELS_PATH, ModelsParseError, parse_max_model_len
-from epp.scheduling.types import Endpoint, EngineMetrics
+from epp.scheduling.framework import RequestOutcome
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
+from epp.scheduling.types import Endpoint, EndpointState, EngineMetrics
 
 log = logging.getLogger(__name__)
 MIN_WAIT_S = 0.01
 """The shortest a scrape is given, so that one is always tried before a verdict."""
 
 
-class MetricsScraper:
+class _Poller:
+    """One endpoint's polling task, when its last scrape started, until when it counts as busy
+    whatever its figures say, and the wait before its next scrape, which may be cut short."""
+
+    __slots__ = ("_due", "_timer", "_wait", "busy_until", "started", "task")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.started = float("-inf")
+        self.busy_until = float("-inf")
+        self._wait: asyncio.Future[None] | None = None
+        self._timer: asyncio.Handle | None = None
+        self._due = float("inf")
+        """When the wait ends, on the loop's clock (uvloop's zero-delay handles do not say)."""
+
+    async def sleep(self, delay: float) -> None:
+        """Wait ``delay`` seconds, or less if :meth:`hurry` says so meanwhile."""
+        self._wait = asyncio.get_running_loop().create_future()
+        self._end_wait_in(delay)
+        try:
+            await self._wait
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._wait = self._timer = None
+
+    def hurry(self, delay: float) -> None:
+        """End the current wait within ``delay`` seconds (if it would end later)."""
+        if self._wait is None or self._wait.done():
+            return
+        if self._due > asyncio.get_running_loop().time() + delay:
+            self._end_wait_in(delay)
+
+    def _end_wait_in(self, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._due = loop.time() + delay
+        self._timer = loop.call_later(delay, _settle, self._wait)
+
+
+def _settle(wait: asyncio.Future[None]) -> None:
+    if not wait.done():
+        wait.set_result(None)
+
+
+class MetricsScraper(LifecycleObserver):
     def __init__(
         self,
         store: EndpointStore,
@@ -47,15 +111,22 @@ class MetricsScraper:
         timeout: float = 0.5,
         models_refresh_s: float = 60.0,
         models_retry_s: float = 10.0,
+        idle_interval: float | None = None,
+        linger_s: float = 2.0,
     ) -> None:
+        """``interval`` is the busy tick; ``idle_interval`` (None: the same) the idle one, never
+        shorter than ``interval``; ``linger_s`` how long an endpoint stays busy after the EPP
+        routed a request there or saw one finish."""
         self.store = store
         self.clock = clock
         self.interval = interval
+        self.idle_interval = max(interval, idle_interval if idle_interval is not None else interval)
+        self.linger_s = linger_s
         self.models_refresh_s = models_refresh_s
         self.models_retry_s = models_retry_s
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._pollers: dict[str, _Poller] = {}
         self._last: dict[str, tuple[bytes, EngineMetrics]] = {}
         """Each endpoint's last parsed scrape: its body and figures."""
 
@@ -68,34 +139,83 @@ class MetricsScraper:
 
     def _start_endpoint(self, endpoint: Endpoint) -> None:
         self._stop_endpoint(endpoint)
-        self._tasks[endpoint.name] = asyncio.get_running_loop().create_task(
-            self._poll(endpoint), name=f"scrape-{endpoint.name}"
+        poller = self._pollers[endpoint.name] = _Poller()
+        poller.task = asyncio.get_running_loop().create_task(
+            self._poll(endpoint, poller), name=f"scrape-{endpoint.name}"
         )
 
     def _stop_endpoint(self, endpoint: Endpoint) -> None:
-        task = self._tasks.pop(endpoint.name, None)
+        poller = self._pollers.pop(endpoint.name, None)
         self._last.pop(endpoint.name, None)
-        if task is not None:
-            task.cancel()
+        if poller is not None and poller.task is not None:
+            poller.task.cancel()
 
-    async def _poll(self, endpoint: Endpoint) -> None:
+    async def _poll(self, endpoint: Endpoint, poller: _Poller) -> None:
         url = f"http://{endpoint.hostport}/metrics"
         models_due = self.clock()
         while True:
-            started = self.clock()
+            started = poller.started = self.clock()
             await self.scrape_once(endpoint, url)
             if started >= models_due and self.store.is_healthy(endpoint.name):
                 learned = await self.read_max_model_len(endpoint)
                 models_due = started + (self.models_refresh_s if learned else self.models_retry_s)
-            await asyncio.sleep(max(0.0, self.interval - (self.clock() - started)))
+            period = self.period(endpoint.name, self.clock())
+            await poller.sleep(max(0.0, started + period - self.clock()))
+
+    def period(self, name: str, now: float) -> float:
+        """The time from one scrape of ``name`` to the next: ``interval`` while it is busy (see
+        the module's docstring), ``idle_interval`` otherwise."""
+        state = self.store.by_name(name)
+        poller = self._pollers.get(name)
+        if state is None or poller is None:
+            return self.interval
+        busy = (
+            state.in_flight > 0
+            or _engine_busy(state.metrics)
+            or now < poller.busy_until
+            or not self.store.is_healthy(name)
+        )
+        return self.interval if busy else self.idle_interval
+
+    def hurry(self) -> None:
+        """Scrape every endpoint as soon as the fast tick allows (see :meth:`_hurry`)."""
+        now = self.clock()
+        for poller in self._pollers.values():
+            self._hurry(poller, now)
+
+    def _hurry(self, poller: _Poller, now: float) -> None:
+        """End ``poller``'s wait one ``interval`` after its last scrape started: at once if that
+        was an ``interval`` ago or more; a shorter wait stays as it is."""
+        poller.hurry(max(0.0, poller.started + self.interval - now))
+
+    def _active(self, name: str, now: float) -> None:
+        """The EPP sent ``name`` a request or saw one end at ``now``: busy for ``linger_s``,
+        and scraped as soon as the fast tick allows."""
+        poller = self._pollers.get(name)
+        if poller is not None:
+            poller.busy_until = max(poller.busy_until, now + self.linger_s)
+            self._hurry(poller, now)
+
+    def on_routed(self, routed: RoutedRequest, now: float) -> None:
+        self._active(routed.endpoint_name, now)
+
+    def on_rebooked(self, routed: RoutedRequest, previous: EndpointState, now: float) -> None:
+        self._active(routed.endpoint_name, now)
+
+    def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
+        self._active(routed.endpoint_name, outcome.finished_at)
 
     async def scrape_once(self, endpoint: Endpoint, url: str) -> None:
         assert self._session is not None, "start() first"
         name = endpoint.name
-        # A healthy endpoint's scrape may take until it has shown no life for ``timeout``.
+        # A healthy endpoint's scrape may take until it has shown no life for ``timeout``,
+        # counted as if it had been asked on the fast tick: an idle one was last asked up to an
+        # idle interval ago, and its silence since then is no sign of a stall.
+        now = self.clock()
         wait_s = self.timeout
         if self.store.is_healthy(name):
-            wait_s = max(self.store.alive_at(name) + self.timeout - self.clock(), MIN_WAIT_S)
+            silent_since = max(self.store.alive_at(name), now - self.interval)
+            wait_s = max(silent_since + self.timeout - now, MIN_WAIT_S)
         try:
             async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=wait_s)) as response:
                 response.raise_for_status()
@@ -146,9 +266,15 @@ class MetricsScraper:
         return True
 
     async def close(self) -> None:
-        for task in self._tasks.values():
+        tasks = [p.task for p in self._pollers.values() if p.task is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        self._tasks.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pollers.clear()
         if self._session is not None:
             await self._session.close()
+
+
+def _engine_busy(metrics: EngineMetrics) -> bool:
+    """The engine's last scrape showed requests running or waiting (whoever sent them)."""
+    return metrics.running > 0 or metrics.waiting > 0

@@ -70,8 +70,11 @@ class FlowGate:
         endpoints: Callable[[], Sequence[EndpointState]],
         clock: Callable[[], float],
         metrics: FlowMetrics | None = None,
+        on_queued: Callable[[], None] | None = None,
     ) -> None:
+        """``on_queued`` is called whenever a request has to wait (the pool looked saturated)."""
         self.flow_control = flow_control
+        self.on_queued = on_queued
         self.controller = flow_control.controller
         self.endpoints = endpoints
         self.clock = clock
@@ -93,6 +96,8 @@ class FlowGate:
         self._settle(self.controller.enqueue(item, now))
         self._settle(self.controller.poll(now, self.endpoints()))
         if not future.done():
+            if self.on_queued is not None:
+                self.on_queued()
             self._ensure_dispatcher()
             if on_held is not None:
                 on_held(self.controller.settings.limits(item.band).ttl_s)

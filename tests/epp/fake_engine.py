@@ -20,11 +20,13 @@ class Engine:
 
     max_model_len: int | None = None
     models_calls: list[float] = field(default_factory=list)
+    metrics_calls: int = 0
     port: int = 0
     metrics_body: bytes = METRICS
     metrics_delay_s: float = 0.0
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.metrics_calls += 1
         await asyncio.sleep(self.metrics_delay_s)
         return web.Response(body=self.metrics_body, content_type="text/plain")
 

@@ -174,3 +174,17 @@ async def test_a_peers_release_wakes_the_dispatcher_without_waiting_for_its_poll
     assert len(gate.controller) == 0 and gate.controller.booked() == 1
     ticket.finished()
     await gate.close()
+
+
+async def test_a_held_request_calls_on_queued_and_one_dispatched_at_once_does_not():
+    """The EPP asks for fresh scrapes of every endpoint then (idle ones are scraped slowly)."""
+    gate, _ = make_gate()
+    holds: list[float] = []
+    gate.on_queued = lambda: holds.append(time.monotonic())
+    running = await occupy(gate)
+    assert holds == []
+    waiter = asyncio.create_task(gate.wait(llm_request(), time.monotonic()))
+    await until(lambda: len(gate.controller) == 1)
+    assert len(holds) == 1
+    running.finished()
+    (await waiter).finished()
