@@ -13,6 +13,10 @@ inflight   EPP CPU against time in flight: one long streamed and one non-streame
            time (net of idle, per chunk, per second in flight, by thread); py-spy flame graphs
 metering   a streamed answer's EPP and Envoy CPU (1 and 512 tokens) under each response metering:
            every chunk, or the first token and Envoy's access log
+capacity   each unit cost measured here (request, metered chunk, access-log entry, scrape, sync
+           message and endpoint total, prediction row), and the sizing they give for 1k/5k/10k
+           QPS over 100 pods (EPP cores and replicas, predictor servers, NATS messages/s, sync
+           CPU), llm-d's published figures beside them (~6 min; see bench/capacity.py)
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
            (``predictor --throughput-only``: one model, its serving cost only)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
@@ -50,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    capacity,
     compare,
     fidelity,
     flow_control,
@@ -109,6 +114,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "idle": idle_cost.run,
     "inflight": inflight_cost.run,
     "metering": metering_cost.run,
+    "capacity": capacity.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,

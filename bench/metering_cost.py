@@ -45,18 +45,38 @@ class MeteringCostSettings:
     predictors: int = 2
     scrape_interval_s: float = 0.5
     idle_s: float = 6.0
+    prompt_words: int = 0
+    """Words of filler after the question, each prompt its own (the request's number first);
+    0: the short question alone. 232 words make ~1,000 tokens of the simulator's tokenizer."""
+    slo_every: int = 0
+    """One request in this many carries ``x-slo-ttft-ms`` and ``x-slo-tpot-ms``; 0: none."""
 
 
-def _stream(client: httpx.Client, url: str, tokens: int) -> int:
+SLO_HEADERS = {"x-slo-ttft-ms": "2000", "x-slo-tpot-ms": "100"}
+
+
+def _prompt(number: int, words: int) -> str:
+    """Request ``number``'s prompt: the question, then ``words`` words of filler."""
+    filler = " ".join(f"word{i}" for i in range(words))
+    return f"Request {number}. Tell me about routers. {filler}".rstrip()
+
+
+def _stream(
+    client: httpx.Client,
+    url: str,
+    tokens: int,
+    prompt: str = "Tell me about routers.",
+    headers: dict | None = None,
+) -> int:
     """One streamed chat answer of ``tokens`` tokens, read whole; returns its SSE data lines."""
     body = {
         "model": "tiny",
-        "messages": [{"role": "user", "content": "Tell me about routers."}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": tokens,
         "stream": True,
         "ignore_eos": True,
     }
-    with client.stream("POST", url, json=body) as response:
+    with client.stream("POST", url, json=body, headers=headers) as response:
         response.raise_for_status()
         return sum(line.startswith("data: ") for line in response.iter_lines())
 
@@ -66,21 +86,30 @@ def _cell(stack: LocalStack, url: str, tokens: int, settings: MeteringCostSettin
     epp, envoy = stack.epp.process.pid, stack.envoy.process.pid
     with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=settings.concurrency)) as client:
         epp_before, envoy_before, started = task_cpu_seconds(epp), task_cpu_seconds(envoy), time.monotonic()
+
+        def one(i: int) -> int:
+            slo = settings.slo_every > 0 and i % settings.slo_every == 0
+            return _stream(
+                client, url, tokens, _prompt(i, settings.prompt_words), SLO_HEADERS if slo else None
+            )
+
         with ThreadPoolExecutor(settings.concurrency) as pool:
-            lines = list(pool.map(lambda _: _stream(client, url, tokens), range(settings.requests)))
+            lines = list(pool.map(one, range(settings.requests)))
         time.sleep(0.3)  # the last access-log batch (flushed every 0.1 s) reaches the EPP
         wall = time.monotonic() - started
         epp_cpu, envoy_cpu = task_cpu_seconds(epp) - epp_before, task_cpu_seconds(envoy) - envoy_before
     assert all(n >= tokens for n in lines), "an answer came back short"
     return {
         "tokens": tokens,
+        "chunks": sum(lines) / len(lines),
         "wall_s": wall,
         "epp_ms": (epp_cpu - idle_rate * wall) / settings.requests * 1e3,
         "envoy_ms": envoy_cpu / settings.requests * 1e3,
     }
 
 
-def _measure(mode: str, settings: MeteringCostSettings) -> dict[str, Any]:
+def measure(mode: str, settings: MeteringCostSettings) -> dict[str, Any]:
+    """One metering ``mode``'s stack: its EPP idle rate and a cell per output length."""
     stack = LocalStack(
         StackConfig(
             replicas=settings.replicas,
@@ -184,7 +213,7 @@ def _plot(data: dict[str, Any], out_dir: Path) -> str:
 
 def run(out_dir: Path, settings: MeteringCostSettings | None = None) -> dict[str, Any]:
     settings = settings or MeteringCostSettings()
-    results = [_measure(mode, settings) for mode in settings.modes]
+    results = [measure(mode, settings) for mode in settings.modes]
     data: dict[str, Any] = {"machine": machine(), "settings": asdict(settings), "results": results}
     by_mode = {r["mode"]: r for r in results}
     if {"full", "first-token"} <= by_mode.keys():
