@@ -520,6 +520,11 @@ def _unit_rows(costs: UnitCosts, s: CapacitySettings) -> list[list[str]]:
         ["scrape (busy engine, real vLLM body)", f"{costs.scrape_us:,.0f}", f"~{LLM_D_SCRAPE_US:,.0f}"],
         ["sync message applied (besides its totals)", f"{costs.sync_message_us:,.1f}", "–"],
         ["sync endpoint total applied", f"{costs.sync_total_us:,.2f}", "–"],
+        [
+            f"sync tick applied (one peer, {s.pods} pods' totals)",
+            f"{costs.sync_message_us + s.pods * costs.sync_total_us:,.0f}",
+            "–",
+        ],
         ["prediction row (both models)", f"{costs.row_us:,.2f}", "–"],
     ]
 
@@ -607,18 +612,24 @@ def _markdown(data: dict[str, Any]) -> str:
 
 
 def _plot(data: dict[str, Any], out_dir: Path) -> str:
-    """EPP cores against QPS: ours at each scrape tick (where one fits), llm-d's arithmetic."""
+    """EPP cores against QPS: the requests' own, ours in all at each scrape tick (where a replica
+    count fits), and llm-d's arithmetic."""
     figure, axis = plt.subplots(figsize=(7, 4))
     s = data["settings"]
+    first = [p for p in data["plans"] if p["scrape_interval_s"] == s["scrape_intervals_s"][0]]
+    axis.plot(
+        [p["qps"] for p in first],
+        [p["request_cores"] for p in first],
+        "k--",
+        label="llm-epp, the requests alone",
+    )
     for interval in s["scrape_intervals_s"]:
-        plans = [
-            p for p in data["plans"] if p["scrape_interval_s"] == interval and p["epp_cores"] is not None
-        ]
+        plans = [p for p in data["plans"] if p["scrape_interval_s"] == interval and p["fits"]]
         axis.plot(
             [p["qps"] for p in plans],
             [p["epp_cores"] for p in plans],
             marker="o",
-            label=f"llm-epp, measured here, scraped every {interval * 1e3:g} ms",
+            label=f"llm-epp in all, scraped every {interval * 1e3:g} ms (where a replica count fits)",
         )
     axis.plot(s["qps"], [llm_d_epp_cores(q, s["output_tokens"]) for q in s["qps"]], marker="s", label="llm-d")
     axis.set_xscale("log")
@@ -627,7 +638,7 @@ def _plot(data: dict[str, Any], out_dir: Path) -> str:
     axis.set_ylabel("EPP CPU cores")
     axis.set_title(f"EPP cores, {s['pods']} pods, OSL {s['output_tokens']} streamed")
     axis.grid(alpha=0.3, which="both")
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=7)
     return save_figure(figure, out_dir, "capacity.png")
 
 
