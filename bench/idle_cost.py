@@ -40,7 +40,7 @@ from bench.rig import GatewayRig
 from bench.stack_overhead import task_cpu_seconds
 from bench.stub_engine import stub_engine_bootstrap
 from epp.tokenization import TINY_MODEL_DIR
-from sim.processes import free_port, start_envoy, start_epp, write_endpoints_file
+from sim.processes import Component, free_port, start_envoy, start_epp, write_endpoints_file
 
 VLLM_SCRAPE = Path(__file__).parent.parent / "tests" / "fixtures" / "vllm-0.32" / "metrics_full.txt"
 ARMS: dict[str, tuple[str, ...]] = {
@@ -67,7 +67,7 @@ def ms_per_s(cpu_before_s: float, cpu_after_s: float, wall_s: float) -> float:
 def _measure(endpoints: int, flags: tuple[str, ...], settings: IdleSettings, workdir: Path) -> dict[str, Any]:
     """Start ``endpoints`` stub engines and the EPP with ``flags``; its idle CPU rate."""
     ports = [free_port() for _ in range(endpoints)]
-    components = []
+    components: list[Component] = []
     try:
         components.append(
             start_envoy(
