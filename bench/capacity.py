@@ -14,8 +14,8 @@ Unit costs, each measured on the machine this runs on:
   finds most unknown): a batch of ``log_entries`` realistic ``HTTPAccessLogEntry`` parsed and
   handed to a director (``epp.extproc.access_log``), in process.
 * **per scrape**: the EPP's scraper polling endpoints on the fast tick, in process, against a
-  server in another thread answering a real vLLM scrape that changes every time (a busy
-  engine's: each one is parsed); the scraping thread's CPU per scrape served.
+  server in another process answering a real vLLM scrape that changes every time (a busy
+  engine's: each one is parsed); the scraping thread's CPU per scrape.
 * **per sync message and endpoint total applied**: a peer's ``ReplicaSyncState`` publishing the
   totals of 1 and of ``pods`` endpoints per message (``sync_bookings_per_endpoint`` bookings on
   each), another's ``receive`` timed, in process.
@@ -106,6 +106,7 @@ class CapacitySettings:
     qps: tuple[int, ...] = (1_000, 5_000, 10_000)
     pods: int = 100
     input_tokens: int = 1_000
+    """A label: the live requests' prompts are ``metering.prompt_words`` words, ~1k tokens."""
     output_tokens: int = 500
     """Streamed: one SSE chunk per token."""
     sample_every: int = SHIPPED_SAMPLE_EVERY
