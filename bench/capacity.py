@@ -125,8 +125,12 @@ class CapacitySettings:
     rows_per_prediction: int = 100
     """The predicted-latency producer predicts every candidate, before the filters: every pod."""
     metering: MeteringCostSettings = field(
-        default_factory=lambda: MeteringCostSettings(output_tokens=(500,), prompt_words=232, slo_every=10)
+        default_factory=lambda: MeteringCostSettings(
+            output_tokens=(500,), window_s=15.0, accuracy_requests=0, prompt_words=232, slo_every=10
+        )
     )
+    """The live cells: ~1k-token prompts, 500-token answers; the window leaves room for a loaded
+    machine; no accuracy run (what it learns is the metering bench's question, not this one's)."""
     handler_requests: int = 300
     log_entries: int = 100
     log_batches: int = 50
@@ -571,8 +575,8 @@ def _markdown(data: dict[str, Any]) -> str:
             f"{s['sample_every']} read whole. Unit costs measured on this machine ({data['machine']['cpus']} "
             f"CPUs, load average {data['load_average']}); llm-d's beside them.",
             markdown_table(["unit", "EPP µs (ours)", "llm-d µs"], _unit_rows(costs, settings)),
-            f"Live stack (`bench.metering_cost`, {s['metering']['requests']} answers, "
-            f"{s['metering']['concurrency']} at a time): {cells['first-token']['epp_ms']:.2f} ms of EPP CPU "
+            f"Live stack (`bench.metering_cost`, {s['metering']['requests']} answers sent evenly over "
+            f"{s['metering']['arrival_span_s']:g} s): {cells['first-token']['epp_ms']:.2f} ms of EPP CPU "
             f"per request handed off at its first token, {cells['full']['epp_ms']:.1f} ms read whole "
             f"({cells['full']['chunks']:.0f} chunks); Envoy {cells['first-token']['envoy_ms']:.1f} and "
             f"{cells['full']['envoy_ms']:.1f} ms. Routing over {s['pods']} endpoints instead of 4 adds "

@@ -122,7 +122,10 @@ class EppSettings(BaseModel):
         "envoy.access_loggers.http_grpc) finish it: needs a gateway that sends its log here",
     )
     metering_sample_every: int = Field(
-        100, ge=1, description="first-token metering: still read one stream in this many to its end"
+        1000,
+        ge=1,
+        description="first-token metering: still read one stream in this many to its end (its bytes "
+        "per token calibrate the others'; one read whole costs as much as ~30 handed off)",
     )
     metering_calibration_streams: int = Field(
         4, ge=1, description="first-token metering: read each model's first streams to their end"

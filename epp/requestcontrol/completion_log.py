@@ -69,7 +69,7 @@ class MeteringSettings:
     """How streamed responses are metered (``--response-metering`` and its companions)."""
 
     mode: ResponseMetering = "full"
-    sample_every: int = 100
+    sample_every: int = 1000
     """In first-token mode, one stream in this many is still metered chunk by chunk."""
     calibration_streams: int = 4
     """Each kind of answer's first streams are metered fully, whatever the sampling."""

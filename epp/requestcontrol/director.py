@@ -292,6 +292,8 @@ class Director:
             self.metrics.access_log_entries.labels("intermediate" if record else "unknown").inc()
             routed = record.routed if record is not None else None
             if routed is not None:
+                # A stream going on is a sign of life, as its tokens were when the EPP read them.
+                self.store.record_alive(routed.endpoint_name, now)
                 tokens = self.bytes_per_token.tokens(_answer_kind(routed.request), entry.response_bytes)
                 if tokens is not None:
                     self.lifecycle.progress(routed, tokens, now)
@@ -302,6 +304,8 @@ class Director:
             return
         routed = record.routed
         finished_at = finish_time(record.received_at, routed.first_token_at, entry, now)
+        if entry.last_upstream_byte_s is not None:
+            self.store.record_alive(routed.endpoint_name, finished_at)
         self.metrics.access_log_lag.observe(now - finished_at)
         record.status = entry.status or record.status
         tokens = self.bytes_per_token.tokens(_answer_kind(routed.request), entry.response_bytes)

@@ -147,7 +147,7 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
         sync_total_us=3.0,
         row_us=6.0,
     )
-    cell = {"tokens": 500, "chunks": 502.0, "wall_s": 8.0}
+    cell = {"tokens": 500, "chunks": 502.0, "window_s": 15.0}
     measured = {
         "streams": {
             "cells": {
@@ -158,7 +158,7 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
         "handler_us_by_endpoints": {"4": 400.0, "100": 1_100.0},
     }
     monkeypatch.setattr(capacity, "measure", lambda settings: (costs, measured))
-    data = capacity.run(tmp_path, CapacitySettings())
+    data = capacity.run(tmp_path, CapacitySettings(sample_every=100))
     report = (tmp_path / "capacity.md").read_text()
     assert "| metered chunk (full metering) | 150.0 | 24–31 |" in report
     # 100 pods × 20/s × 500 µs: a core per replica for the scrapes alone

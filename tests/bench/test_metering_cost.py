@@ -12,10 +12,11 @@ from bench.metering_cost import MeteringCostSettings, shipped
 
 def _result(mode: str, epp: tuple[float, float], envoy: tuple[float, float]) -> dict:
     cells = [
-        {"tokens": n, "wall_s": 1.0, "epp_ms": e, "envoy_ms": v}
+        {"tokens": n, "window_s": 12.0, "epp_ms": e, "envoy_ms": v}
         for n, e, v in zip((1, 512), epp, envoy, strict=True)
     ]
-    return {"mode": mode, "idle_ms_per_s": 3.0, "cells": cells}
+    accuracy = {"requests": 10, "output_tokens": 1000, "output_tokens_counted": 990, "mape": {"ttft": 0.1}}
+    return {"mode": mode, "idle_ms_per_s": 3.0, "cells": cells, "accuracy": accuracy}
 
 
 def test_the_shipped_mean_weighs_the_streams_read_whole_by_the_sampling() -> None:
@@ -38,4 +39,15 @@ def test_the_report_gives_each_meterings_ratio_and_a_plot(tmp_path: Path, monkey
     assert "| full | 41.00× | 60.00× |" in report
     assert "| first-token | 1.50× | 30.00× |" in report
     assert f"1 in {metering_cost.SHIPPED_SAMPLE_EVERY} read whole (shipped)" in report
+    assert "| first-token | 990 / 1000 | 0.100 | nan |" in report
     assert (tmp_path / data["plot"]).stat().st_size > 0 and (tmp_path / "metering.json").exists()
+
+
+def test_the_newest_model_versions_mape_is_taken_for_each_target() -> None:
+    samples = {
+        ("llm_epp_prediction_mape", (("model_version", "2"), ("target", "ttft"))): 0.2,
+        ("llm_epp_prediction_mape", (("model_version", "10"), ("target", "ttft"))): 0.1,
+        ("llm_epp_prediction_mape", (("model_version", "3"), ("target", "tpot"))): 0.3,
+        ("llm_epp_prediction_bias", (("model_version", "11"), ("target", "ttft"))): 0.9,
+    }
+    assert metering_cost.newest_mape(samples) == {"ttft": 0.1, "tpot": 0.3}

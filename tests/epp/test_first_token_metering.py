@@ -213,6 +213,23 @@ async def test_a_handed_off_stream_ends_at_its_first_token_and_its_log_entry_fin
     assert h.metric("inference_objective_request_error_total", **LABELS, error_code="aborted") == 0
 
 
+async def test_log_entries_are_the_serving_endpoints_signs_of_life() -> None:
+    """A handed-off stream's tokens no longer reach the EPP: its log entries stand in for them,
+    so that a busy engine whose /metrics answers late is not taken for a stalled one."""
+    h = first_token_harness()
+    await calibrate(h)
+    await send_stream(h, "r1", 300)
+    [serving] = [s.name for s in h.store.all() if s.in_flight]
+    first_token_life = h.store.alive_at(serving)
+    h.clock.advance(5.0)
+    h.director.log_entry(LogEntry("r1", 200, stream_bytes(150), 4.0, "complete", intermediate=True))
+    assert h.store.alive_at(serving) == h.clock() > first_token_life
+    h.clock.advance(5.0)
+    received_at = h.clock() - 10.0 - 2 * 0.01 - 0.2
+    h.director.log_entry(LogEntry("r1", 200, stream_bytes(300), 9.0, "complete"))
+    assert h.store.alive_at(serving) == pytest.approx(received_at + 9.0)
+
+
 async def test_one_stream_in_n_is_still_metered_to_its_end() -> None:
     h = first_token_harness()
     reads = [(await send_stream(h, f"r{i}", 10))[1] for i in range(9)]

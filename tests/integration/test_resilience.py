@@ -202,11 +202,15 @@ class _ResettingEngine(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_request_reset_before_any_byte_is_retried_on_the_epps_next_pick(tmp_path: Path) -> None:
+@pytest.mark.parametrize("metering", ["first-token", "full"])
+def test_a_request_reset_before_any_byte_is_retried_on_the_epps_next_pick(
+    tmp_path: Path, metering: str
+) -> None:
     """The EPP picks round-robin over ``engine-a`` (which resets every inference request) and
-    the two replicas, listing two endpoints per request: a request whose first pick is
+    the two replicas, listing two endpoints per request: a streamed request whose first pick is
     ``engine-a`` must be served by its second, ``replica-0``, not by any other endpoint, and the
-    EPP, told by Envoy which endpoint answered, books it there (its debug header names it)."""
+    EPP, told by Envoy which endpoint answered, books it there (its debug header names it) and
+    finishes it there, from the stream or from the access log."""
     config = tmp_path / "round-robin-2.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -218,7 +222,9 @@ def test_a_request_reset_before_any_byte_is_retried_on_the_epps_next_pick(tmp_pa
             }
         )
     )
-    stack = start_stack(tmp_path, replicas=2, sim_profile="instant", epp_config=str(config))
+    stack = start_stack(
+        tmp_path, replicas=2, sim_profile="instant", epp_config=str(config), response_metering=metering
+    )
     _ResettingEngine.metrics = httpx.get(stack.replica_url(1) + "/metrics", timeout=5).content
     engine = ThreadingHTTPServer(("127.0.0.1", 0), _ResettingEngine)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
@@ -238,19 +244,23 @@ def test_a_request_reset_before_any_byte_is_retried_on_the_epps_next_pick(tmp_pa
         healthy = "llm_epp_endpoint_healthy"
         assert wait_for(lambda: metric_sum(stack.epp_metrics_url, healthy, model_server_pod="engine-a") == 1)
         served = [metric_sum(stack.replica_url(i) + "/metrics", "vllm:request_success_total") for i in (0, 1)]
-        body = {"model": "tiny", "prompt": "Hi", "max_tokens": 1}
+        body = {"model": "tiny", "prompt": "Hi", "max_tokens": 8, "stream": True}
         picks = []
         for _ in range(30):
             response = httpx.post(f"{stack.gateway_url}/v1/completions", json=body, headers=DEBUG, timeout=10)
             assert response.status_code == 200, response.text
             assert "x-llm-epp-served-by" not in response.headers  # for the EPP only
             picks.append(response.headers["x-llm-epp-endpoint"])
+        in_flight = "llm_epp_endpoint_in_flight_requests"
+        assert wait_for(lambda: metric_sum(stack.epp_metrics_url, in_flight) == 0)
+        completed = metric_sum(stack.epp_metrics_url, "inference_objective_request_duration_seconds_count")
         retried = stat(stack.config.ports.envoy_admin, "cluster.model_servers.upstream_rq_retry")
         now = [metric_sum(stack.replica_url(i) + "/metrics", "vllm:request_success_total") for i in (0, 1)]
     finally:
         engine.shutdown()
         stack.stop()
     assert picks.count("engine-a") == 0  # every request is booked where it was served
+    assert completed == 30
     assert (picks.count("replica-0"), picks.count("replica-1")) == (20, 10)
     assert retried == 10
     assert now[0] - served[0] == picks.count("replica-0") + picks.count("engine-a")

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from epp import envoy_config
 from epp.datalayer.metrics import TOKEN_LOAD_GAUGES
 from sim.envoy_admin import stat
 from tests.stacks import start_stack
@@ -98,5 +99,40 @@ def test_300_cancelled_streams_leave_every_gauge_at_zero(tmp_path: Path, meterin
         aborted = metric_sum(url, "inference_objective_request_error_total")
         assert aborted >= 290, aborted  # every cancelled stream counted as not completed
         assert metric_sum(url, "llm_epp_handed_off_expired_total") == 0  # the log told of every one
+    finally:
+        stack.stop()
+
+
+def test_envoys_periodic_entries_keep_a_long_stream_booked_past_the_silence_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream longer than --completion-log-silence-s stays booked while Envoy logs it every
+    period, and its decode progress moves on meanwhile."""
+    monkeypatch.setattr(envoy_config, "ACCESS_LOG_PERIOD", "0.5s")
+    stack = start_stack(
+        tmp_path,
+        replicas=1,
+        epp_config="ray-kv-aware",
+        epp_args=["--completion-log-silence-s", "1.5", "--metering-calibration-streams", "1"],
+    )
+    url = f"{stack.gateway_url}/v1/completions"
+    body = {"model": "tiny", "prompt": "a long story, please", "stream": True, "ignore_eos": True}
+    decode = "llm_epp_endpoint_decode_tokens_in_flight"
+    try:
+        with httpx.Client(timeout=60) as client:
+            with client.stream("POST", url, json={**body, "max_tokens": 20}) as response:
+                assert sum(1 for _ in response.iter_lines()) > 20  # calibration: read whole
+            seen: list[float] = []
+            with client.stream("POST", url, json={**body, "max_tokens": 700}) as response:  # ~4 s
+                for n, _ in enumerate(response.iter_lines()):
+                    if n % 100 == 50:
+                        seen.append(metric_sum(stack.epp_metrics_url, decode))
+        metrics = stack.epp_metrics_url
+        assert wait_for(lambda: metric_sum(metrics, "llm_epp_access_log_entries_total", kind="final") == 1)
+        assert metric_sum(metrics, "llm_epp_access_log_entries_total", kind="intermediate") >= 3
+        assert metric_sum(metrics, "llm_epp_handed_off_expired_total") == 0
+        assert metric_sum(metrics, "inference_objective_request_error_total") == 0
+        assert seen[-1] > seen[0] > 0, seen  # the booking's decode tokens grew while it streamed
+        assert metric_sum(metrics, decode) == 0
     finally:
         stack.stop()
