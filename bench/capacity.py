@@ -569,11 +569,10 @@ def _markdown(data: dict[str, Any]) -> str:
     return "\n\n".join(
         [
             "# Capacity plan, measured",
-            f"{s['pods']} pods, ISL ~{s['input_tokens']:,} / OSL {s['output_tokens']} streamed, one request "
-            f"in "
-            f"{s['metering']['slo_every']} with SLO headers; first-token metering, one stream in "
-            f"{s['sample_every']} read whole. Unit costs measured on this machine ({data['machine']['cpus']} "
-            f"CPUs, load average {data['load_average']}); llm-d's beside them.",
+            f"{s['pods']} pods, ISL ~{s['input_tokens']:,} / OSL {s['output_tokens']} streamed, one "
+            f"request in {s['metering']['slo_every']} with SLO headers; first-token metering, one "
+            f"stream in {s['sample_every']:,} read whole. Unit costs measured on this machine "
+            f"({data['machine']['cpus']} CPUs, load average {data['load_average']}); llm-d's beside them.",
             markdown_table(["unit", "EPP µs (ours)", "llm-d µs"], _unit_rows(costs, settings)),
             f"Live stack (`bench.metering_cost`, {s['metering']['requests']} answers sent evenly over "
             f"{s['metering']['arrival_span_s']:g} s): {cells['first-token']['epp_ms']:.2f} ms of EPP CPU "

@@ -16,7 +16,7 @@ metering   a streamed answer's EPP and Envoy CPU (1 and 512 tokens) under each r
 capacity   each unit cost measured here (request, metered chunk, access-log entry, scrape, sync
            message and endpoint total, prediction row), and the sizing they give for 1k/5k/10k
            QPS over 100 pods (EPP cores and replicas, predictor servers, NATS messages/s, sync
-           CPU), llm-d's published figures beside them (~1.5 min; see bench/capacity.py)
+           CPU), llm-d's published figures beside them (~2 min; see bench/capacity.py)
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
            (``predictor --throughput-only``: one model, its serving cost only)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
