@@ -331,17 +331,9 @@ class ReplicaSyncState:
         """Pack our booking ``key``'s tail row as it is now (``epp.load.peer_totals``), if it has a tail."""
         if own.prompt_tail is None:
             return
-        terms, load = self._load.terms(key), self._load.booking_load(key)
-        assert terms is not None and load is not None, "every booking in _own is in _load"
-        row = (
-            own.prompt_tail,
-            terms.prompt_tokens,
-            load.prefill_tokens,
-            load.decode_tokens,
-            load.expected_remaining_tokens,
-            load.kv_tokens,
-        )
-        self._rows.setdefault(own.endpoint, {})[key] = pack_tail_row(row)
+        row = self._load.booking_row(key)
+        assert row is not None, "every booking in _own is in _load"
+        self._rows.setdefault(own.endpoint, {})[key] = pack_tail_row((own.prompt_tail, *row))
 
     def _wake_if_idle(self) -> None:
         if not (self._due or self._prefix) and self.on_pending is not None:
