@@ -6,8 +6,9 @@ spreads ext_proc streams), each to a random endpoint. Three replicas route their
 ``ReplicaSyncState`` (routed; first token after ``ttft_s``; decode progress every sync tick;
 released after ``e2e_s``; every prompt with a tail, a third with a TPOT SLO). Their messages are
 taken every ``take_s`` (the live transport's publish interval) and the fourth replica applies
-them all: only its ``receive`` is timed (thread CPU time). Reported per rate: its apply CPU per
-second of sync (µs/s), deltas and messages applied per second, and bytes received per second.
+them all. Reported per rate, in thread CPU time: the fourth replica's ``receive`` per second of
+sync (µs/s), and each sender's sync calls per second (the lifecycle, ticks and takes, without
+its pipeline's own work); deltas and messages applied per second, bytes received per second.
 Prefix-index inserts are left out: they are not coalesced (one per routed prompt with new
 blocks, bounded by the unique prompt content, not by the load sync this measures).
 """
@@ -87,7 +88,7 @@ class _Pool:
         self.events: list[_Event] = []
         self.order = itertools.count()
         self.decoding: list[dict[int, int]] = [{} for _ in self.senders]
-        self.applied_s, self.messages, self.bytes = 0.0, 0, 0
+        self.applied_s, self.published_s, self.messages, self.bytes = 0.0, 0.0, 0, 0
         # Request i goes to replica i mod K; the receiver's own requests need no sync: skipped.
         end = settings.warmup_s + settings.measure_s
         for i in range(int(end * rate)):
@@ -130,7 +131,11 @@ class _Pool:
     def take(self, timed: bool) -> None:
         """The senders' messages reach the receiver (its apply timed if ``timed``)."""
         for state in self.senders:
-            for data in state.take_messages():
+            started = time.thread_time()
+            messages = state.take_messages()
+            if timed:
+                self.published_s += time.thread_time() - started
+            for data in messages:
                 started = time.thread_time()
                 self.receiver.receive(data)
                 if timed:
@@ -145,11 +150,14 @@ class _Pool:
         next_tick, next_take = tick, s.take_s
         while clock[0] < end:
             clock[0] = min(next_tick, next_take)
+            started = time.thread_time()
             while self.events and self.events[0].at <= clock[0]:
                 self.step(heapq.heappop(self.events))
             if clock[0] >= next_tick:
                 self.tick()
                 next_tick += tick
+            if clock[0] > s.warmup_s:
+                self.published_s += time.thread_time() - started
             if clock[0] >= next_take:
                 self.take(timed=clock[0] > s.warmup_s)
                 next_take += s.take_s
@@ -165,6 +173,7 @@ def measure(rate: float, settings: SyncApplySettings) -> dict[str, Any]:
     return {
         "rate": rate,
         "apply_us_per_s": round(pool.applied_s / seconds * 1e6, 1),
+        "publish_us_per_s_per_sender": round(pool.published_s / len(pool.senders) / seconds * 1e6, 1),
         "messages_per_s": round(pool.messages / seconds, 1),
         "deltas_per_s": round(sum(applied.values()) / (settings.warmup_s + seconds), 1),
         "deltas_by_kind": dict(applied),
@@ -181,6 +190,7 @@ def _markdown(data: dict[str, Any]) -> str:
             f"{r['rate']:,.0f}",
             f"{r['apply_us_per_s']:,.0f}",
             f"{r['apply_us_per_s'] / 1e4:.2f}%",
+            f"{r['publish_us_per_s_per_sender']:,.0f}",
             f"{r['messages_per_s']:,.0f}",
             f"{r['deltas_per_s']:,.0f}",
             f"{r['bytes_per_s'] / 1e3:,.0f}",
@@ -203,6 +213,7 @@ def _markdown(data: dict[str, Any]) -> str:
                     "requests/s (pool)",
                     "apply µs per s",
                     "of one core",
+                    "publish µs per s (each sender)",
                     "messages/s",
                     "deltas/s",
                     "kB/s received",

@@ -16,6 +16,7 @@ a conversation's next turn can take the previous turn's load off at once
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -30,9 +31,17 @@ TAIL_ROW_FIELDS = 6
 TAIL_ROW_BYTES = 8 * TAIL_ROW_FIELDS
 
 
+_ROW = struct.Struct(f"<{TAIL_ROW_FIELDS}Q")
+
+
+def pack_tail_row(row: Sequence[int]) -> bytes:
+    """One tail row as a publication carries it (see the module)."""
+    return _ROW.pack(*row)
+
+
 def pack_tail_rows(rows: Iterable[Sequence[int]]) -> bytes:
     """Tail rows as a publication carries them (see the module)."""
-    return np.asarray(list(rows), dtype="<u8").tobytes()
+    return b"".join(map(pack_tail_row, rows))
 
 
 def unpack_tail_rows(tails: bytes) -> np.ndarray:

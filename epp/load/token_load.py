@@ -171,14 +171,20 @@ class TokenLoadTracker:
             return None
         return BookingTerms(b.endpoint, b.prompt_tokens, b.uncached_tokens, b.expected_output)
 
-    def booking_load(self, booking_id: Hashable) -> EndpointLoad | None:
-        """What ``booking_id`` adds to its endpoint's load now (None if it is not booked)."""
+    def booking_row(self, booking_id: Hashable) -> tuple[int, int, int, int, int] | None:
+        """``booking_id``'s prompt tokens, then what it adds to its endpoint's load now (prefill,
+        decode, expected remaining and KV tokens; plain ints, for replica sync's tail rows);
+        None if it is not booked."""
         b = self._bookings.get(booking_id)
         if b is None:
             return None
         kv = b.prompt_tokens + b.generated
-        return EndpointLoad(
-            1, 0 if b.decoding else b.uncached_tokens, kv if b.decoding else 0, b.remaining, kv
+        return (
+            b.prompt_tokens,
+            0 if b.decoding else b.uncached_tokens,
+            kv if b.decoding else 0,
+            b.remaining,
+            kv,
         )
 
     def load(self, endpoint: str) -> EndpointLoad:

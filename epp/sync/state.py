@@ -85,7 +85,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from epp.load.peer_totals import TAIL_ROW_BYTES, Counts, PeerTotals, pack_tail_rows
+from epp.load.peer_totals import TAIL_ROW_BYTES, Counts, PeerTotals, pack_tail_row
 from epp.load.token_load import TokenLoadTracker
 from epp.sync.messages import (
     DeltaKind,
@@ -227,6 +227,12 @@ class ReplicaSyncState:
         self._own_on: dict[str, dict[int, _Own]] = {}
         self._load = TokenLoadTracker()
         """Our own bookings' totals, as we publish them."""
+        self._rows: dict[str, dict[int, bytes]] = {}
+        """Per endpoint, our bookings' packed tail rows (those with a tail), kept as of each
+        booking's last step or tick, so a send joins them instead of recounting every booking."""
+        self._stale_rows: dict[int, None] = {}
+        """Bookings with a tail that streamed since their row was packed (repacked at the tick,
+        as their decode progress goes out)."""
         self._due: dict[str, None] = {}
         """Endpoints whose totals go out with the next :meth:`take_messages`."""
         self._dirty: dict[str, None] = {}
@@ -259,6 +265,7 @@ class ReplicaSyncState:
         self._load.admit(
             key, endpoint, kv_tokens, kv_tokens - min(uncached_tokens, kv_tokens), expected_output
         )
+        self._pack_row(key, own)
         self._changed(endpoint, at_once=True)
 
     def prefix_inserted(self, endpoint: str, block_size: int, block_hashes: Sequence[int]) -> None:
@@ -272,6 +279,7 @@ class ReplicaSyncState:
         own = self._own.get(key)
         if own is not None:
             self._load.first_token(key)
+            self._pack_row(key, own)
             self._changed(own.endpoint, at_once=True)
 
     def progress(self, key: int, generated: int) -> None:
@@ -279,6 +287,8 @@ class ReplicaSyncState:
         own = self._own.get(key)
         if own is not None:
             self._load.progress(key, generated)
+            if own.prompt_tail is not None:
+                self._stale_rows[key] = None
             self._changed(own.endpoint, at_once=False)
 
     def released(self, key: int) -> None:
@@ -291,6 +301,10 @@ class ReplicaSyncState:
         del bookings[key]
         if not bookings:
             del self._own_on[own.endpoint]
+        rows = self._rows.get(own.endpoint)
+        if rows is not None and rows.pop(key, None) is not None and not rows:
+            del self._rows[own.endpoint]
+        self._stale_rows.pop(key, None)
         self._changed(own.endpoint, at_once=True)
 
     def _changed(self, endpoint: str, *, at_once: bool) -> None:
@@ -305,23 +319,21 @@ class ReplicaSyncState:
 
     def flush(self) -> None:
         """The tick: queue the totals of every endpoint that changed since it last went out."""
+        for key in self._stale_rows:
+            self._pack_row(key, self._own[key])
+        self._stale_rows.clear()
         if self._dirty:
             self._wake_if_idle()
             self._due.update(self._dirty)
             self._dirty.clear()
 
-    def _tail_row(self, key: int, tail: int) -> tuple[int, ...]:
-        """Our booking ``key``'s tail row (``epp.load.peer_totals``)."""
-        terms, load = self._load.terms(key), self._load.booking_load(key)
-        assert terms is not None and load is not None, "every booking in _own is in _load"
-        return (
-            tail,
-            terms.prompt_tokens,
-            load.prefill_tokens,
-            load.decode_tokens,
-            load.expected_remaining_tokens,
-            load.kv_tokens,
-        )
+    def _pack_row(self, key: int, own: _Own) -> None:
+        """Pack our booking ``key``'s tail row as it is now (``epp.load.peer_totals``), if it has a tail."""
+        if own.prompt_tail is None:
+            return
+        row = self._load.booking_row(key)
+        assert row is not None, "every booking in _own is in _load"
+        self._rows.setdefault(own.endpoint, {})[key] = pack_tail_row((own.prompt_tail, *row))
 
     def _wake_if_idle(self) -> None:
         if not (self._due or self._prefix) and self.on_pending is not None:
@@ -332,11 +344,6 @@ class ReplicaSyncState:
         load = self._load.load(endpoint)
         bookings = self._own_on.get(endpoint, {})
         slos = [own.tpot_slo_ms for own in bookings.values() if own.tpot_slo_ms is not None]
-        rows = [
-            self._tail_row(key, own.prompt_tail)
-            for key, own in bookings.items()
-            if own.prompt_tail is not None
-        ]
         return [
             endpoint,
             load.requests,
@@ -345,7 +352,7 @@ class ReplicaSyncState:
             load.expected_remaining_tokens,
             load.kv_tokens,
             min(slos, default=None),
-            pack_tail_rows(rows),
+            b"".join(self._rows.get(endpoint, {}).values()),
         ]
 
     def take_messages(self) -> list[bytes]:

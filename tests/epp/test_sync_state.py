@@ -508,3 +508,15 @@ def test_tail_rows_carry_each_bookings_load() -> None:
     b.sync.receive(encode(SyncMessage(MessageKind.DELTAS, "a", 1, 1, 0.0, [totals])))
     assert b.peers_load.continue_turn("e0", 7, 1000)
     assert b.peers_load.load("e0") == EndpointLoad(1, 100, 0, 5, 100)
+
+
+def test_a_tail_row_follows_its_booking_to_decode_and_its_progress_at_the_tick() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    a.sync.routed(0, "e0", kv_tokens=320, uncached_tokens=200, expected_output=30, prompt_tail=7)
+    a.sync.first_token(0)
+    a.sync.progress(0, 12)
+    deliver(send(a), b)  # send() flushes: the tick
+    assert b.peers_load.load("e0") == EndpointLoad(1, 0, 332, 18, 332)
+    assert b.peers_load.continue_turn("e0", 7, 400)
+    assert b.peers_load.load("e0") == EndpointLoad() and b.peers_load.in_flight() == 0

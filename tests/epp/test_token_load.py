@@ -121,17 +121,18 @@ def test_producer_books_on_pick_and_releases_on_finish_however_it_ends() -> None
     assert producer.expected_output(unbounded) == 15
 
 
-def test_a_bookings_own_load_follows_it_from_prefill_to_decode() -> None:
+def test_a_bookings_row_follows_it_from_prefill_to_decode() -> None:
     t = TokenLoadTracker()
     t.admit("x", "e0", 320, 120, 10)
     t.admit("y", "e0", 100, 0, 10)
-    assert t.booking_load("x") == EndpointLoad(1, 200, 0, 10, 320)
+    assert t.booking_row("x") == (320, 200, 0, 10, 320)
     t.first_token("x")
     t.progress("x", 4)
-    assert t.booking_load("x") == EndpointLoad(1, 0, 324, 6, 324)
-    assert t.booking_load("x") + t.booking_load("y") == t.load("e0")  # type: ignore[operator]
+    assert t.booking_row("x") == (320, 0, 324, 6, 324)
+    rows = [t.booking_row("x"), t.booking_row("y")]
+    assert EndpointLoad(2, *(sum(r[i] for r in rows) for i in range(1, 5))) == t.load("e0")  # type: ignore[index]
     t.finish("x")
-    assert t.booking_load("x") is None
+    assert t.booking_row("x") is None
 
 
 def continued_producer() -> TokenLoadProducer:
