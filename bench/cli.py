@@ -13,6 +13,10 @@ inflight   EPP CPU against time in flight: one long streamed and one non-streame
            time (net of idle, per chunk, per second in flight, by thread); py-spy flame graphs
 metering   a streamed answer's EPP and Envoy CPU (1 and 512 tokens) under each response metering:
            every chunk, or the first token and Envoy's access log
+capacity   each unit cost measured here (request, metered chunk, access-log entry, scrape, sync
+           message and endpoint total, prediction row), and the sizing they give for 1k/5k/10k
+           QPS over 100 pods (EPP cores and replicas, predictor servers, NATS messages/s, sync
+           CPU), llm-d's published figures beside them (~2 min; see bench/capacity.py)
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
            (``predictor --throughput-only``: one model, its serving cost only)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
@@ -22,6 +26,8 @@ tokenize   parse + tokenize + block hashes of a 26k-token chat turn, first seen 
            seen one, with and without the tokenizer cache (in process)
 sync       active-active EPPs: sync lag through real NATS at 100 and 1,000 requests/s; requests/s
            and CPU per request through Envoy with one EPP process and with two
+sync-apply a replica's CPU for applying 3 peers' sync (100 endpoints) at 100, 1,000 and
+           10,000 requests/s pool-wide (in process, virtual time)
 sync-failures  two active-active EPPs: one killed under load (FailOpen, FailClose), a
            cancellation soak, NATS stopped for 10 s under load; failures and recovery times
 compare    one workload replayed through several routers on the fleet simulator
@@ -48,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    capacity,
     compare,
     fidelity,
     flow_control,
@@ -60,6 +67,7 @@ from bench import (
     oversized_prompt,
     predictor_bench,
     stack_overhead,
+    sync_apply,
     sync_bench,
     sync_failures,
     sync_sweep,
@@ -106,12 +114,14 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "idle": idle_cost.run,
     "inflight": inflight_cost.run,
     "metering": metering_cost.run,
+    "capacity": capacity.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
     "kv-index": kv_index_bench.run,
     "oversized": oversized_prompt.run,
     "tokenize": tokenize_bench.run,
     "sync": sync_bench.run,
+    "sync-apply": sync_apply.run,
     "sync-failures": sync_failures.run,
     "tls": tls_cost.run,
     "fleet": run_fleet_defaults,

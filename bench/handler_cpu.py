@@ -96,11 +96,11 @@ def _messages(body: bytes, request_id: str, path: str = "/v1/completions") -> li
     ]
 
 
-def _director(config: str, tokenizer: ModelTokenizer | None = None) -> Director:
+def make_director(config: str, tokenizer: ModelTokenizer | None = None, endpoints: int = 4) -> Director:
     clock = time.monotonic
     store = EndpointStore()
-    store.replace([Endpoint(f"e{i}", "10.0.0.1", 8000 + i) for i in range(4)])
-    for i in range(4):
+    store.replace([Endpoint(f"e{i}", "10.0.0.1", 8000 + i) for i in range(endpoints)])
+    for i in range(endpoints):
         store.record_scrape(f"e{i}", EngineMetrics(updated_at=clock()))
     context = PluginContext(clock=clock, rng=random.Random(1), latency_predictor=ConstantPredictor())
     pipeline = build_pipeline(EndpointPickerConfig.from_file(config_path(config)), context)
@@ -153,7 +153,7 @@ async def _chat_cpu(director: Director, messages: list[dict[str, str]], request_
 async def _long_turns(config: str, samples: int) -> tuple[list[float], list[float]]:
     """CPU seconds of ``samples`` ~26k-token chat turns seen for the first time, and of their next
     turns, on one event loop (as in the live EPP: its worker threads stay up)."""
-    director = _director(config)
+    director = make_director(config)
     conversations = Conversations(TokenizeBenchSettings(), ModelTokenizer())
     first, extension = [], []
     for session in range(-1, samples):  # session -1 warms the BPE word cache, as a live EPP's is
@@ -170,9 +170,9 @@ def measure_long(config: str, samples: int) -> dict[str, float]:
     return {"first seen": statistics.median(first) * 1e3, "extension": statistics.median(extension) * 1e3}
 
 
-def measure(config: str, fresh: bool, requests: int, trials: int) -> float:
-    """Best-of-``trials`` process CPU µs per request."""
-    director = _director(config)
+def measure(config: str, fresh: bool, requests: int, trials: int, endpoints: int = 4) -> float:
+    """Best-of-``trials`` process CPU µs per request, routed over ``endpoints`` endpoints."""
+    director = make_director(config, endpoints=endpoints)
     asyncio.run(_requests(director, _batch(200, fresh, 0)))  # warm up: tokenizer, caches, first labels
     best = float("inf")
     for trial in range(trials):
@@ -184,7 +184,7 @@ def measure(config: str, fresh: bool, requests: int, trials: int) -> float:
 
 
 def profile(config: str, fresh: bool, requests: int, top: int) -> None:
-    director = _director(config)
+    director = make_director(config)
     asyncio.run(_requests(director, _batch(200, fresh, 0)))
     batch = _batch(requests, fresh, requests)
     profiler = cProfile.Profile()

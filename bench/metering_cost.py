@@ -63,9 +63,33 @@ class MeteringCostSettings:
     accuracy_requests: int = 240
     accuracy_concurrency: int = 8
     seed: int = 0
+    prompt_words: int = 0
+    """Words of filler after the cells' question, each prompt its own (the request's number
+    first); 0: the short question alone. 232 words make ~1,000 tokens of the simulator's
+    tokenizer."""
+    slo_every: int = 0
+    """One request of the cells in this many carries ``x-slo-ttft-ms`` and ``x-slo-tpot-ms``;
+    0: none."""
 
 
-def _stream(client: httpx.Client, url: str, tokens: int, prompt: str = "Tell me about routers.") -> int:
+SLO_HEADERS = {"x-slo-ttft-ms": "2000", "x-slo-tpot-ms": "100"}
+
+
+def _prompt(number: int, words: int) -> str:
+    """Request ``number``'s prompt: the question, then ``words`` words of filler."""
+    if words == 0:
+        return "Tell me about routers."
+    filler = " ".join(f"word{i}" for i in range(words))
+    return f"Request {number}. Tell me about routers. {filler}"
+
+
+def _stream(
+    client: httpx.Client,
+    url: str,
+    tokens: int,
+    prompt: str = "Tell me about routers.",
+    headers: dict[str, str] | None = None,
+) -> int:
     """One streamed chat answer of ``tokens`` tokens, read whole; returns its SSE data lines."""
     body = {
         "model": "tiny",
@@ -74,7 +98,7 @@ def _stream(client: httpx.Client, url: str, tokens: int, prompt: str = "Tell me 
         "stream": True,
         "ignore_eos": True,
     }
-    with client.stream("POST", url, json=body) as response:
+    with client.stream("POST", url, json=body, headers=headers) as response:
         response.raise_for_status()
         return sum(line.startswith("data: ") for line in response.iter_lines())
 
@@ -122,7 +146,8 @@ def _cell(stack: LocalStack, url: str, tokens: int, settings: MeteringCostSettin
 
     def paced(i: int) -> int:
         time.sleep(max(0.0, started + i * gap - time.monotonic()))
-        return _stream(client, url, tokens)
+        slo = settings.slo_every > 0 and i % settings.slo_every == 0
+        return _stream(client, url, tokens, _prompt(i, settings.prompt_words), SLO_HEADERS if slo else None)
 
     with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=settings.requests)) as client:
         epp_before, envoy_before, started = task_cpu_seconds(epp), task_cpu_seconds(envoy), time.monotonic()
@@ -135,13 +160,16 @@ def _cell(stack: LocalStack, url: str, tokens: int, settings: MeteringCostSettin
     assert all(n >= tokens for n in lines), "an answer came back short"
     return {
         "tokens": tokens,
+        "chunks": sum(lines) / len(lines),
         "window_s": settings.window_s,
         "epp_ms": (epp_cpu - idle_rate * settings.window_s) / settings.requests * 1e3,
         "envoy_ms": envoy_cpu / settings.requests * 1e3,
     }
 
 
-def _measure(mode: str, settings: MeteringCostSettings) -> dict[str, Any]:
+def measure(mode: str, settings: MeteringCostSettings) -> dict[str, Any]:
+    """One metering ``mode``'s stack: its EPP idle rate, a cell per output length, and what the
+    EPP learned (``accuracy``)."""
     stack = LocalStack(
         StackConfig(
             replicas=settings.replicas,
@@ -268,7 +296,7 @@ def _plot(data: dict[str, Any], out_dir: Path) -> str:
 
 def run(out_dir: Path, settings: MeteringCostSettings | None = None) -> dict[str, Any]:
     settings = settings or MeteringCostSettings()
-    results = [_measure(mode, settings) for mode in settings.modes]
+    results = [measure(mode, settings) for mode in settings.modes]
     data: dict[str, Any] = {"machine": machine(), "settings": asdict(settings), "results": results}
     by_mode = {r["mode"]: r for r in results}
     if {"full", "first-token"} <= by_mode.keys():

@@ -4,7 +4,8 @@
   rate (100 and 1,000 requests/s; each is released 0.5 s later) through the real
   ``ReplicaSyncState`` and ``NatsSyncTransport``; a second replica applies them. Two lags, p50
   and p99: publish → apply per message (what ``llm_epp_sync_lag_seconds`` shows), and routed →
-  booked on the peer per request (also the wait for the publish loop to wake). Both replicas
+  booked on the peer per request (also the wait for the publish loop to wake and, for a request
+  whose endpoint already went out at once this sync tick, for the tick). Both replicas
   run in this one process and event loop, so the receiver's lag includes the sender's work.
 * **Throughput through Envoy** with one EPP process and with two synced ones, in the same run:
   a closed loop of short completions (1 output token, ``instant`` simulated engines) at
@@ -37,7 +38,7 @@ import matplotlib.pyplot as plt
 from bench.loadgen import closed_loop
 from bench.report import machine, markdown_table, save_figure, write_results
 from epp.datalayer.endpoints import EndpointStore
-from epp.load.token_load import TokenLoadTracker
+from epp.load.peer_totals import PeerTotals, unpack_tail_rows
 from epp.sync.messages import MessageKind
 from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport
@@ -64,19 +65,22 @@ class SyncBenchSettings:
     engines: int = 2
 
 
-class _RecordingTracker(TokenLoadTracker):
-    """The peer's token load, noting when each booking arrived (the sender's key → perf_counter)."""
+class _RecordingTotals(PeerTotals):
+    """The peer's token load, noting when each booking first showed in it (the sender's key,
+    which the bench sends as the booking's prompt tail → perf_counter)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.booked_at: dict[int, float] = {}
 
-    def admit(self, booking_id, endpoint, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        self.booked_at[booking_id[1]] = time.perf_counter()
-        super().admit(booking_id, endpoint, *args, **kwargs)
+    def replace(self, peer, endpoint, counts, tails=b"") -> None:  # type: ignore[no-untyped-def]
+        now = time.perf_counter()
+        for key in unpack_tail_rows(tails)[:, 0].tolist():
+            self.booked_at.setdefault(key, now)
+        super().replace(peer, endpoint, counts, tails)
 
 
-def _replica(name: str, url: str, tracker: TokenLoadTracker) -> NatsSyncTransport:
+def _replica(name: str, url: str, tracker: PeerTotals) -> NatsSyncTransport:
     state = ReplicaSyncState(
         name, SyncTargets(token_load=tracker), clock=time.monotonic, wall_clock=time.time
     )
@@ -89,8 +93,8 @@ def _ms(values: list[float], q: float) -> float:
 
 
 async def _lag_at(url: str, rate: float, settings: SyncBenchSettings) -> dict[str, Any]:
-    peer_load = _RecordingTracker()
-    sender, receiver = _replica("bench-a", url, TokenLoadTracker()), _replica("bench-b", url, peer_load)
+    peer_load = _RecordingTotals()
+    sender, receiver = _replica("bench-a", url, PeerTotals()), _replica("bench-b", url, peer_load)
     message_lags: list[float] = []
     receive = receiver.state.receive
 
@@ -120,6 +124,7 @@ async def _lag_at(url: str, rate: float, settings: SyncBenchSettings) -> dict[st
                     kv_tokens=900,
                     uncached_tokens=300,
                     expected_output=200,
+                    prompt_tail=key,
                 )
                 loop.call_later(settings.hold_s, sender.state.released, key)
                 key += 1

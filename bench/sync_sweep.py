@@ -282,9 +282,9 @@ def _markdown(data: dict[str, Any], settings: SweepSettings, plot: str) -> str:
         "",
         f"- Engine profile: **{profile['name']}**. {profile['description']}",
         f"- K EPP replicas take requests round-robin (as Envoy spreads ext_proc streams); each has its "
-        "own pipeline state and applies its peers' deltas (token load, prefix-index inserts, running "
-        "TPOT SLOs) through `epp.sync.state` after the sync delay; 'no sync': they never exchange "
-        "any. All replicas read the same engine-metric scrapes "
+        "own pipeline state and applies what its peers publish (per-endpoint token-load totals and "
+        "running TPOT SLOs, prefix-index inserts) through `epp.sync.state` after the sync delay; "
+        "'no sync': they never exchange any. All replicas read the same engine-metric scrapes "
         f"(every {settings.scrape_interval_s * 1e3:g} ms) and share one latency predictor "
         f"(retrained every {settings.retrain_interval_s:g} virtual s).",
         f"- Seeds {', '.join(map(str, settings.seeds))} (each another workload draw and other router "
@@ -318,8 +318,8 @@ def _markdown(data: dict[str, Any], settings: SweepSettings, plot: str) -> str:
             "",
             "Changes of the seeds' mean against one router's; 'per seed': the range of each seed's "
             "TTFT p99 change; 'noise': 4 replicas synced at once (d = 0) differ from one router only "
-            "by their own RNGs, the order of simultaneous decisions and the coalescing of decode "
-            "progress, so that change is mostly chance.",
+            "by their own RNGs, the order of simultaneous decisions and the coalescing of endpoint "
+            "totals per sync tick, so that change is mostly chance.",
             "",
         ]
     else:

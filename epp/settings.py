@@ -170,7 +170,7 @@ class EppSettings(BaseModel):
         3.0, gt=0, le=600, description="a peer silent this long is dropped with everything it booked"
     )
     sync_progress_interval_ms: float = Field(
-        50.0, gt=0, le=10_000, description="decode progress of each request is published at most this often"
+        50.0, gt=0, le=10_000, description="endpoints whose decode progress changed are published this often"
     )
     sync_snapshot_timeout_s: float = Field(1.0, gt=0, le=60, description="wait for a peer's snapshot")
     sync_nats_user: str | None = Field(None, description="NATS user (with --sync-nats-password-file)")

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.kvcache.precise_index import PreciseIndex
+from epp.load.peer_totals import PeerTotals
 from epp.load.token_load import TokenLoadTracker
 
 PREFILL_TOKENS_IN_FLIGHT = "llm_epp_endpoint_prefill_tokens_in_flight"
@@ -36,7 +37,7 @@ class _PoolCollector(Collector):
     def __init__(self, pool: str, store: EndpointStore, clock: Callable[[], float]) -> None:
         self.pool, self.store, self.clock = pool, store, clock
         self.token_load: TokenLoadTracker | None = None
-        self.peers_token_load: TokenLoadTracker | None = None
+        self.peers_token_load: PeerTotals | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["name", "model_server_pod"]
@@ -161,9 +162,9 @@ class PoolMetrics:
         self._pool = _PoolCollector(pool, store, clock)
         registry.register(self._pool)
 
-    def export_token_load(self, tracker: TokenLoadTracker, peers: TokenLoadTracker | None = None) -> None:
+    def export_token_load(self, tracker: TokenLoadTracker, peers: PeerTotals | None = None) -> None:
         """Export ``tracker``'s per-endpoint load (the pipeline's ``token-load-producer``), plus
-        ``peers``' (the bookings synced from peer replicas) when given."""
+        ``peers``' (the load synced from peer replicas) when given."""
         self._pool.token_load = tracker
         self._pool.peers_token_load = peers
 

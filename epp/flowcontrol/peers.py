@@ -1,8 +1,8 @@
 """Peer EPP replicas' token load, as flow control counts it when replicas sync (``epp.sync``).
 
 Each replica's flow controller books only what it dispatched itself. With active-active replicas
-its :class:`~epp.sync.state.ReplicaSyncState` applies the peers' bookings to the token-load
-producer's peer tracker; :class:`PeerTokenLoad` reads them from there, per endpoint and in the
+its :class:`~epp.sync.state.ReplicaSyncState` applies the peers' published totals to the token-load
+producer's ``peers``; :class:`PeerTokenLoad` reads them from there, per endpoint and in the
 terms of the controller's own bookings, with the number of replicas sharing the pool, so the
 token-load detector counts the whole pool's in-flight tokens and keeps this replica its 1/K
 share of the headroom (``epp.flowcontrol.saturation``). The live EPP and the fleet simulator
@@ -36,7 +36,7 @@ NO_PEERS = PeerLoad({}, {}, 1)
 class PeerTokenLoad:
     def __init__(self, sync: ReplicaSyncState) -> None:
         """The peers' load as ``sync`` applied it; :class:`ValueError` when the config has no
-        token-load producer (its peer tracker is where the peers' bookings go)."""
+        token-load producer (its ``peers`` is where the peers' load goes)."""
         tracker = sync.targets.token_load
         if tracker is None:
             raise ValueError(

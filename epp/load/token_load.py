@@ -15,16 +15,11 @@ every call is O(1).
 Bookings are keyed by whatever the caller uses to tell routed requests apart. It must be
 unique per routed request: client-supplied request ids are not (a client may reuse one, or
 retry with it while the first attempt is still being torn down).
-
-A booking may name its prompt's tail (the chained hash of its prompt's last full block, which
-names the whole prefix): :meth:`TokenLoadTracker.booked_with_tail` finds the bookings on an
-endpoint whose prompt ends there, which is how the token-load producer recognises a peer
-replica's booking whose conversation has moved on (``epp.plugins.token_load``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Set
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -56,10 +51,18 @@ class EndpointLoad:
             self.kv_tokens + other.kv_tokens,
         )
 
+    def __sub__(self, other: EndpointLoad) -> EndpointLoad:
+        return EndpointLoad(
+            self.requests - other.requests,
+            self.prefill_tokens - other.prefill_tokens,
+            self.decode_tokens - other.decode_tokens,
+            self.expected_remaining_tokens - other.expected_remaining_tokens,
+            self.kv_tokens - other.kv_tokens,
+        )
+
 
 NO_LOAD = EndpointLoad()
 """The load of an endpoint with nothing booked."""
-_NONE: frozenset[Hashable] = frozenset()
 
 
 class BookingTerms(NamedTuple):
@@ -78,7 +81,6 @@ class _Booking:
     prompt_tokens: int
     uncached_tokens: int
     expected_output: int
-    prompt_tail: int | None = None
     generated: int = 0
     decoding: bool = False
 
@@ -100,7 +102,6 @@ class TokenLoadTracker:
     def __init__(self) -> None:
         self._bookings: dict[Hashable, _Booking] = {}
         self._totals: dict[str, _Totals] = {}
-        self._by_tail: dict[tuple[str, int], set[Hashable]] = {}
 
     def admit(
         self,
@@ -109,17 +110,12 @@ class TokenLoadTracker:
         prompt_tokens: int,
         cached_tokens: int,
         expected_output: int,
-        *,
-        prompt_tail: int | None = None,
     ) -> None:
-        """Book a request routed to ``endpoint``. Re-admitting an id first releases the old booking.
-        ``prompt_tail``: the hash of the prompt's last full block, if the caller knows it."""
+        """Book a request routed to ``endpoint``. Re-admitting an id first releases the old booking."""
         self.finish(booking_id)
         uncached = max(0, prompt_tokens - min(cached_tokens, prompt_tokens))
-        booking = _Booking(endpoint, prompt_tokens, uncached, max(1, expected_output), prompt_tail)
+        booking = _Booking(endpoint, prompt_tokens, uncached, max(1, expected_output))
         self._bookings[booking_id] = booking
-        if prompt_tail is not None:
-            self._by_tail.setdefault((endpoint, prompt_tail), set()).add(booking_id)
         totals = self._totals.setdefault(endpoint, _Totals())
         totals.requests += 1
         totals.prefill_tokens += uncached
@@ -157,11 +153,6 @@ class TokenLoadTracker:
         booking = self._bookings.pop(booking_id, None)
         if booking is None:
             return
-        if booking.prompt_tail is not None:
-            tail = (booking.endpoint, booking.prompt_tail)
-            self._by_tail[tail].discard(booking_id)
-            if not self._by_tail[tail]:
-                del self._by_tail[tail]
         totals = self._totals[booking.endpoint]
         totals.requests -= 1
         totals.expected_remaining_tokens -= booking.remaining
@@ -180,13 +171,21 @@ class TokenLoadTracker:
             return None
         return BookingTerms(b.endpoint, b.prompt_tokens, b.uncached_tokens, b.expected_output)
 
-    def booked_with_tail(self, endpoint: str, prompt_tail: int) -> Set[Hashable]:
-        """The live bookings on ``endpoint`` admitted with this ``prompt_tail``."""
-        return self._by_tail.get((endpoint, prompt_tail), _NONE)
-
-    def has_tails(self) -> bool:
-        """Whether any live booking was admitted with a prompt tail."""
-        return bool(self._by_tail)
+    def booking_row(self, booking_id: Hashable) -> tuple[int, int, int, int, int] | None:
+        """``booking_id``'s prompt tokens, then what it adds to its endpoint's load now (prefill,
+        decode, expected remaining and KV tokens; plain ints, for replica sync's tail rows);
+        None if it is not booked."""
+        b = self._bookings.get(booking_id)
+        if b is None:
+            return None
+        kv = b.prompt_tokens + b.generated
+        return (
+            b.prompt_tokens,
+            0 if b.decoding else b.uncached_tokens,
+            kv if b.decoding else 0,
+            b.remaining,
+            kv,
+        )
 
     def load(self, endpoint: str) -> EndpointLoad:
         totals = self._totals.get(endpoint)

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from epp.datalayer.endpoints import EndpointStore
+from epp.load.peer_totals import PeerTotals
 from epp.load.token_load import NO_LOAD, EndpointLoad, TokenLoadTracker
 from epp.observability.recent import Decision, RecentDecisions
 
@@ -29,10 +30,10 @@ class LiveData:
         store: EndpointStore,
         recent: RecentDecisions,
         clock: Callable[[], float],
-        token_load: Sequence[TokenLoadTracker] = (),
+        token_load: Sequence[TokenLoadTracker | PeerTotals] = (),
     ) -> None:
-        """``token_load``: the trackers whose bookings make an endpoint's load (this replica's,
-        plus its synced peers'); none when the scheduling profile books no tokens."""
+        """``token_load``: what makes an endpoint's load (this replica's bookings, plus its synced
+        peers' totals); none when the scheduling profile books no tokens."""
         self.pool, self.profile, self.store, self.recent, self.clock = pool, profile, store, recent, clock
         self.token_load = tuple(token_load)
 

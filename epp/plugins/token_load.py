@@ -6,16 +6,16 @@ follows it through first token, streamed tokens and finish (completed, upstream 
 client cancel alike). Bookings are keyed by ``CycleState.key``, unique per request, so two
 in-flight requests that carry the same client request id never touch each other's.
 
-With active-active replicas (``epp.sync``), ``peers`` holds the bookings the other EPP replicas
-announced; the load it writes is its own plus theirs. A peer's release reaches this replica one
-sync lag after the request ended, while a conversation's next turn, routed here, may come at
-once. So when a prompt extends the whole prompt of a peer's booking on an endpoint, and no other
-peer booking there ends the same way (a prefix shared by concurrent requests, such as an RL
-step's prompt, does not count), that booking is taken as over: the conversation moved on, and
-its turn's load leaves ``peers`` now rather than when its release arrives (which then finds
-nothing to release). Prompts are matched by the prefix match's block hashes (the approximate
-prefix producer's, when the config has one) against the tail each peer booking was announced
-with; one router alone releases its own bookings at once and never needs this.
+With active-active replicas (``epp.sync``), ``peers`` holds the load the other EPP replicas
+published (``epp.load.peer_totals``); the load it writes is its own plus theirs. A peer's release
+reaches this replica one sync lag after the request ended, while a conversation's next turn,
+routed here, may come at once. So when a prompt extends the whole prompt of a peer's booking on
+an endpoint, and no other peer booking there ends the same way (a prefix shared by concurrent
+requests, such as an RL step's prompt, does not count), that booking is taken as over: the
+conversation moved on, and its turn's load leaves ``peers`` now rather than when its release
+arrives. Prompts are matched by the prefix match's block hashes (the approximate prefix
+producer's, when the config has one) against the tails the peers publish with their bookings;
+one router alone releases its own bookings at once and never needs this.
 
 ==============  =======  =================================================================
 parameter       default  meaning
@@ -28,10 +28,11 @@ maxOutputGuess  8192     cap on that estimate
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from pydantic import Field
 
+from epp.load.peer_totals import PeerTotals
 from epp.load.token_load import EndpointLoad, TokenLoadTracker
 from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import (
@@ -64,8 +65,8 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
     def __init__(self, name: str, params: TokenLoadParameters, context: PluginContext) -> None:
         super().__init__(name, params, context)
         self.tracker = TokenLoadTracker()
-        self.peers = TokenLoadTracker()
-        """Bookings of peer EPP replicas (filled by ``epp.sync``; empty without it)."""
+        self.peers = PeerTotals()
+        """The load of peer EPP replicas (filled by ``epp.sync``; empty without it)."""
 
     def load(self, endpoint: str) -> EndpointLoad:
         """The token load on ``endpoint``: this replica's bookings plus its peers'."""
@@ -78,25 +79,18 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
             self.release_continued_peer_turns(request.input_tokens, match)
         state.put(TOKEN_LOAD, {e.name: self.load(e.name) for e in endpoints})
 
-    def release_continued_peer_turns(self, prompt_tokens: int, match: PrefixMatch) -> list[Hashable]:
-        """Release the peer bookings this prompt continues (see the module); returns their keys.
+    def release_continued_peer_turns(self, prompt_tokens: int, match: PrefixMatch) -> list[str]:
+        """Release the peer bookings this prompt continues (see the module); returns their endpoints.
 
         On each endpoint the prefix match credits, the candidate is the booking whose prompt ends
         at the last matched block: the index holds a conversation's earlier prompts there, not
         the output that follows them, so the match stops where the previous turn's prompt did."""
-        released = []
-        for endpoint, blocks in match.matched_blocks.items():
-            if not 0 < blocks <= len(match.block_hashes):
-                continue
-            booked = self.peers.booked_with_tail(endpoint, match.block_hashes[blocks - 1])
-            if len(booked) != 1:
-                continue
-            key = next(iter(booked))
-            terms = self.peers.terms(key)
-            if terms is not None and terms.prompt_tokens < prompt_tokens:
-                self.peers.finish(key)
-                released.append(key)
-        return released
+        return [
+            endpoint
+            for endpoint, blocks in match.matched_blocks.items()
+            if 0 < blocks <= len(match.block_hashes)
+            and self.peers.continue_turn(endpoint, match.block_hashes[blocks - 1], prompt_tokens)
+        ]
 
     def expected_output(self, request: LLMRequest) -> int:
         if request.max_tokens is not None:

@@ -35,7 +35,7 @@ def _find(plugins: Iterable[object], cls: type[P]) -> P | None:
 
 
 def sync_targets(pipeline: Pipeline) -> SyncTargets:
-    """Where peers' deltas are applied in ``pipeline``: the token-load producer's peer tracker,
+    """Where peers' deltas are applied in ``pipeline``: the token-load producer's ``peers``,
     the approximate prefix index (and what of it a snapshot carries), the running TPOT SLOs
     (each None if the config has none)."""
     plugins = list(pipeline.plugins.values())

@@ -12,26 +12,26 @@ Bodies:
 
 * DELTAS: a list of deltas, each a list starting with its :class:`DeltaKind`::
 
-      [ROUTED, key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None,
-       prompt_tail | None]
-      [FIRST_TOKEN, key]
-      [PROGRESS, key, generated]
-      [RELEASED, key]
+      [TOTALS, endpoint, requests, prefill_tokens, decode_tokens, expected_remaining_tokens,
+       kv_tokens, min_tpot_slo_ms | None, tail_rows]
       [PREFIX, endpoint, block_size, hashes]   # hashes: little-endian uint64 bytes
 
-  ``key`` names one routed request among the sender's (an int, unique per incarnation);
-  ``prompt_tail`` is the hash of the prompt's last full block in the prefix match's
-  chain (a uint64; it names the whole prompt up to there), by which a peer recognises a
-  conversation's next turn (``epp.plugins.token_load``).
-* SNAPSHOT: ``[bookings, prefix]``: the sender's own live bookings, each
-  ``[key, endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms | None, prompt_tail | None,
-  decoding, generated]``,
-  and the most recent blocks of its approximate prefix index (its own inserts and its peers'),
-  each ``[endpoint, block_size, hashes]``, oldest first (bounded, ``SyncTuning.snapshot_prefix_blocks``).
+  TOTALS is the sender's own load on ``endpoint`` now (absolute, not a change: the receiver
+  replaces what it held; ``requests`` 0: nothing left there), with the smallest TPOT SLO among
+  its streaming requests there (None: none runs). ``tail_rows`` lists its live bookings there
+  that name their prompt's tail, as little-endian uint64 bytes, 6 per booking
+  (``epp.load.peer_totals.pack_tail_rows``): ``tail, prompt_tokens, prefill_tokens,
+  decode_tokens, expected_remaining_tokens, kv_tokens``, where ``tail`` is the hash of the
+  prompt's last full block in the prefix match's chain (it names the whole prompt up to there),
+  by which a peer recognises a conversation's next turn.
+* SNAPSHOT: ``[totals, prefix]``: the sender's TOTALS for every endpoint where it has bookings,
+  each without the leading kind, and the most recent blocks of its approximate prefix index (its
+  own inserts and its peers'), each ``[endpoint, block_size, hashes]``, oldest first (bounded,
+  ``SyncTuning.snapshot_prefix_blocks``).
 * HEARTBEAT, SNAPSHOT_REQUEST: empty.
 
-Version 3 is the only one (version 2's bookings had no ``prompt_tail``; version 1's SNAPSHOT held
-the bookings alone); a message of any other version is refused whole (:class:`SchemaError`).
+Version 4 is the only one (versions 1–3 sent one delta per step of each request: routed, first
+token, progress, released); a message of any other version is refused whole (:class:`SchemaError`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class MessageKind(IntEnum):
@@ -55,11 +55,9 @@ class MessageKind(IntEnum):
 
 
 class DeltaKind(IntEnum):
-    ROUTED = 1
-    FIRST_TOKEN = 2
-    PROGRESS = 3
-    RELEASED = 4
+    # 1-4 were version 3's per-request deltas.
     PREFIX = 5
+    TOTALS = 6
 
 
 _DELTA_NAMES = {k.value: k.name.lower() for k in DeltaKind}

@@ -143,7 +143,7 @@ class NatsSyncTransport:
         log.info("sync: connected to NATS as %s on %s", self.state.replica_id, self.events_subject)
         await self._on_connected()
         self._spawn(self._publish_loop(), "sync-publish")
-        self._spawn(self._progress_loop(), "sync-progress")
+        self._spawn(self._tick_loop(), "sync-tick")
         self._spawn(self._heartbeat_loop(), "sync-heartbeat")
 
     async def _on_connected(self) -> None:
@@ -171,6 +171,9 @@ class NatsSyncTransport:
             await self._wake.wait()
             self._wake.clear()
             await self._publish_pending()
+            # What changes meanwhile waits for the next take, one TOTALS per endpoint: this
+            # bounds the peers' apply work whatever the request rate (epp.sync.state).
+            await asyncio.sleep(self.state.tuning.publish_interval_s)
 
     async def _publish_pending(self) -> None:
         for data in self.state.take_messages():
@@ -186,10 +189,10 @@ class NatsSyncTransport:
             self.state.unsent(data)
             await self._on_error(exc)
 
-    async def _progress_loop(self) -> None:
+    async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.state.tuning.progress_interval_s)
-            self.state.flush_progress()
+            self.state.flush()
             # Checked on this short tick, not once a heartbeat, so a dead peer's bookings leave
             # within peer_timeout_s of its last heartbeat plus one progress interval.
             self.state.expire()

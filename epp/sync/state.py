@@ -4,14 +4,22 @@ One :class:`ReplicaSyncState` per EPP replica. It does two jobs:
 
 * **Outbound.** The replica's pipeline hook (``epp.sync.hook``) reports the lifecycle of every
   request this replica routes (routed, prefix blocks inserted, first token, decode progress,
-  released). The state queues one delta per step (decode progress coalesced: the latest count
-  of each request, once per :meth:`flush_progress`) and hands them out as encoded messages,
-  numbered per incarnation, from :meth:`take_messages`.
-* **Inbound.** Messages from peers (:meth:`receive`) are applied to the same structures the
-  local plugins read (``SyncTargets``: the token-load producer's peer tracker, the approximate
-  prefix index, the predicted-latency producer's running TPOT SLOs), each booking keyed by
-  (the peer, the peer's key), so peers never collide with each other or with local bookings.
-  Local decisions read whatever has arrived; nothing here waits.
+  released). The state keeps its own bookings' totals per endpoint and publishes, for each
+  endpoint whose totals changed, the totals themselves (absolute values, not the change): with
+  the next :meth:`take_messages` when a request is routed, starts decoding or ends there, and at
+  the next :meth:`flush` (the tick) for decode progress. However many requests change an
+  endpoint between two takes, it goes out once, as it is at the take; the live transport takes
+  at most every ``publish_interval_s``, so an endpoint goes out at most 1 / publish_interval_s
+  + 1 / progress_interval_s times a second. Prefix inserts go out as they come (the same blocks
+  twice in one take, once). Messages are numbered per incarnation.
+* **Inbound.** Messages from peers (:meth:`receive`) are applied to the structures the local
+  plugins read (``SyncTargets``): a peer's totals for an endpoint replace what was held of that
+  peer there (the token-load producer's ``peers``, :class:`~epp.load.peer_totals.PeerTotals`,
+  and, for the predicted-latency producer's running TPOT SLOs, the peer's smallest SLO there,
+  which is all its headroom reads); prefix inserts go to the approximate prefix index. Local
+  decisions read whatever has arrived; nothing here waits. A replica's apply work is therefore
+  bounded by endpoints × peers × take and tick rates, whatever the pool's request rate
+  (``llm-epp-bench sync-apply``).
 
 API (the live transport ``epp.sync.nats_transport`` and the fleet simulator both drive it)::
 
@@ -20,8 +28,9 @@ API (the live transport ``epp.sync.nats_transport`` and the fleet simulator both
     state.on_pending = wake                         # optional: called when the outbox fills
 
     # every tuning.progress_interval_s:
-    state.flush_progress()                          # queue the coalesced decode progress
-    # whenever on_pending fired (the live transport: on the next loop turn):
+    state.flush()                                   # queue the endpoints' coalesced totals
+    # whenever on_pending fired (the live transport: on the next loop turn, at most every
+    # tuning.publish_interval_s):
     for data in state.take_messages(): deliver data to every peer, in order
     # every tuning.heartbeat_interval_s, after take_messages():
     deliver state.heartbeat() to every peer
@@ -36,13 +45,14 @@ API (the live transport ``epp.sync.nats_transport`` and the fleet simulator both
 
 Introspection: ``state.peers`` (names), ``peer_bookings(name)``, ``own_bookings()``, ``stats``
 (:class:`SyncStats`). The peers' load itself is read where scoring reads it: the token-load
-producer's ``peers`` tracker (``targets.token_load``).
+producer's ``peers`` (``targets.token_load``).
 
 Everything delivered is bytes in the ``epp.sync.messages`` schema, so a simulator that delays
-``data`` by d exercises the same decode and apply code as the live EPP. Each call is O(1) per
-delta (O(blocks) for a prefix insert), except :meth:`expire` (O(peers)), dropping a peer and
-installing a snapshot (O(that peer's bookings and prefix blocks)) and answering one (O(our
-bookings + ``snapshot_prefix_blocks``)).
+``data`` by d exercises the same decode and apply code as the live EPP. Applying a TOTALS delta
+is O(peers) (a sum over them; its tail rows are kept as bytes), a prefix insert O(blocks);
+publishing an endpoint's totals is O(our bookings there); :meth:`expire` is O(peers), dropping a
+peer and installing a snapshot O(endpoints + its prefix blocks) and answering one O(our bookings
++ ``snapshot_prefix_blocks``).
 
 Consistency rules:
 
@@ -52,13 +62,12 @@ Consistency rules:
   keeps applying what arrives (best effort) while also keeping it; the snapshot then replaces
   the bookings it knew of that peer (its prefix blocks are merged into the index, which does not
   tell whose insert a block was), and the kept messages numbered after the snapshot replay.
-* Deltas are idempotent against a newer state (routing a key already booked is ignored; first
-  token, progress and release only move forward), so a snapshot that already includes a few
-  deltas that are still queued behind it does not count them twice.
+* Totals are absolute, so applying one twice, or one that a snapshot already includes, changes
+  nothing.
 * A peer heard from for the first time mid-stream (its first message is not its first ever) is
   asked for a snapshot too: that is how a replica that starts or restarts converges (on the
   bookings, and on the most recent part of the prefix index, which a snapshot also carries).
-* A peer silent for ``peer_timeout_s`` is dropped with everything it booked. A peer that starts
+* A peer silent for ``peer_timeout_s`` is dropped with everything it published. A peer that starts
   a new incarnation (a restart under the same name) has its old incarnation dropped at once.
 * While the transport is disconnected (:meth:`connection_lost`) nobody expires: routing goes on
   with the last known remote state. On :meth:`connection_restored` every peer is re-snapshotted
@@ -76,6 +85,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from epp.load.peer_totals import TAIL_ROW_BYTES, Counts, PeerTotals, pack_tail_row
 from epp.load.token_load import TokenLoadTracker
 from epp.sync.messages import (
     DeltaKind,
@@ -90,14 +100,17 @@ from epp.sync.messages import (
 )
 
 log = logging.getLogger(__name__)
-_DELTA_OVERHEAD_BYTES = 48
-"""A generous estimate of one delta's encoded size, apart from a prefix insert's hashes."""
+_DELTA_OVERHEAD_BYTES = 64
+"""A generous estimate of one delta's encoded size, apart from its packed bytes."""
 
 
 @dataclass(frozen=True, slots=True)
 class SyncTuning:
     progress_interval_s: float = 0.05
-    """How often the decode progress of each streaming request is published (coalesced)."""
+    """The sync tick: how often the endpoints whose decode progress changed are published."""
+    publish_interval_s: float = 0.005
+    """The live transport takes messages at most this often: what changed meanwhile goes out
+    once per endpoint, which bounds what peers apply however busy the pool is."""
     heartbeat_interval_s: float = 0.5
     peer_timeout_s: float = 3.0
     """A peer silent this long is dropped with all it booked."""
@@ -115,10 +128,11 @@ class SyncTuning:
 class SyncTargets:
     """The local structures that peers' deltas are applied to (None: this replica has none)."""
 
-    token_load: TokenLoadTracker | None = None
-    """Peers' bookings only (the token-load producer adds them to its own at read time)."""
+    token_load: PeerTotals | None = None
+    """Peers' load only (the token-load producer adds it to its own at read time)."""
     tpot_slos: dict[str, dict[Hashable, float]] | None = None
-    """The predicted-latency producer's running TPOT SLOs, per endpoint, per booking."""
+    """The predicted-latency producer's running TPOT SLOs, per endpoint, per booking (a peer's
+    smallest under its ``_Peer.slo_key``)."""
     record_prefix: Callable[[str, list[int]], None] | None = None
     """Record that an endpoint was sent these prompt blocks (the approximate prefix index)."""
     prefix_block_size: int = 0
@@ -132,11 +146,11 @@ class SyncStats:
     """Counts for metrics. Deltas are counted one by one; a message refused whole counts once."""
 
     sent: Counter[str] = field(default_factory=Counter)
-    """Deltas handed out by :meth:`ReplicaSyncState.take_messages`, by kind."""
+    """Deltas handed out by :meth:`ReplicaSyncState.take_messages`, by kind (``totals``, ``prefix``)."""
     applied: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
     """By reason: duplicate, superseded (covered by a snapshot), version, malformed, stale_incarnation,
-    replica_id_conflict, block_size, unused (no local structure for it), kept_overflow (applied, but
+    replica_id_conflict, block_size, unused (no prefix index here), kept_overflow (applied, but
     too many to keep for replay after a snapshot), and unsent (ours, that the transport could not send)."""
     gaps: int = 0
     snapshots: Counter[str] = field(default_factory=Counter)
@@ -153,16 +167,10 @@ class Received(NamedTuple):
     """Receiver's wall clock minus the sender's at sending (clock skew included)."""
 
 
-@dataclass(slots=True)
-class _Own:
+class _Own(NamedTuple):
     endpoint: str
-    kv_tokens: int
-    uncached_tokens: int
-    expected_output: int
     tpot_slo_ms: float | None
     prompt_tail: int | None
-    decoding: bool = False
-    generated: int = 0
 
 
 @dataclass(slots=True)
@@ -173,16 +181,17 @@ class _Peer:
     """Names this incarnation in the shared structures' booking keys."""
     last_heard: float
     last_seq: int = 0
-    bookings: dict[int, str] = field(default_factory=dict)
-    """The peer's live keys → endpoint."""
+    totals: dict[str, Counts] = field(default_factory=dict)
+    """What the peer last published per endpoint where it has bookings."""
     kept: list[SyncMessage] | None = None
     """DELTAS messages kept for replay while a snapshot is awaited (None: in sync)."""
     asked: bool = False
     """The awaited snapshot was handed to the transport to request."""
+    slo_key: tuple[str, int] = ("peer", -1)
+    """The peer's key among the bookings of the running TPOT SLOs."""
 
-
-def _is_count(value: object) -> bool:
-    return type(value) is int and value >= 0
+    def __post_init__(self) -> None:
+        self.slo_key = ("peer", self.index)
 
 
 class ReplicaSyncState:
@@ -210,13 +219,25 @@ class ReplicaSyncState:
         self.on_pending: Callable[[], None] | None = None
         """Called when the outbox goes from empty to not empty (the transport's wake-up)."""
         self.on_peer_freed: Callable[[], None] | None = None
-        """Called when a peer's booking was released or its prompt got its first token (its load
-        went down: flow control's wake-up)."""
+        """Called when a peer published fewer requests or less prefill on an endpoint than before
+        (its load went down: flow control's wake-up)."""
         self.connected = True
         self._seq = 0
         self._own: dict[int, _Own] = {}
-        self._dirty: dict[int, None] = {}
-        self._outbox: list[list[Any]] = []
+        self._own_on: dict[str, dict[int, _Own]] = {}
+        self._load = TokenLoadTracker()
+        """Our own bookings' totals, as we publish them."""
+        self._rows: dict[str, dict[int, bytes]] = {}
+        """Per endpoint, our bookings' packed tail rows (those with a tail), kept as of each
+        booking's last step or tick, so a send joins them instead of recounting every booking."""
+        self._stale_rows: dict[int, None] = {}
+        """Bookings with a tail that streamed since their row was packed (repacked at the tick,
+        as their decode progress goes out)."""
+        self._due: dict[str, None] = {}
+        """Endpoints whose totals go out with the next :meth:`take_messages`."""
+        self._dirty: dict[str, None] = {}
+        """Endpoints whose totals changed since they last went out, due at the next :meth:`flush`."""
+        self._prefix: dict[tuple[str, int, bytes], None] = {}
         self._peers: dict[str, _Peer] = {}
         self._next_peer_index = 0
         self._snapshots_wanted = False
@@ -238,78 +259,126 @@ class ReplicaSyncState:
         """A request of ours was routed: ``kv_tokens`` prompt tokens, of which ``uncached_tokens``
         still to prefill, ``expected_output`` output tokens expected; its TPOT SLO if one runs;
         the hash of its prompt's last full block if the prefix index hashed it."""
-        self._own[key] = _Own(endpoint, kv_tokens, uncached_tokens, expected_output, tpot_slo_ms, prompt_tail)
-        self._queue(
-            [
-                DeltaKind.ROUTED,
-                key,
-                endpoint,
-                kv_tokens,
-                uncached_tokens,
-                expected_output,
-                tpot_slo_ms,
-                prompt_tail,
-            ]
+        own = _Own(endpoint, tpot_slo_ms, prompt_tail)
+        self._own[key] = own
+        self._own_on.setdefault(endpoint, {})[key] = own
+        self._load.admit(
+            key, endpoint, kv_tokens, kv_tokens - min(uncached_tokens, kv_tokens), expected_output
         )
+        self._pack_row(key, own)
+        self._changed(endpoint, at_once=True)
 
     def prefix_inserted(self, endpoint: str, block_size: int, block_hashes: Sequence[int]) -> None:
         """We recorded these prompt blocks for ``endpoint`` in our approximate prefix index."""
         if block_hashes:
-            self._queue([DeltaKind.PREFIX, endpoint, block_size, pack_hashes(block_hashes)])
+            self._wake_if_idle()
+            # One RL step's rollouts insert the same prompt together: peers need it once.
+            self._prefix[(endpoint, block_size, pack_hashes(block_hashes))] = None
 
     def first_token(self, key: int) -> None:
         own = self._own.get(key)
-        if own is None or own.decoding:
-            return
-        own.decoding = True
-        own.generated = max(1, own.generated)
-        self._queue([DeltaKind.FIRST_TOKEN, key])
+        if own is not None:
+            self._load.first_token(key)
+            self._pack_row(key, own)
+            self._changed(own.endpoint, at_once=True)
 
     def progress(self, key: int, generated: int) -> None:
-        """``generated`` output tokens so far; published at the next :meth:`flush_progress`."""
+        """``generated`` output tokens so far; published at the next :meth:`flush`."""
         own = self._own.get(key)
-        if own is None or generated <= own.generated:
-            return
-        own.generated = generated
-        self._dirty[key] = None
+        if own is not None:
+            self._load.progress(key, generated)
+            if own.prompt_tail is not None:
+                self._stale_rows[key] = None
+            self._changed(own.endpoint, at_once=False)
 
     def released(self, key: int) -> None:
         """The request is over, however it ended."""
-        if self._own.pop(key, None) is None:
+        own = self._own.pop(key, None)
+        if own is None:
             return
-        self._dirty.pop(key, None)
-        self._queue([DeltaKind.RELEASED, key])
+        self._load.finish(key)
+        bookings = self._own_on[own.endpoint]
+        del bookings[key]
+        if not bookings:
+            del self._own_on[own.endpoint]
+        rows = self._rows.get(own.endpoint)
+        if rows is not None and rows.pop(key, None) is not None and not rows:
+            del self._rows[own.endpoint]
+        self._stale_rows.pop(key, None)
+        self._changed(own.endpoint, at_once=True)
 
-    def flush_progress(self) -> None:
-        """Queue the latest decode progress of every request that streamed since the last call."""
-        for key in self._dirty:
-            self._queue([DeltaKind.PROGRESS, key, self._own[key].generated])
-        self._dirty.clear()
+    def _changed(self, endpoint: str, *, at_once: bool) -> None:
+        """``endpoint``'s totals changed. A request routed, decoding or ended there goes out with
+        the next :meth:`take_messages` (peers route on it; delaying it even to the next tick
+        herds their picks in bursts, see the README); decode progress waits for the tick."""
+        if at_once:
+            self._wake_if_idle()
+            self._due[endpoint] = None
+        else:
+            self._dirty[endpoint] = None
 
-    def _queue(self, delta: list[Any]) -> None:
-        self._outbox.append(delta)
-        if len(self._outbox) == 1 and self.on_pending is not None:
+    def flush(self) -> None:
+        """The tick: queue the totals of every endpoint that changed since it last went out."""
+        for key in self._stale_rows:
+            self._pack_row(key, self._own[key])
+        self._stale_rows.clear()
+        if self._dirty:
+            self._wake_if_idle()
+            self._due.update(self._dirty)
+            self._dirty.clear()
+
+    def _pack_row(self, key: int, own: _Own) -> None:
+        """Pack our booking ``key``'s tail row as it is now (``epp.load.peer_totals``), if it has a tail."""
+        if own.prompt_tail is None:
+            return
+        row = self._load.booking_row(key)
+        assert row is not None, "every booking in _own is in _load"
+        self._rows.setdefault(own.endpoint, {})[key] = pack_tail_row((own.prompt_tail, *row))
+
+    def _wake_if_idle(self) -> None:
+        if not (self._due or self._prefix) and self.on_pending is not None:
             self.on_pending()
 
+    def _totals(self, endpoint: str) -> list[Any]:
+        """Our TOTALS for ``endpoint`` now, without the leading kind (see ``epp.sync.messages``)."""
+        load = self._load.load(endpoint)
+        bookings = self._own_on.get(endpoint, {})
+        slos = [own.tpot_slo_ms for own in bookings.values() if own.tpot_slo_ms is not None]
+        return [
+            endpoint,
+            load.requests,
+            load.prefill_tokens,
+            load.decode_tokens,
+            load.expected_remaining_tokens,
+            load.kv_tokens,
+            min(slos, default=None),
+            b"".join(self._rows.get(endpoint, {}).values()),
+        ]
+
     def take_messages(self) -> list[bytes]:
-        """The queued deltas as DELTAS messages (in order, split by size), numbered from here on.
+        """The queued prefix inserts, then the due endpoints' totals as they are now, as DELTAS
+        messages (split by size), numbered from here on.
 
         Whatever is taken is gone: a message the transport cannot send leaves a gap that peers
         notice and repair with a snapshot."""
-        if not self._outbox:
+        if not (self._due or self._prefix):
             return []
+        deltas = [[DeltaKind.PREFIX, *insert] for insert in self._prefix]
+        deltas += [[DeltaKind.TOTALS, *self._totals(endpoint)] for endpoint in self._due]
+        for endpoint in self._due:
+            self._dirty.pop(endpoint, None)
+        self._prefix, self._due = {}, {}
         messages: list[bytes] = []
         chunk: list[list[Any]] = []
         size = 0
-        for delta in self._outbox:
-            delta_size = _DELTA_OVERHEAD_BYTES + (len(delta[3]) if delta[0] == DeltaKind.PREFIX else 0)
+        for delta in deltas:
+            delta_size = _DELTA_OVERHEAD_BYTES + len(delta[-1])
             if chunk and size + delta_size > self.tuning.max_message_bytes:
                 messages.append(self._message(chunk))
                 chunk, size = [], 0
             chunk.append(delta)
             size += delta_size
         messages.append(self._message(chunk))
-        self._outbox = []
         return messages
 
     def unsent(self, data: bytes) -> None:
@@ -331,22 +400,9 @@ class ReplicaSyncState:
         return self._envelope(MessageKind.HEARTBEAT, [])
 
     def snapshot(self) -> bytes:
-        """A SNAPSHOT of our own live bookings as of our latest ``seq``, and of the most recent
-        blocks of our approximate prefix index."""
-        bookings = [
-            [
-                key,
-                o.endpoint,
-                o.kv_tokens,
-                o.uncached_tokens,
-                o.expected_output,
-                o.tpot_slo_ms,
-                o.prompt_tail,
-                o.decoding,
-                o.generated,
-            ]
-            for key, o in self._own.items()
-        ]
+        """A SNAPSHOT of our totals on every endpoint where we have bookings, as of now (which
+        covers our latest ``seq``), and of the most recent blocks of our approximate prefix index."""
+        totals = [self._totals(endpoint) for endpoint in self._own_on]
         prefix = []
         if self.targets.prefix_blocks is not None:
             size = self.targets.prefix_block_size
@@ -354,7 +410,7 @@ class ReplicaSyncState:
                 [endpoint, size, pack_hashes(hashes)]
                 for endpoint, hashes in self.targets.prefix_blocks(self.tuning.snapshot_prefix_blocks)
             ]
-        return self._envelope(MessageKind.SNAPSHOT, [bookings, prefix])
+        return self._envelope(MessageKind.SNAPSHOT, [totals, prefix])
 
     def snapshot_request(self) -> bytes:
         """The payload with which to ask a peer for its snapshot."""
@@ -472,14 +528,14 @@ class ReplicaSyncState:
             self.stats.snapshots["stale"] += 1
             return True
         if len(message.body) != 2 or not all(isinstance(part, list) for part in message.body):
-            self._refuse("malformed", f"a snapshot from {peer.replica} that is not [bookings, prefix]")
+            self._refuse("malformed", f"a snapshot from {peer.replica} that is not [totals, prefix]")
             return False
-        bookings, prefix = message.body
+        totals, prefix = message.body
         kept = peer.kept or []
         self._clear(peer)
-        for booking in bookings:
-            if not self._book_from_snapshot(peer, booking):
-                self._refuse("malformed", f"a bad booking in a snapshot from {peer.replica}")
+        for entry in totals:
+            if (outcome := self._apply_totals(peer, entry)) is not None:
+                self._refuse(outcome, f"totals in a snapshot from {peer.replica} ({outcome})")
         for entry in prefix:
             outcome = self._apply_prefix([DeltaKind.PREFIX, *entry] if isinstance(entry, list) else [])
             if outcome is not None:
@@ -493,25 +549,15 @@ class ReplicaSyncState:
                 self._on_deltas(peer, kept_message)
         return True
 
-    def _book_from_snapshot(self, peer: _Peer, booking: object) -> bool:
-        if not isinstance(booking, list) or len(booking) != 9:
-            return False
-        key, endpoint, kv, uncached, expected, slo, tail, decoding, generated = booking
-        if not _is_count(generated) or type(decoding) is not bool:
-            return False
-        if not self._book(peer, key, endpoint, kv, uncached, expected, slo, tail):
-            return False
-        tracker = self.targets.token_load
-        if tracker is not None:
-            tracker.progress((peer.index, key), generated)
-            if decoding:
-                tracker.first_token((peer.index, key))
-        return True
-
     def _apply(self, peer: _Peer, deltas: Sequence[Any]) -> None:
         for delta in deltas:
             name = delta_name(delta[0]) if isinstance(delta, list) and delta else "unknown"
-            outcome = self._apply_one(peer, delta) if name != "unknown" else "malformed"
+            if name == "unknown":
+                outcome: str | None = "malformed"
+            elif name == "totals":
+                outcome = self._apply_totals(peer, delta[1:])
+            else:
+                outcome = self._apply_prefix(delta)
             if outcome is None:
                 self.stats.applied[name] += 1
             else:
@@ -519,69 +565,37 @@ class ReplicaSyncState:
                     outcome, f"a {name} delta from {peer.replica} ({outcome})", key=f"{outcome}:{name}"
                 )
 
-    def _apply_one(self, peer: _Peer, delta: list[Any]) -> str | None:
-        """Apply one delta; the reason it was dropped, or None."""
-        kind, tracker = delta[0], self.targets.token_load
-        if kind == DeltaKind.ROUTED:
-            if len(delta) != 8:
-                return "malformed"
-            _, key, endpoint, kv, uncached, expected, slo, tail = delta
-            return None if self._book(peer, key, endpoint, kv, uncached, expected, slo, tail) else "malformed"
-        if kind == DeltaKind.PREFIX:
-            return self._apply_prefix(delta)
-        if len(delta) < 2 or type(delta[1]) is not int:
+    def _apply_totals(self, peer: _Peer, entry: object) -> str | None:
+        """Replace what we hold of ``peer`` on one endpoint with its published totals there
+        (a TOTALS delta without its kind); the reason it was dropped, or None."""
+        if not isinstance(entry, list) or len(entry) != 8:
             return "malformed"
-        key = delta[1]
-        if kind == DeltaKind.FIRST_TOKEN:
-            if tracker is not None:
-                tracker.first_token((peer.index, key))
+        endpoint, requests, prefill, decode, remaining, kv, slo, packed = entry
+        counts = (requests, prefill, decode, remaining, kv)
+        if type(endpoint) is not str or type(packed) is not bytes or len(packed) % TAIL_ROW_BYTES:
+            return "malformed"
+        if not type(requests) is type(prefill) is type(decode) is type(remaining) is type(kv) is int:
+            return "malformed"
+        if min(counts) < 0 or not (slo is None or (isinstance(slo, int | float) and slo > 0)):
+            return "malformed"
+        before = peer.totals.pop(endpoint, None)
+        if requests:
+            peer.totals[endpoint] = counts
+        if self.targets.token_load is not None:
+            self.targets.token_load.replace(peer.index, endpoint, counts, packed)
+        if self.targets.tpot_slos is not None:
+            self._set_tpot_slo(peer, endpoint, None if slo is None or not requests else float(slo))
+        if before is not None and (requests < before[0] or prefill < before[1]):
             self._peer_freed()
-        elif kind == DeltaKind.PROGRESS:
-            if len(delta) != 3 or not _is_count(delta[2]):
-                return "malformed"
-            if tracker is not None:
-                tracker.progress((peer.index, key), delta[2])
-        else:
-            self._release(peer, key)
         return None
 
-    def _book(
-        self,
-        peer: _Peer,
-        key: object,
-        endpoint: object,
-        kv: object,
-        uncached: object,
-        expected: object,
-        slo: object,
-        tail: object,
-    ) -> bool:
-        if not (type(key) is int and isinstance(endpoint, str) and _is_count(kv) and _is_count(uncached)):
-            return False
-        if not _is_count(expected) or not (slo is None or (isinstance(slo, int | float) and slo > 0)):
-            return False
-        if not (tail is None or (_is_count(tail) and tail < 1 << 64)):
-            return False
-        if key in peer.bookings:  # already booked (a snapshot that included it): idempotent
-            return True
-        peer.bookings[key] = endpoint
-        if self.targets.token_load is not None:
-            self.targets.token_load.admit(
-                (peer.index, key), endpoint, kv, kv - min(uncached, kv), expected, prompt_tail=tail
-            )
-        if slo is not None and self.targets.tpot_slos is not None:
-            self.targets.tpot_slos.setdefault(endpoint, {})[(peer.index, key)] = float(slo)
-        return True
-
-    def _release(self, peer: _Peer, key: int) -> None:
-        endpoint = peer.bookings.pop(key, None)
-        if endpoint is None:
-            return
-        if self.targets.token_load is not None:
-            self.targets.token_load.finish((peer.index, key))
-        if self.targets.tpot_slos is not None and (running := self.targets.tpot_slos.get(endpoint)):
-            running.pop((peer.index, key), None)
-        self._peer_freed()
+    def _set_tpot_slo(self, peer: _Peer, endpoint: str, slo: float | None) -> None:
+        running = self.targets.tpot_slos
+        assert running is not None
+        if slo is not None:
+            running.setdefault(endpoint, {})[peer.slo_key] = slo
+        elif (on_endpoint := running.get(endpoint)) is not None:
+            on_endpoint.pop(peer.slo_key, None)
 
     def _peer_freed(self) -> None:
         if self.on_peer_freed is not None:
@@ -601,8 +615,15 @@ class ReplicaSyncState:
         return None
 
     def _clear(self, peer: _Peer) -> None:
-        for key in list(peer.bookings):
-            self._release(peer, key)
+        """Forget everything ``peer`` published."""
+        if self.targets.token_load is not None:
+            self.targets.token_load.clear(peer.index)
+        if self.targets.tpot_slos is not None:
+            for endpoint in peer.totals:
+                self._set_tpot_slo(peer, endpoint, None)
+        if peer.totals:
+            peer.totals.clear()
+            self._peer_freed()
 
     def _drop(self, peer: _Peer) -> None:
         self._clear(peer)
@@ -673,8 +694,9 @@ class ReplicaSyncState:
         return bool(self._peers)
 
     def peer_bookings(self, replica: str) -> int:
+        """The requests ``replica`` last published as in flight, over every endpoint."""
         peer = self._peers.get(replica)
-        return len(peer.bookings) if peer is not None else 0
+        return sum(counts[0] for counts in peer.totals.values()) if peer is not None else 0
 
     def own_bookings(self) -> int:
         return len(self._own)

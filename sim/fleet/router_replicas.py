@@ -10,8 +10,10 @@ the predictor sidecars.
 With a sync delay ``d`` every replica has a :class:`~epp.sync.state.ReplicaSyncState` hooked into
 its request lifecycle (``epp.sync.hook``); the bytes its ``take_messages()`` hands out at time t are
 given to every peer's ``receive()`` at t + d, in the order they were sent, so the peers' deltas go
-through the same decode and apply code as the live EPP. Decode progress is flushed every
-``SyncTuning.progress_interval_s``. Snapshots a replica asks for are served in process at once.
+through the same decode and apply code as the live EPP. Messages are taken after every lifecycle
+step (the live transport takes at most every ``SyncTuning.publish_interval_s``, 5 ms, which a
+delay d + 5 ms bounds); decode progress is flushed every ``SyncTuning.progress_interval_s``.
+Snapshots a replica asks for are served in process at once.
 Without a delay (``None``) the replicas never exchange anything: each routes on its own bookings
 and the engine metrics alone.
 
@@ -135,7 +137,7 @@ class ReplicatedRouter(Router):
         interval = self.tuning.progress_interval_s
         if now >= self._next_flush:
             for index, state in enumerate(self.sync):
-                state.flush_progress()
+                state.flush()
                 self._publish(index, now)
             self._next_flush = (math.floor(now / interval) + 1) * interval
         wire = self._wire

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from bench.handler_cpu import PROMPT, _director, _messages, measure
+from bench.handler_cpu import PROMPT, _messages, make_director, measure
 from epp.extproc.stream import ExtProcStream
 
 
 def test_each_benchmarked_request_is_routed_to_an_endpoint() -> None:
-    director = _director("predicted-latency")
+    director = make_director("predicted-latency")
 
     async def route(i: int) -> str:
         body = json.dumps({"model": "tiny", "prompt": f"{i} {PROMPT}", "max_tokens": 16}).encode()

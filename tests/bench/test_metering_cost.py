@@ -33,7 +33,7 @@ def test_the_report_gives_each_meterings_ratio_and_a_plot(tmp_path: Path, monkey
         "full": _result("full", (2.0, 82.0), (1.0, 60.0)),
         "first-token": _result("first-token", (2.0, 3.0), (1.0, 30.0)),
     }
-    monkeypatch.setattr(metering_cost, "_measure", lambda mode, settings: results[mode])
+    monkeypatch.setattr(metering_cost, "measure", lambda mode, settings: results[mode])
     data = metering_cost.run(tmp_path, MeteringCostSettings())
     report = (tmp_path / "metering.md").read_text()
     assert "| full | 41.00× | 60.00× |" in report

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from epp.latency.client import PredictorClient, PredictorClientSettings
 from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import Prediction, PredictionUnavailable
+from epp.load.peer_totals import pack_tail_rows
 from epp.metrics import ModelLabels
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
 from epp.settings import EppSettings
@@ -109,3 +110,8 @@ async def client_for(
     client = PredictorClient(PredictorClientSettings(urls, trainer, **kw), clock, metrics)
     await client.start()
     return client
+
+
+def tail_rows(*bookings: tuple[int, int]) -> bytes:
+    """Packed tail rows of not yet prefilled bookings, each (tail, prompt_tokens), 30 tokens expected."""
+    return pack_tail_rows([(tail, prompt, prompt, 0, 30, prompt) for tail, prompt in bookings])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from epp.load.peer_totals import PeerTotals
 from epp.load.token_load import TokenLoadTracker
 from epp.sync.state import ReplicaSyncState
 from sim.nats_server import start_nats_server
@@ -22,7 +23,7 @@ class EppReplica:
     next_key: int = 0
 
     @property
-    def peers_load(self) -> TokenLoadTracker:
+    def peers_load(self) -> PeerTotals:
         assert self.sync.targets.token_load is not None
         return self.sync.targets.token_load
 

@@ -60,8 +60,8 @@ async def test_a_peers_booking_shows_in_the_epps_token_load_gauges(tmp_path: Pat
     try:
         await eventually(lambda: app.registry.get_sample_value("llm_epp_sync_connected") == 1)
         peer = await nats.connect(server.url)
-        routed = [DeltaKind.ROUTED, 1, "replica-0", 300, 120, 40, None, None]
-        message = SyncMessage(MessageKind.DELTAS, "epp-b", 7, 1, time.time(), [routed])
+        totals = [DeltaKind.TOTALS, "replica-0", 1, 120, 0, 40, 300, None, b""]
+        message = SyncMessage(MessageKind.DELTAS, "epp-b", 7, 1, time.time(), [totals])
         await peer.publish("llm-epp.local-pool.events", encode(message))
         await peer.flush()
         labels = {"name": "local-pool", "model_server_pod": "replica-0"}

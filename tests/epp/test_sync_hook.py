@@ -52,7 +52,7 @@ class SyncedReplica:
         self.lifecycle.finished(routed, 1.0, status=200, completed=True, streaming=True, completion_tokens=3)
 
     def send_to(self, other: SyncedReplica) -> None:
-        self.sync.flush_progress()
+        self.sync.flush()
         for data in self.sync.take_messages():
             other.sync.receive(data)
 

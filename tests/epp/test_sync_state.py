@@ -12,15 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.kvcache.approximate_index import ApproximatePrefixIndex
+from epp.load.peer_totals import PeerTotals, pack_tail_rows
 from epp.load.token_load import EndpointLoad, TokenLoadTracker
-from epp.sync.messages import DeltaKind, MessageKind, SyncMessage, encode
+from epp.sync.messages import DeltaKind, MessageKind, SyncMessage, decode, encode
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
 from tests.epp.factories import FakeClock
 from tests.epp.sync_replicas import ENDPOINTS, EppReplica
 
 
 def make_replica(name: str, clock: FakeClock, incarnation: int = 1, **targets) -> EppReplica:
-    targets.setdefault("token_load", TokenLoadTracker())
+    targets.setdefault("token_load", PeerTotals())
     sync = ReplicaSyncState(
         name,
         SyncTargets(**targets),
@@ -32,7 +33,7 @@ def make_replica(name: str, clock: FakeClock, incarnation: int = 1, **targets) -
 
 
 def send(src: EppReplica) -> list[bytes]:
-    src.sync.flush_progress()
+    src.sync.flush()
     return src.sync.take_messages()
 
 
@@ -49,11 +50,16 @@ def serve_snapshots(dst: EppReplica, replicas: dict[str, EppReplica]) -> None:
         dst.sync.receive(reply)
 
 
-def loads(tracker: TokenLoadTracker) -> dict[str, EndpointLoad]:
+def loads(tracker: TokenLoadTracker | PeerTotals) -> dict[str, EndpointLoad]:
     return {e: tracker.load(e) for e in ENDPOINTS}
 
 
-def test_a_peer_sees_every_step_of_a_booking_and_the_release() -> None:
+def totals_sent(messages: list[bytes]) -> list[str]:
+    """The endpoints of the TOTALS deltas in ``messages``, in order."""
+    return [d[1] for m in messages for d in decode(m).body if d[0] == DeltaKind.TOTALS]
+
+
+def test_a_peer_sees_each_endpoints_totals_and_the_release() -> None:
     clock = FakeClock()
     a, b = make_replica("a", clock), make_replica("b", clock)
     key = a.route("a", prompt=1000, cached=600, expected=50)
@@ -61,16 +67,39 @@ def test_a_peer_sees_every_step_of_a_booking_and_the_release() -> None:
     assert b.peers_load.load("a") == EndpointLoad(1, 400, 0, 50, 1000) == a.own.load("a")
     a.first_token(key)
     a.progress(key, 7)
-    a.progress(key, 9)  # coalesced with the one before: one PROGRESS delta with 9
+    a.progress(key, 9)  # all three coalesced: one TOTALS delta for the endpoint
     messages = send(a)
-    assert len(messages) == 1
+    assert totals_sent(messages) == ["a"]
     deliver(messages, b)
     assert b.peers_load.load("a") == a.own.load("a") == EndpointLoad(1, 0, 1009, 41, 1009)
-    assert b.sync.stats.applied == {"routed": 1, "first_token": 1, "progress": 1}
+    assert b.sync.stats.applied == {"totals": 2} and b.sync.peer_bookings("a") == 1
     a.release(key)
     deliver(send(a), b)
     assert b.peers_load.load("a") == EndpointLoad() and b.peers_load.in_flight() == 0
-    assert a.sync.stats.sent == {"routed": 1, "first_token": 1, "progress": 1, "released": 1}
+    assert a.sync.stats.sent == {"totals": 3} and b.sync.peer_bookings("a") == 0
+
+
+def test_an_endpoint_goes_out_once_per_take_however_many_requests_change_it() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    keys = [a.route("a", 100, 0, 10) for _ in range(5)]
+    a.route("b", 100, 0, 10)
+    for key in keys:
+        a.first_token(key)
+    a.release(keys[0])
+    first = a.sync.take_messages()
+    assert totals_sent(first) == ["a", "b"]  # each once, as it is at the take
+    deliver(first, b)
+    assert loads(b.peers_load) == loads(a.own)
+    for key in keys[1:]:
+        a.progress(key, 5)
+    assert a.sync.take_messages() == []  # decode progress waits for the tick
+    a.sync.flush()
+    messages = a.sync.take_messages()
+    assert totals_sent(messages) == ["a"]
+    deliver(messages, b)
+    assert loads(b.peers_load) == loads(a.own)
+    assert a.sync.stats.sent == {"totals": 3}
 
 
 def test_duplicates_are_dropped_and_counted() -> None:
@@ -81,7 +110,7 @@ def test_duplicates_are_dropped_and_counted() -> None:
     messages = send(a)
     deliver(messages + messages, b)
     assert b.peers_load.load("b") == a.own.load("b")
-    assert b.sync.stats.dropped["duplicate"] == 2
+    assert b.sync.stats.dropped["duplicate"] == 1  # one TOTALS delta: "b" with both
 
 
 def test_own_messages_are_ignored() -> None:
@@ -95,13 +124,13 @@ def test_own_messages_are_ignored() -> None:
 def test_a_message_of_another_schema_version_is_refused_and_logged_once(caplog) -> None:
     clock = FakeClock()
     b = make_replica("b", clock)
-    future = msgpack.packb([4, 1, "a", 1, 1, 0.0, [[1, 0, "a", 100, 100, 10, None, None]], {"new": "field"}])
+    future = msgpack.packb([5, 1, "a", 1, 1, 0.0, [[6, "a", 1, 0, 0, 1, 1, None, b""]], {"new": "field"}])
     with caplog.at_level(logging.WARNING, logger="epp.sync.state"):
         assert b.sync.receive(future) is None
         assert b.sync.receive(future) is None
     assert b.sync.stats.dropped["version"] == 2
     assert b.peers_load.in_flight() == 0 and b.sync.peers == []
-    assert len([r for r in caplog.records if "schema version 4" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "schema version 5" in r.getMessage()]) == 1
     assert b.sync.receive(b"\xc1 not msgpack") is None
     assert b.sync.stats.dropped["malformed"] == 1
 
@@ -110,14 +139,21 @@ def test_a_malformed_delta_is_dropped_and_the_rest_of_its_message_applied() -> N
     clock = FakeClock()
     b = make_replica("b", clock)
     deltas = [
-        [DeltaKind.ROUTED, 1, "a", "many", 10, 10, None, None],  # a string where a count belongs
-        [DeltaKind.ROUTED, 2, "a", 100, 40, 10, None, None],
+        [DeltaKind.TOTALS, "a", "many", 10, 0, 10, 100, None, b""],  # a string where a count belongs
+        [DeltaKind.TOTALS, "b", 1, 40, 0, 10, 100, -5.0, b""],  # a TPOT SLO that is no SLO
+        [DeltaKind.TOTALS, "c", 1, 40, 0, 10, 100, None, b"\x01" * 47],  # tail rows not whole
+        [DeltaKind.TOTALS, "a", 1, 40, 0, 10, 100, None, b""],
         [99, 2],  # a kind this version does not know
-        [DeltaKind.PROGRESS, 2],  # too short
+        [1, 2, "a", 100, 40, 10, None, None],  # version 3's ROUTED
+        [DeltaKind.TOTALS, "a", 1, 40],  # too short
     ]
     b.sync.receive(encode(SyncMessage(MessageKind.DELTAS, "a", 1, 1, 0.0, deltas)))
-    assert b.peers_load.load("a") == EndpointLoad(1, 40, 0, 10, 100)
-    assert b.sync.stats.dropped["malformed"] == 3 and b.sync.stats.applied["routed"] == 1
+    assert loads(b.peers_load) == {
+        "a": EndpointLoad(1, 40, 0, 10, 100),
+        "b": EndpointLoad(),
+        "c": EndpointLoad(),
+    }
+    assert b.sync.stats.dropped["malformed"] == 6 and b.sync.stats.applied["totals"] == 1
 
 
 def test_a_gap_is_repaired_with_a_snapshot_and_the_messages_after_it() -> None:
@@ -207,6 +243,7 @@ def test_a_silent_peer_is_dropped_with_all_it_booked_but_not_while_disconnected(
     clock.advance(2)
     assert b.sync.expire() == ["a"]
     assert b.peers_load.load("a").kv_tokens == 300 and b.sync.peers == ["c"]
+    assert b.peers_load.in_flight() == 1 and b.sync.peer_bookings("a") == 0
 
 
 def test_a_restarted_peer_replaces_its_old_incarnation() -> None:
@@ -252,9 +289,24 @@ def test_prefix_inserts_and_tpot_slos_reach_the_peer_structures() -> None:
     assert index.longest_prefix(hashes) == {"c": 3}
     assert list(slos["c"].values()) == [40.0]
     assert b.sync.stats.dropped["block_size"] == 1
+    a.route("c", 100, 0, 10, slo=25.0)
+    a.route("c", 100, 0, 10)  # streaming without an SLO: binds nothing
+    deliver(send(a), b)
+    assert list(slos["c"].values()) == [25.0]  # the peer's smallest, all the headroom reads
     a.release(key)
+    a.release(key + 1)
     deliver(send(a), b)
     assert slos["c"] == {}
+
+
+def test_a_silent_peers_tpot_slos_leave_with_it() -> None:
+    clock = FakeClock()
+    slos: dict = {}
+    a, b = make_replica("a", clock), make_replica("b", clock, tpot_slos=slos)
+    a.route("c", 100, 0, 10, slo=40.0)
+    deliver(send(a), b)
+    clock.advance(4)
+    assert b.sync.expire() == ["a"] and slos["c"] == {} and b.peers_load.in_flight() == 0
 
 
 def test_a_joining_replica_gets_the_most_recent_prefix_blocks_in_a_snapshot_within_the_bound() -> None:
@@ -392,7 +444,7 @@ def test_every_replica_converges_on_the_sum_of_its_peers_live_bookings(ops) -> N
                 r.release(key)
                 del mine[key]
         elif kind == "flush":
-            r.sync.flush_progress()
+            r.sync.flush()
         elif kind == "deliver" and op[1] != op[2] and (queue := wire[(op[1], op[2])]):
             mode = op[3]
             if mode == "swap" and len(queue) > 1:
@@ -404,7 +456,8 @@ def test_every_replica_converges_on_the_sum_of_its_peers_live_bookings(ops) -> N
                 replicas[op[2]].sync.receive(data)
         elif kind == "snapshots":
             serve_snapshots(r, replicas)
-        # Each step's deltas leave in a message of their own (progress only once flushed).
+        # Each step's totals leave in a message of their own (unless their endpoint already went
+        # out at once this tick, or it is progress: then once flushed).
         for data in r.sync.take_messages():
             for dst in replicas:
                 if dst != name:
@@ -437,21 +490,33 @@ def test_a_bookings_prompt_tail_reaches_peers_by_delta_and_by_snapshot() -> None
     tail = (1 << 64) - 1  # any uint64
     a.sync.routed(0, "e0", kv_tokens=320, uncached_tokens=320, expected_output=30, prompt_tail=tail)
     deliver(send(a), b)
-    assert b.peers_load.booked_with_tail("e0", tail) != set()
+    assert b.peers_load.has_tails() and b.peers_load.load("e0").requests == 1
     a.sync.routed(1, "e0", kv_tokens=160, uncached_tokens=160, expected_output=30)  # no tail known
     deliver(send(a), late)  # late sees a mid-stream and converges with a snapshot
     serve_snapshots(late, {"a": a})
-    assert len(late.peers_load.booked_with_tail("e0", tail)) == 1 and late.peers_load.in_flight() == 2
+    assert late.peers_load.in_flight() == 2
+    assert not late.peers_load.continue_turn("e0", tail, 320)  # not longer: not a next turn
+    assert late.peers_load.continue_turn("e0", tail, 400)
+    assert late.peers_load.load("e0") == EndpointLoad(1, 160, 0, 30, 160) and late.peers_load.in_flight() == 1
 
 
-def test_a_prompt_tail_that_is_no_uint64_makes_the_routed_delta_malformed() -> None:
+def test_tail_rows_carry_each_bookings_load() -> None:
     clock = FakeClock()
     b = make_replica("b", clock)
-    deltas = [
-        [DeltaKind.ROUTED, 1, "e0", 100, 40, 10, None, -1],
-        [DeltaKind.ROUTED, 2, "e0", 100, 40, 10, None, "tail"],
-        [DeltaKind.ROUTED, 3, "e0", 100, 40, 10, None, 1.5],
-        [DeltaKind.ROUTED, 4, "e0", 100, 40, 10, None],  # version 2's ROUTED, without the tail
-    ]
-    b.sync.receive(encode(SyncMessage(MessageKind.DELTAS, "a", 1, 1, 0.0, deltas)))
-    assert b.sync.stats.dropped["malformed"] == 4 and b.peers_load.in_flight() == 0
+    rows = pack_tail_rows([(7, 300, 0, 310, 20, 310), (8, 100, 100, 0, 5, 100)])
+    totals = [DeltaKind.TOTALS, "e0", 2, 100, 310, 25, 410, None, rows]
+    b.sync.receive(encode(SyncMessage(MessageKind.DELTAS, "a", 1, 1, 0.0, [totals])))
+    assert b.peers_load.continue_turn("e0", 7, 1000)
+    assert b.peers_load.load("e0") == EndpointLoad(1, 100, 0, 5, 100)
+
+
+def test_a_tail_row_follows_its_booking_to_decode_and_its_progress_at_the_tick() -> None:
+    clock = FakeClock()
+    a, b = make_replica("a", clock), make_replica("b", clock)
+    a.sync.routed(0, "e0", kv_tokens=320, uncached_tokens=200, expected_output=30, prompt_tail=7)
+    a.sync.first_token(0)
+    a.sync.progress(0, 12)
+    deliver(send(a), b)  # send() flushes: the tick
+    assert b.peers_load.load("e0") == EndpointLoad(1, 0, 332, 18, 332)
+    assert b.peers_load.continue_turn("e0", 7, 400)
+    assert b.peers_load.load("e0") == EndpointLoad() and b.peers_load.in_flight() == 0

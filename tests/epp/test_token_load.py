@@ -21,7 +21,7 @@ from tests.epp.extproc_harness import (
     response_headers_msg,
     routed_destination,
 )
-from tests.epp.factories import FakeClock, endpoint_state, make_request
+from tests.epp.factories import FakeClock, endpoint_state, make_request, tail_rows
 
 
 def test_lifecycle_moves_tokens_between_accounts() -> None:
@@ -121,31 +121,28 @@ def test_producer_books_on_pick_and_releases_on_finish_however_it_ends() -> None
     assert producer.expected_output(unbounded) == 15
 
 
-def test_bookings_are_found_by_their_prompt_tail_until_they_finish() -> None:
+def test_a_bookings_row_follows_it_from_prefill_to_decode() -> None:
     t = TokenLoadTracker()
-    t.admit("x", "e0", 320, 0, 10, prompt_tail=7)
-    t.admit("y", "e0", 320, 0, 10, prompt_tail=7)
-    t.admit("z", "e1", 320, 0, 10, prompt_tail=7)
-    t.admit("untailed", "e0", 100, 0, 10)
-    assert t.booked_with_tail("e0", 7) == {"x", "y"} and t.booked_with_tail("e1", 7) == {"z"}
-    assert t.booked_with_tail("e0", 8) == set()
+    t.admit("x", "e0", 320, 120, 10)
+    t.admit("y", "e0", 100, 0, 10)
+    assert t.booking_row("x") == (320, 200, 0, 10, 320)
+    t.first_token("x")
+    t.progress("x", 4)
+    assert t.booking_row("x") == (320, 0, 324, 6, 324)
+    rows = [t.booking_row("x"), t.booking_row("y")]
+    assert EndpointLoad(2, *(sum(r[i] for r in rows) for i in range(1, 5))) == t.load("e0")  # type: ignore[index]
     t.finish("x")
-    t.admit("y", "e1", 320, 0, 10, prompt_tail=9)  # re-admitting moves the tail with the booking
-    assert t.booked_with_tail("e0", 7) == set() and t.booked_with_tail("e1", 9) == {"y"}
-    t.finish("y")
-    t.finish("z")
-    assert not t.has_tails() and t.in_flight() == 1
+    assert t.booking_row("x") is None
 
 
 def continued_producer() -> TokenLoadProducer:
     """A producer whose peers booked, on e0, a 320-token prompt ending in block hash 20 (peer 1),
     two concurrent 160-token prompts both ending in hash 10 (peer 2); on e1 another 320-token
-    prompt ending in hash 20."""
+    prompt ending in hash 120."""
     producer = TokenLoadProducer("t", TokenLoadParameters(), PluginContext(clock=FakeClock()))
-    producer.peers.admit((1, 0), "e0", 320, 0, 30, prompt_tail=20)
-    producer.peers.admit((2, 0), "e0", 160, 0, 30, prompt_tail=10)
-    producer.peers.admit((2, 1), "e0", 160, 0, 30, prompt_tail=10)
-    producer.peers.admit((1, 1), "e1", 320, 0, 30, prompt_tail=120)
+    producer.peers.replace(1, "e0", (1, 320, 0, 30, 320), tail_rows((20, 320)))
+    producer.peers.replace(2, "e0", (2, 320, 0, 60, 320), tail_rows((10, 160), (10, 160)))
+    producer.peers.replace(1, "e1", (1, 320, 0, 30, 320), tail_rows((120, 320)))
     producer.tracker.admit(0, "e0", 320, 0, 30)
     return producer
 
@@ -157,10 +154,11 @@ def test_a_prompt_that_extends_a_peers_whole_prompt_releases_that_booking() -> N
     state = CycleState()
     state.put(PREFIX_MATCH, PrefixMatch(25, {"e0": 20, "e1": 3}, hashes, block_size_tokens=16))
     producer.produce(request, [endpoint_state(0), endpoint_state(1)], state)
-    assert producer.peers.terms((1, 0)) is None  # the conversation moved on: its last turn is over
+    # The conversation moved on: peer 1's last turn on e0 is over.
+    assert producer.peers.load("e0") == EndpointLoad(2, 320, 0, 60, 320)
     assert state.get(TOKEN_LOAD)["e0"] == producer.tracker.load("e0") + producer.peers.load("e0")
     assert state.get(TOKEN_LOAD)["e0"].requests == 3  # our own booking and peer 2's two are kept
-    assert producer.peers.terms((1, 1)) is not None  # e1's match (3 blocks) ends in no booking's tail
+    assert producer.peers.load("e1").requests == 1  # e1's match (3 blocks) ends in no booking's tail
 
 
 def test_a_shared_prefix_or_the_same_prompt_releases_nothing() -> None:

@@ -57,9 +57,9 @@ def test_two_synced_epps_share_token_load_and_release_it(tmp_path: Path) -> None
         served = [metric_sum(u, "inference_objective_request_total") for u in (epp0, epp1)]
         assert sum(served) == 8 and min(served) >= 1, served  # Envoy spread the streams over both
         for epp in (epp0, epp1):
-            assert metric_sum(epp, "llm_epp_sync_deltas_applied_total", kind="routed") == 8 - metric_sum(
-                epp, "inference_objective_request_total"
-            )
+            # The peer's totals per endpoint (coalesced: not one per request, at least its
+            # routing and its releases).
+            assert metric_sum(epp, "llm_epp_sync_deltas_applied_total", kind="totals") >= 2
             assert wait_for(lambda e=epp: not any(load_gauges(e).values())), load_gauges(epp)
             assert metric_sum(epp, "llm_epp_sync_connected") == 1
     finally:

@@ -12,7 +12,7 @@ from epp.errors import RequestShed
 from epp.flowcontrol.config import build_flow_control
 from epp.flowcontrol.gate import FlowGate, FlowTicket
 from epp.flowcontrol.metrics import FlowMetrics
-from epp.load.token_load import TokenLoadTracker
+from epp.load.peer_totals import PeerTotals
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext
 from epp.scheduling.types import ApiKind, LLMRequest
@@ -154,10 +154,10 @@ async def test_a_peers_release_wakes_the_dispatcher_without_waiting_for_its_poll
     gate = FlowGate(flow_control, lambda: [endpoint], time.monotonic)
     tuning = SyncTuning(peer_timeout_s=3600)
     ours = EppReplica(
-        ReplicaSyncState("a", SyncTargets(token_load=TokenLoadTracker()), clock=time.monotonic, tuning=tuning)
+        ReplicaSyncState("a", SyncTargets(token_load=PeerTotals()), clock=time.monotonic, tuning=tuning)
     )
     peer = EppReplica(
-        ReplicaSyncState("b", SyncTargets(token_load=TokenLoadTracker()), clock=time.monotonic, tuning=tuning)
+        ReplicaSyncState("b", SyncTargets(token_load=PeerTotals()), clock=time.monotonic, tuning=tuning)
     )
     gate.share_load(ours.sync)
     key = peer.route("e0", prompt=700, cached=0, expected=100)  # 800 of e0's 1000 tokens

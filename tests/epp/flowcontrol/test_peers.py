@@ -11,7 +11,7 @@ from epp.flowcontrol.ordering import FcfsOrdering
 from epp.flowcontrol.peers import PeerTokenLoad
 from epp.flowcontrol.saturation import TokenLoadSaturationDetector
 from epp.flowcontrol.types import Outcome
-from epp.load.token_load import TokenLoadTracker
+from epp.load.peer_totals import PeerTotals
 from epp.scheduling.framework import CycleState
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
 from tests.epp.factories import FakeClock, endpoint_state
@@ -22,7 +22,7 @@ POOL = [endpoint_state(0)]  # "e0", room for 1000 tokens
 
 
 def replica(name: str, clock: FakeClock, *, token_load: bool = True) -> EppReplica:
-    targets = SyncTargets(token_load=TokenLoadTracker() if token_load else None)
+    targets = SyncTargets(token_load=PeerTotals() if token_load else None)
     return EppReplica(ReplicaSyncState(name, targets, clock=clock, tuning=SyncTuning(peer_timeout_s=1.0)))
 
 
