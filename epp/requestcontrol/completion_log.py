@@ -169,8 +169,9 @@ class _HandOff(Generic[T]):
 class HandOffs(Generic[T]):
     """Requests handed off to the access log, by request id, each with when it was last heard of.
 
-    Ids of handed-off requests are unique while they wait (the director makes them so); an
-    entry for an unknown id belongs to a request metered to its end, or to another replica."""
+    Ids of handed-off requests are unique while they wait (the director gives a request whose
+    client reuses a live id a new one); an entry for an unknown id belongs to a request metered
+    to its end, or to another replica."""
 
     silence_s: float
     _waiting: dict[Hashable, _HandOff[T]] = field(default_factory=dict)

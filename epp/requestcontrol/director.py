@@ -113,6 +113,8 @@ class Director:
         self.bytes_per_token = BytesPerToken()
         self.decode_rates = DecodeRates()
         self._handoffs: HandOffs[RequestRecord] = HandOffs(self.metering.silence_s)
+        self._live_ids: set[str] = set()
+        """The request ids of records not finished yet (handed-off ones included)."""
         metrics.handed_off.set_function(lambda: len(self._handoffs))
         self.lifecycle = lifecycle
         self.default_max_model_len = default_max_model_len
@@ -125,9 +127,12 @@ class Director:
         lifecycle.add_observer(_MetricsObserver(metrics))
 
     def new_record(self, headers: Mapping[str, str]) -> RequestRecord:
+        """A record under the client's request id if it is plain and no live request has it
+        (the access log finds a handed-off request by its id), else under a new one."""
         request_id = headers.get(REQUEST_ID_HEADER, "")
-        if not _SAFE_REQUEST_ID.fullmatch(request_id):
+        if not _SAFE_REQUEST_ID.fullmatch(request_id) or request_id in self._live_ids:
             request_id = uuid.uuid4().hex
+        self._live_ids.add(request_id)
         return RequestRecord(request_id=request_id, received_at=self.clock())
 
     async def schedule(
@@ -265,6 +270,7 @@ class Director:
         record.finished = True
         routed = record.routed
         if routed is None:  # refused, or body-less: routed, not metered
+            self._live_ids.discard(record.request_id)
             _release_ticket(record)
             return
         now = self.clock()
@@ -343,6 +349,7 @@ class Director:
         completion_tokens: int | None,
         error: str,
     ) -> None:
+        self._live_ids.discard(record.request_id)
         _release_ticket(record)
         outcome = self.lifecycle.finished(
             routed,

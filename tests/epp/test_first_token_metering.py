@@ -230,6 +230,20 @@ async def test_log_entries_are_the_serving_endpoints_signs_of_life() -> None:
     assert h.store.alive_at(serving) == pytest.approx(received_at + 9.0)
 
 
+async def test_a_client_reusing_a_live_request_id_gets_a_new_one_and_nothing_leaks() -> None:
+    h = first_token_harness()
+    await calibrate(h)
+    first, _ = await send_stream(h, "same", 50)
+    second, _ = await send_stream(h, "same", 50)  # the first is still waiting for its entry
+    assert first.record is not None and second.record is not None
+    assert first.record.request_id == "same" and second.record.request_id != "same"
+    for record in (first.record, second.record):
+        h.director.log_entry(LogEntry(record.request_id, 200, stream_bytes(50), 0.5, "complete"))
+    assert h.in_flight() == 0 and h.metric("llm_epp_handed_off_requests") == 0
+    third, _ = await send_stream(h, "same", 5, hang_up_after=1)  # the id is free again
+    assert third.record is not None and third.record.request_id == "same"
+
+
 async def test_one_stream_in_n_is_still_metered_to_its_end() -> None:
     h = first_token_harness()
     reads = [(await send_stream(h, f"r{i}", 10))[1] for i in range(9)]
