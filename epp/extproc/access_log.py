@@ -2,7 +2,8 @@
 sends its HTTP access log to, batched (``epp.envoy_config``: ``envoy.access_loggers.http_grpc``).
 
 Each entry becomes a :class:`~epp.requestcontrol.completion_log.LogEntry` for the director,
-which finishes the streamed requests it handed off at their first token. Envoy keeps one
+which finishes the requests it handed off (streams at their first token, non-streamed answers
+at their routing). Envoy keeps one
 stream open per worker thread and sends each batch as one message.
 """
 
@@ -12,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 import grpc
-from envoy.data.accesslog.v3.accesslog_pb2 import AccessLogType, HTTPAccessLogEntry
+from envoy.data.accesslog.v3.accesslog_pb2 import AccessLogCommon, AccessLogType, HTTPAccessLogEntry
 from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsMessage, StreamAccessLogsResponse
 
@@ -47,6 +48,12 @@ def _ending(entry: HTTPAccessLogEntry) -> Ending:
     return "complete"
 
 
+def _upstream_hostport(common: AccessLogCommon) -> str | None:
+    """The ``ip:port`` that answered (after any retries), or None when no upstream did."""
+    address = common.upstream_remote_address.socket_address
+    return f"{address.address}:{address.port_value}" if address.address else None
+
+
 def log_entry(entry: HTTPAccessLogEntry) -> LogEntry:
     """The parts of Envoy's entry the director reads. The request id is the request's
     ``x-request-id`` as forwarded (the EPP may have replaced the client's), logged through
@@ -63,6 +70,7 @@ def log_entry(entry: HTTPAccessLogEntry) -> LogEntry:
         response_bytes=response.response_body_bytes,
         last_upstream_byte_s=last,
         ended=_ending(entry),
+        served_by=_upstream_hostport(common),
         intermediate=common.intermediate_log_entry or common.access_log_type in _PERIODIC,
     )
 

@@ -15,9 +15,10 @@ Envoy sends a body only after the reply to its headers (``epp.envoy_config`` tur
 ``send_body_without_waiting_for_header_response`` off), which is what lets the response headers
 reply skip the body of a non-streamed response: such a request costs three messages each way
 (request headers, request body, response headers); a streamed one costs one more each way per
-response chunk, and one for the body's end; with first-token metering
-(``epp.requestcontrol.completion_log``) a streamed one ends at its first token, and the
-gateway's access log finishes it. The request's books (bookings, observers, metrics)
+response chunk, and one for the body's end. With first-token metering
+(``epp.requestcontrol.completion_log``) a streamed one ends at its first token, a non-streamed
+one with a BUFFERED body at its routing (two messages each way), and the gateway's access log
+finishes them. The request's books (bookings, observers, metrics)
 are settled in :meth:`ExtProcStream.close`, after the last reply has gone: off Envoy's path,
 which takes ~30 µs off the answer to a non-streamed response's headers.
 
@@ -174,6 +175,8 @@ class ExtProcStream:
         upstream = self.director.upstream_headers(self.record)
         if not self._duplex:
             extra = {REQUEST_ID_HEADER: self.record.request_id, **upstream}
+            if self.director.hand_off_unread(self.record):
+                self.phase = Phase.DONE  # the access log finishes it; Envoy goes on without us
             return [messages.route_to(targets, extra, in_body_reply=True)]
         extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: self.record.request_id, **upstream}
         return [messages.route_to(targets, extra), *messages.streamed_request_body(body)]

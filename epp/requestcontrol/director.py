@@ -80,7 +80,8 @@ class RequestRecord:
     on_held: Callable[[float], None] | None = None
     """Called when flow control holds the request, with the most it may wait (seconds)."""
     hand_off: bool = False
-    """Its streamed response is metered to the first token only; the access log finishes it."""
+    """The access log finishes it: a streamed response metered to its first token only, or a
+    non-streamed one not read at all (first-token metering)."""
 
     @property
     def endpoint_name(self) -> str | None:
@@ -219,10 +220,8 @@ class Director:
         when Envoy retried the request on a fallback, the booking moves there."""
         record.status = status
         routed = record.routed
-        if served_by and routed is not None and served_by != routed.result.endpoint.hostport:
-            actual = next((s for s in self.store.all() if s.endpoint.hostport == served_by), None)
-            if actual is not None:
-                self.lifecycle.rebooked(routed, actual, self.clock())
+        if served_by and routed is not None:
+            self._rebook_if_served_elsewhere(routed, served_by)
         if body_follows:
             streaming = content_type.startswith("text/event-stream")
             record.meter = ResponseMeter(streaming=streaming)
@@ -238,6 +237,27 @@ class Director:
             self._upstream_failed(name, f"HTTP {status}")
         else:
             self.store.record_alive(name, self.clock())
+
+    def hand_off_unread(self, record: RequestRecord) -> bool:
+        """Whether the routed request's response needs no ext_proc message at all, and if so
+        hands it off to the access log. With first-token metering a non-streamed answer has no
+        first token to read: its entry's status and last upstream byte finish it. Not when its
+        caller gets the decision trace, which goes in the response headers."""
+        routed = record.routed
+        if self.metering.mode != "first-token" or routed is None:
+            return False
+        if routed.request.stream or self.debug_headers(record):
+            return False
+        record.hand_off = True
+        return True
+
+    def _rebook_if_served_elsewhere(self, routed: RoutedRequest, served_by: str) -> None:
+        """Envoy retried the request on a fallback: the booking moves there."""
+        if served_by == routed.result.endpoint.hostport:
+            return
+        actual = next((s for s in self.store.all() if s.endpoint.hostport == served_by), None)
+        if actual is not None:
+            self.lifecycle.rebooked(routed, actual, self.clock())
 
     def response_body(self, record: RequestRecord, chunk: bytes, end_of_stream: bool) -> bool:
         """One chunk of the watched response body; returns whether the EPP needs no more of it.
@@ -274,7 +294,10 @@ class Director:
             _release_ticket(record)
             return
         now = self.clock()
-        if record.hand_off and not record.response_complete and routed.first_token_at is not None:
+        # A stream waits for its entry once its first token came; a non-streamed answer from
+        # its routing on (``hand_off_unread``).
+        started = routed.first_token_at is not None or not routed.request.stream
+        if record.hand_off and not record.response_complete and started:
             self._handoffs.add(record.request_id, record, now)
             return
         meter = record.meter
@@ -297,10 +320,10 @@ class Director:
             record = self._handoffs.heard(entry.request_id, now)
             self.metrics.access_log_entries.labels("intermediate" if record else "unknown").inc()
             routed = record.routed if record is not None else None
-            if routed is not None:
+            if routed is not None and routed.request.stream:
                 # A stream going on is a sign of life, as its tokens were when the EPP read them.
                 self.store.record_alive(routed.endpoint_name, now)
-                tokens = self.bytes_per_token.tokens(_answer_kind(routed.request), entry.response_bytes)
+                tokens = self._logged_tokens(routed, entry)
                 if tokens is not None:
                     self.lifecycle.progress(routed, tokens, now)
             return
@@ -309,21 +332,35 @@ class Director:
         if record is None or record.routed is None:
             return
         routed = record.routed
+        if entry.served_by:
+            self._rebook_if_served_elsewhere(routed, entry.served_by)
         finished_at = finish_time(record.received_at, routed.first_token_at, entry, now)
-        if entry.last_upstream_byte_s is not None:
+        if record.status is None and entry.status >= 500:  # a response the EPP never saw
+            self._upstream_failed(routed.endpoint_name, f"HTTP {entry.status}")
+        elif entry.last_upstream_byte_s is not None:
             self.store.record_alive(routed.endpoint_name, finished_at)
         self.metrics.access_log_lag.observe(now - finished_at)
         record.status = entry.status or record.status
-        tokens = self.bytes_per_token.tokens(_answer_kind(routed.request), entry.response_bytes)
         error = str(entry.status) if entry.ended == "complete" else entry.ended
-        self._finished(record, routed, finished_at, entry.completed, True, tokens, error)
+        streaming = routed.request.stream
+        tokens = self._logged_tokens(routed, entry)
+        self._finished(record, routed, finished_at, entry.completed, streaming, tokens, error)
+
+    def _logged_tokens(self, routed: RoutedRequest, entry: LogEntry) -> int | None:
+        """A logged stream's output tokens so far, from its body bytes; None for a non-streamed
+        answer (the bytes-per-token lines are learned from streams)."""
+        if not routed.request.stream:
+            return None
+        return self.bytes_per_token.tokens(_answer_kind(routed.request), entry.response_bytes)
 
     def estimate_progress(self) -> None:
         """Move each handed-off request's decode progress on by its endpoint's recent TPOT."""
         now = self.clock()
         for record in self._handoffs.waiting():
             routed = record.routed
-            assert routed is not None and routed.first_token_at is not None
+            assert routed is not None
+            if routed.first_token_at is None:  # a non-streamed answer: its decode is not seen
+                continue
             decoding_s = now - routed.first_token_at
             tokens = self.decode_rates.tokens(routed.endpoint_name, decoding_s, routed.request.max_tokens)
             if tokens is not None:
@@ -335,7 +372,7 @@ class Director:
         expired = list(self._handoffs.expired(now))
         for record in expired:
             assert record.routed is not None
-            self._finished(record, record.routed, now, False, True, None, "unlogged")
+            self._finished(record, record.routed, now, False, record.routed.request.stream, None, "unlogged")
         self.metrics.handed_off_expired.inc(len(expired))
         return len(expired)
 

@@ -22,7 +22,14 @@ from epp.requestcontrol.completion_log import (
     MeteringSettings,
     finish_time,
 )
-from tests.epp.extproc_harness import Harness, body_msg, headers_msg, response_body_msg, response_headers_msg
+from tests.epp.extproc_harness import (
+    Harness,
+    body_msg,
+    headers_msg,
+    response_body_msg,
+    response_headers_msg,
+    routed_destination,
+)
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64, "stream": True}
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
@@ -151,6 +158,14 @@ def test_a_periodic_entry_is_intermediate_and_envoys_id_is_the_fallback() -> Non
     raw.common_properties.ClearField("time_to_last_upstream_rx_byte")
     entry = log_entry(raw)
     assert entry.intermediate and entry.request_id == "envoys-own" and entry.last_upstream_byte_s is None
+
+
+def test_the_upstream_that_answered_is_read_from_the_entry() -> None:
+    raw = _envoy_entry()
+    assert log_entry(raw).served_by is None  # no upstream answered
+    raw.common_properties.upstream_remote_address.socket_address.address = "10.0.0.7"
+    raw.common_properties.upstream_remote_address.socket_address.port_value = 8000
+    assert log_entry(raw).served_by == "10.0.0.7:8000"
 
 
 # --- the director and the stream ----------------------------------------------------------
@@ -335,3 +350,70 @@ async def test_any_mix_of_endings_leaves_no_booking_behind(seed: int) -> None:
     assert h.in_flight() == 0 and h.tracker is not None and h.tracker.in_flight() == 0
     assert h.metric("llm_epp_handed_off_requests") == 0
     assert h.metric("inference_objective_running_requests", model_name="tiny") == 0
+
+
+COMPLETION = {"model": "tiny", "prompt": "Hello there", "max_tokens": 32}
+
+
+async def send_unstreamed(h: Harness, request_id: str, **headers: str):
+    """One non-streamed completion, up to its routing; returns the stream and the body's replies."""
+    s = h.stream()
+    await s.on_message(headers_msg(buffered=True, **{"x-request-id": request_id, **headers}))
+    replies = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    return s, replies
+
+
+async def test_a_non_streamed_answer_is_handed_off_at_its_routing_and_its_entry_finishes_it() -> None:
+    h = first_token_harness()
+    s, replies = await send_unstreamed(h, "n1")
+    assert len(replies) == 1 and replies[0].HasField("request_body")  # routed
+    assert s.done  # no response message: the server ends the stream here
+    s.close()
+    assert h.in_flight() == 1 and h.metric("llm_epp_handed_off_requests") == 1
+    h.clock.advance(3.0)
+    h.director.estimate_progress()  # nothing to estimate for an answer not streamed
+    h.director.log_entry(LogEntry("n1", 200, 900, 2.5, "complete"))
+    assert h.in_flight() == 0 and h.tracker is not None and h.tracker.in_flight() == 0
+    assert h.metric("inference_objective_request_duration_seconds_sum", **LABELS) == pytest.approx(2.5)
+    assert h.metric("inference_objective_output_tokens_count", **LABELS) == 0  # bytes say nothing here
+
+
+async def test_a_non_streamed_answers_5xx_entry_marks_its_endpoint_failed() -> None:
+    h = first_token_harness()
+    s, _ = await send_unstreamed(h, "n1")
+    s.close()
+    assert s.record is not None and s.record.routed is not None
+    picked = s.record.routed.endpoint_name
+    h.director.log_entry(LogEntry("n1", 503, 60, 0.1, "complete"))
+    assert h.metric("llm_epp_upstream_failures_total", model_server_pod=picked) == 1
+    assert h.in_flight() == 0
+    assert h.metric("inference_objective_request_error_total", **LABELS, error_code="503") == 1
+
+
+async def test_a_non_streamed_answer_served_by_a_fallback_is_rebooked_there_by_its_entry() -> None:
+    h = first_token_harness()
+    s, replies = await send_unstreamed(h, "n1")
+    s.close()
+    picked = routed_destination(replies[0])
+    other = next(e for e in h.store.all() if e.endpoint.hostport != picked)
+    received_at = h.clock()
+    h.clock.advance(2.0)
+    h.director.log_entry(LogEntry("n1", 200, 900, 1.0, "complete", served_by=other.endpoint.hostport))
+    assert h.store.alive_at(other.name) == pytest.approx(received_at + 1.0)  # its answer came
+    assert h.in_flight() == 0 and h.tracker is not None and h.tracker.in_flight() == 0
+
+
+@pytest.mark.parametrize(
+    ("metering", "headers"),
+    [("full", {}), ("first-token", {"x-llm-epp-debug": "true"})],
+)
+async def test_a_non_streamed_answer_waits_for_its_headers_in_full_metering_or_for_a_trace(
+    metering: str, headers: dict[str, str]
+) -> None:
+    h = Harness(config="ray-kv-aware", metering=MeteringSettings(metering))  # type: ignore[arg-type]
+    s, _ = await send_unstreamed(h, "n1", **headers)
+    assert not s.done
+    await s.on_message(response_headers_msg(content_type="application/json", eos=True))
+    assert s.done
+    s.close()
+    assert h.in_flight() == 0 and h.metric("llm_epp_handed_off_requests") == 0

@@ -187,15 +187,20 @@ def _ext_proc_counts(stack: LocalStack) -> dict[str, float]:
     return {line.split(": ")[0].rsplit(".", 1)[1]: float(line.split(": ")[1]) for line in text.splitlines()}
 
 
-def test_a_non_streamed_request_costs_three_ext_proc_messages_each_way(
+def test_a_non_streamed_request_costs_two_ext_proc_messages_each_way_and_the_log_finishes_it(
     stack: LocalStack, client: openai.OpenAI
 ) -> None:
-    """Request headers, request body, response headers: the response body is skipped."""
+    """Request headers and body: with first-token metering the EPP ends the stream at the
+    routing, and the request is finished (and its E2E measured) from its access-log entry."""
+    finished = "inference_objective_request_duration_seconds_count"
+    done_before = metric_sum(stack.epp_metrics_url, finished)
     before = _ext_proc_counts(stack)
     assert client.completions.create(model="tiny", prompt="Hello world", max_tokens=3).choices[0].text
     after = _ext_proc_counts(stack)
     delta = {name: after[name] - before[name] for name in after}
-    assert delta == {"streams_started": 1, "stream_msgs_sent": 3, "stream_msgs_received": 3}
+    assert delta == {"streams_started": 1, "stream_msgs_sent": 2, "stream_msgs_received": 2}
+    assert wait_for(lambda: metric_sum(stack.epp_metrics_url, finished) == done_before + 1)
+    assert metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") == 0
 
 
 def test_a_streamed_answer_crosses_ext_proc_to_its_first_token_and_is_counted_from_the_log(
