@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,6 +70,9 @@ class MeteringCostSettings:
     slo_every: int = 0
     """One request of the cells in this many carries ``x-slo-ttft-ms`` and ``x-slo-tpot-ms``;
     0: none."""
+    plain_tokens: int = 16
+    """A cell of non-streamed answers this long, paced like the others (0: none): first-token
+    metering ends their ext_proc stream at the routing."""
 
 
 SLO_HEADERS = {"x-slo-ttft-ms": "2000", "x-slo-tpot-ms": "100"}
@@ -101,6 +104,25 @@ def _stream(
     with client.stream("POST", url, json=body, headers=headers) as response:
         response.raise_for_status()
         return sum(line.startswith("data: ") for line in response.iter_lines())
+
+
+def _plain(
+    client: httpx.Client,
+    url: str,
+    tokens: int,
+    prompt: str = "Tell me about routers.",
+    headers: dict[str, str] | None = None,
+) -> int:
+    """One non-streamed chat answer of ``tokens`` tokens; returns its completion tokens."""
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tokens,
+        "ignore_eos": True,
+    }
+    response = client.post(url, json=body, headers=headers)
+    response.raise_for_status()
+    return int(response.json()["usage"]["completion_tokens"])
 
 
 def newest_mape(samples: Samples) -> dict[str, float]:
@@ -139,7 +161,16 @@ def _accuracy(stack: LocalStack, url: str, settings: MeteringCostSettings) -> di
     }
 
 
-def _cell(stack: LocalStack, url: str, tokens: int, settings: MeteringCostSettings, idle_rate: float) -> dict:
+def _cell(
+    stack: LocalStack,
+    url: str,
+    tokens: int,
+    settings: MeteringCostSettings,
+    idle_rate: float,
+    answer: Callable[..., int] = _stream,
+) -> dict:
+    """``settings.requests`` answers of ``tokens`` tokens, each by ``answer`` (streamed, or
+    not), paced evenly; the EPP's CPU per request net of ``idle_rate``, and Envoy's."""
     assert stack.epp is not None and stack.envoy is not None
     epp, envoy = stack.epp.process.pid, stack.envoy.process.pid
     gap = settings.arrival_span_s / settings.requests
@@ -147,7 +178,7 @@ def _cell(stack: LocalStack, url: str, tokens: int, settings: MeteringCostSettin
     def paced(i: int) -> int:
         time.sleep(max(0.0, started + i * gap - time.monotonic()))
         slo = settings.slo_every > 0 and i % settings.slo_every == 0
-        return _stream(client, url, tokens, _prompt(i, settings.prompt_words), SLO_HEADERS if slo else None)
+        return answer(client, url, tokens, _prompt(i, settings.prompt_words), SLO_HEADERS if slo else None)
 
     with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=settings.requests)) as client:
         epp_before, envoy_before, started = task_cpu_seconds(epp), task_cpu_seconds(envoy), time.monotonic()
@@ -199,8 +230,19 @@ def measure(mode: str, settings: MeteringCostSettings) -> dict[str, Any]:
         time.sleep(settings.idle_s)
         idle_rate = (task_cpu_seconds(stack.epp.process.pid) - before) / settings.idle_s
         cells = [_cell(stack, url, n, settings, idle_rate) for n in settings.output_tokens]
+        plain = (
+            _cell(stack, url, settings.plain_tokens, settings, idle_rate, _plain)
+            if settings.plain_tokens
+            else None
+        )
         accuracy = _accuracy(stack, url, settings)
-        return {"mode": mode, "idle_ms_per_s": idle_rate * 1e3, "cells": cells, "accuracy": accuracy}
+        return {
+            "mode": mode,
+            "idle_ms_per_s": idle_rate * 1e3,
+            "cells": cells,
+            "plain": plain,
+            "accuracy": accuracy,
+        }
     finally:
         stack.stop()
 
@@ -255,6 +297,11 @@ def _markdown(data: dict[str, Any]) -> str:
         ]
         for r in data["results"]
     ]
+    plain = [
+        [r["mode"], f"{r['plain']['epp_ms']:.2f}", f"{r['plain']['envoy_ms']:.2f}"]
+        for r in data["results"]
+        if r.get("plain")
+    ]
     s = data["settings"]
     tokens = s["output_tokens"]
     return "\n\n".join(
@@ -273,6 +320,8 @@ def _markdown(data: dict[str, Any]) -> str:
             f"({s['accuracy_concurrency']} at a time): output tokens it counted against those sent, "
             "and the live MAPE of the newest latency model:",
             markdown_table(["metering", "output tokens counted / sent", "TTFT MAPE", "TPOT MAPE"], accuracy),
+            f"Non-streamed answers of {s['plain_tokens']} tokens, paced and measured like the cells above:",
+            markdown_table(["metering", "EPP ms", "Envoy ms"], plain),
         ]
     )
 

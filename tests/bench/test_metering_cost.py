@@ -16,7 +16,8 @@ def _result(mode: str, epp: tuple[float, float], envoy: tuple[float, float]) -> 
         for n, e, v in zip((1, 512), epp, envoy, strict=True)
     ]
     accuracy = {"requests": 10, "output_tokens": 1000, "output_tokens_counted": 990, "mape": {"ttft": 0.1}}
-    return {"mode": mode, "idle_ms_per_s": 3.0, "cells": cells, "accuracy": accuracy}
+    plain = {"tokens": 16, "window_s": 12.0, "epp_ms": epp[0] / 2, "envoy_ms": envoy[0]}
+    return {"mode": mode, "idle_ms_per_s": 3.0, "cells": cells, "plain": plain, "accuracy": accuracy}
 
 
 def test_the_shipped_mean_weighs_the_streams_read_whole_by_the_sampling() -> None:
@@ -31,13 +32,14 @@ def test_the_shipped_mean_weighs_the_streams_read_whole_by_the_sampling() -> Non
 def test_the_report_gives_each_meterings_ratio_and_a_plot(tmp_path: Path, monkeypatch) -> None:
     results = {
         "full": _result("full", (2.0, 82.0), (1.0, 60.0)),
-        "first-token": _result("first-token", (2.0, 3.0), (1.0, 30.0)),
+        "first-token": _result("first-token", (1.5, 3.0), (1.0, 30.0)),
     }
     monkeypatch.setattr(metering_cost, "measure", lambda mode, settings: results[mode])
     data = metering_cost.run(tmp_path, MeteringCostSettings())
     report = (tmp_path / "metering.md").read_text()
     assert "| full | 41.00× | 60.00× |" in report
-    assert "| first-token | 1.50× | 30.00× |" in report
+    assert "| first-token | 2.00× | 30.00× |" in report
+    assert "| full | 1.00 | 1.00 |" in report and "| first-token | 0.75 | 1.00 |" in report  # non-streamed
     assert f"1 in {metering_cost.SHIPPED_SAMPLE_EVERY} read whole (shipped)" in report
     assert "| first-token | 990 / 1000 | 0.100 | nan |" in report
     assert (tmp_path / data["plot"]).stat().st_size > 0 and (tmp_path / "metering.json").exists()
