@@ -52,6 +52,7 @@ from bench.idle_cost import VLLM_SCRAPE
 from bench.metering_cost import SHIPPED_SAMPLE_EVERY, MeteringCostSettings
 from bench.report import machine, markdown_table, save_figure, write_results
 from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.http_get import KeepAliveGet
 from epp.datalayer.scraper import MetricsScraper
 from epp.extproc.access_log import log_entry
 from epp.load.peer_totals import PeerTotals
@@ -398,9 +399,9 @@ class _CountingScraper(MetricsScraper):
 
     scrapes = 0
 
-    async def scrape_once(self, endpoint: Endpoint, url: str) -> None:
+    async def scrape_once(self, name: str, client: KeepAliveGet) -> None:
         self.scrapes += 1
-        await super().scrape_once(endpoint, url)
+        await super().scrape_once(name, client)
 
 
 async def _scrape_for(endpoints: int, port: int, seconds: float) -> tuple[float, int]:
