@@ -46,7 +46,7 @@ import aiohttp
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.engine_metrics import MetricsParseError, parse_engine_metrics
-from epp.datalayer.served_models import MODELS_PATH, ModelsParseError, parse_max_model_len
+from epp.datalayer.served_models import MODELS_PATH, ModelsParseError, parse_max_model_len, parse_model_root
 from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.types import Endpoint, EndpointState, EngineMetrics
@@ -248,7 +248,8 @@ class MetricsScraper(LifecycleObserver):
         return metrics
 
     async def read_max_model_len(self, endpoint: Endpoint) -> bool:
-        """Record the engine's context length from its ``/v1/models``; False if it could not be read."""
+        """Record the engine's context length, and the model it serves (its ``root``, which the
+        ``auto`` tokenizer source loads), from its ``/v1/models``; False if it could not be read."""
         assert self._session is not None, "start() first"
         try:
             async with self._session.get(f"http://{endpoint.hostport}{MODELS_PATH}") as response:
@@ -263,6 +264,7 @@ class MetricsScraper(LifecycleObserver):
                 )
             return False
         self.store.record_max_model_len(endpoint.name, max_model_len)
+        self.store.record_model_root(endpoint.name, parse_model_root(body))
         return True
 
     async def close(self) -> None:
