@@ -36,11 +36,12 @@ SUPPLY_HINT = (
 )
 
 
-def download_from_hub(repo: str, endpoint: str | None = None) -> Path:
+def download_from_hub(repo: str, endpoint: str | None = None, cache_dir: Path | None = None) -> Path:
     """The directory of ``repo``'s tokenizer files, downloaded from the Hub (``endpoint``: a
-    mirror's URL; default ``HF_ENDPOINT`` or huggingface.co) into the Hugging Face cache."""
+    mirror's URL; default ``HF_ENDPOINT`` or huggingface.co) into ``cache_dir`` (default: the
+    Hugging Face cache under ``HF_HOME``)."""
     patterns = [*TOKENIZER_FILES, CHAT_TEMPLATE_FILE]
-    return Path(snapshot_download(repo, allow_patterns=patterns, endpoint=endpoint))
+    return Path(snapshot_download(repo, allow_patterns=patterns, endpoint=endpoint, cache_dir=cache_dir))
 
 
 class TokenizerMetrics:
