@@ -287,7 +287,7 @@ BAD_VALUES = {
     ),
     "bad-port": (merged(PREDICTOR_OFF, {"inferenceExtension": {"extProcPort": 70000}}), "extProcPort"),
     "no-tokenizer": (
-        {**PREDICTOR_OFF, "inferenceExtension": {}},
+        _tokenizer(source=""),
         r"inferenceExtension.tokenizer.source is required: the EPP needs the served model's tokenizer",
     ),
     "bad-tokenizer-source": (_tokenizer(source="s3"), "source"),
