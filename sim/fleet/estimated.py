@@ -28,7 +28,9 @@ class TokenText:
 
     def __init__(self, bytes_per_token: float) -> None:
         if not 1 <= bytes_per_token <= (_MAX_BYTES + 1) / 2:
-            raise ValueError(f"bytes per token must be in [1, {(_MAX_BYTES + 1) / 2:g}], got {bytes_per_token}")
+            raise ValueError(
+                f"bytes per token must be in [1, {(_MAX_BYTES + 1) / 2:g}], got {bytes_per_token}"
+            )
         self.spread = 2 * bytes_per_token - 1
 
     def text(self, tokens: Sequence[int]) -> bytes:
