@@ -22,7 +22,6 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from huggingface_hub import snapshot_download
 from prometheus_client import CollectorRegistry, Gauge
 
 from epp.datalayer.endpoints import EndpointStore
@@ -40,6 +39,9 @@ def download_from_hub(repo: str, endpoint: str | None = None, cache_dir: Path | 
     """The directory of ``repo``'s tokenizer files, downloaded from the Hub (``endpoint``: a
     mirror's URL; default ``HF_ENDPOINT`` or huggingface.co) into ``cache_dir`` (default: the
     Hugging Face cache under ``HF_HOME``)."""
+    # Imported here: huggingface_hub's API takes a second or more to import, and only this source needs it.
+    from huggingface_hub import snapshot_download
+
     patterns = [*TOKENIZER_FILES, CHAT_TEMPLATE_FILE]
     return Path(snapshot_download(repo, allow_patterns=patterns, endpoint=endpoint, cache_dir=cache_dir))
 
