@@ -168,7 +168,7 @@ class EppApp:
         tokenizer: PromptTokenizer = EstimatedTokenizer()
         self.auto_tokenizer: AutoTokenizer | None = None
         if settings.tokenizer_dir is not None:
-            tokenizer = self._exact(load_tokenizer(settings.tokenizer_dir, *self._cache_settings()))
+            tokenizer = self._exporting(load_tokenizer(settings.tokenizer_dir, *self._cache_settings()))
         else:
             self.auto_tokenizer = AutoTokenizer(
                 self.store,
@@ -213,8 +213,8 @@ class EppApp:
     def _cache_settings(self) -> tuple[int, bool]:
         return self.settings.tokenizer_cache_bytes, self.settings.verify_tokenizer_cache
 
-    def _exact(self, tokenizer: ModelTokenizer) -> ModelTokenizer:
-        """``tokenizer``, with its cache's metrics exported in place of any earlier one's."""
+    def _exporting(self, tokenizer: PromptTokenizer) -> PromptTokenizer:
+        """``tokenizer``, with its cache's metrics (if it has a cache) in place of any earlier one's."""
         if self._cache_collector is not None:
             self.registry.unregister(self._cache_collector)
             self._cache_collector = None
@@ -223,9 +223,9 @@ class EppApp:
             self.registry.register(self._cache_collector)
         return tokenizer
 
-    def _use_tokenizer(self, tokenizer: ModelTokenizer) -> None:
-        """The ``auto`` source loaded the pool's tokenizer: route with it from the next request."""
-        self.director.tokenizer = self._exact(tokenizer)
+    def _use_tokenizer(self, tokenizer: PromptTokenizer) -> None:
+        """The ``auto`` source's tokenizer for the pool's model: route with it from the next request."""
+        self.director.tokenizer = self._exporting(tokenizer)
 
     def _flow_gate(self, config: EndpointPickerConfig, context: PluginContext) -> FlowGate | None:
         """Flow control, when the config turns it on: requests wait while the pool is saturated."""

@@ -12,7 +12,8 @@ without ``tokenizer.json``, a local path), the EPP routes on estimated counts
 (``epp.estimated_tokens``): ``llm_epp_tokenizer_estimated`` is 1, one warning says why and how to
 supply the tokenizer, and the download is retried with backoff (quietly). Endpoints that name
 different models are reported (a warning per change, ``llm_epp_tokenizer_served_models`` > 1),
-never guessed between; a tokenizer already loaded stays until they agree again.
+never guessed between; a tokenizer already loaded stays until they agree again. When they agree
+on a new model whose tokenizer cannot be had, the EPP goes back to estimates.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Gauge
 
 from epp.datalayer.endpoints import EndpointStore
-from epp.tokenization import CHAT_TEMPLATE_FILE, TOKENIZER_FILES, ModelTokenizer
+from epp.estimated_tokens import EstimatedTokenizer
+from epp.tokenization import CHAT_TEMPLATE_FILE, TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
 
 log = logging.getLogger(__name__)
 SUPPLY_HINT = (
@@ -69,22 +71,19 @@ class AutoTokenizer:
         self,
         store: EndpointStore,
         metrics: TokenizerMetrics,
-        on_loaded: Callable[[ModelTokenizer], None],
+        on_loaded: Callable[[PromptTokenizer], None],
         load: Callable[[str], ModelTokenizer],
         clock: Callable[[], float],
         *,
         poll_s: float = 1.0,
         retry_s: tuple[float, float] = (10.0, 600.0),
     ) -> None:
-        """``load`` gives a model's tokenizer by its root, or raises; it runs in a thread.
+        """``on_loaded`` takes the tokenizer to route with from now on (an estimating one if the
+        pool moved to a model whose tokenizer cannot be had); ``load`` gives a model's tokenizer
+        by its root, or raises, in a thread.
         ``retry_s``: the first and the longest wait after a failed load (doubling between)."""
-        self.store, self.metrics, self.on_loaded, self.load, self.clock = (
-            store,
-            metrics,
-            on_loaded,
-            load,
-            clock,
-        )
+        self.store, self.metrics, self.clock = store, metrics, clock
+        self.on_loaded, self.load = on_loaded, load
         self.poll_s, self.retry_s = poll_s, retry_s
         self.loaded: str | None = None
         self._failing: str | None = None
@@ -107,7 +106,9 @@ class AutoTokenizer:
             self._report_disagreement(roots)
             return
         self._disagreement = frozenset()
-        if not models or (root := next(iter(models))) == self.loaded or self.clock() < self._next_try:
+        if not models or (root := next(iter(models))) == self.loaded:
+            return
+        if root == self._failing and self.clock() < self._next_try:
             return
         try:
             tokenizer = await asyncio.to_thread(self.load, root)
@@ -121,7 +122,12 @@ class AutoTokenizer:
 
     def _failed(self, root: str, exc: Exception) -> None:
         why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if self.loaded is not None:  # the pool moved on from the loaded model: it no longer fits
+            self.on_loaded(EstimatedTokenizer())
+            self.loaded = None
+            self.metrics.estimated.set(1)
         if self._failing != root:
+            self._backoff = self.retry_s[0]
             log.warning(
                 "no tokenizer for %s (%s): token counts are estimated from the text, 4 bytes a token, "
                 "until it loads (retried with backoff); %s",

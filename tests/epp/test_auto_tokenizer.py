@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.served_models import parse_model_root
+from epp.estimated_tokens import EstimatedTokenizer
 from epp.scheduling.types import Endpoint
-from epp.tokenization import TINY_MODEL_DIR, TOKENIZER_FILES, ModelTokenizer
+from epp.tokenization import TINY_MODEL_DIR, TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
 from epp.tokenizer_auto import AutoTokenizer, TokenizerMetrics, download_from_hub
 from sim.openai_api import models_response
 from tests.epp.factories import FakeClock
@@ -52,7 +53,7 @@ class Pool:
         self.clock = FakeClock()
         self.loads: list[str] = []
         self.failures = 0
-        self.used: list[ModelTokenizer] = []
+        self.used: list[PromptTokenizer] = []
         self.auto = AutoTokenizer(
             self.store,
             TokenizerMetrics(self.registry, "pool"),
@@ -142,3 +143,13 @@ def test_the_hub_download_gives_a_directory_the_epp_loads(
     downloads = [(path, auth) for path, auth in hub.requests if path.startswith(f"/{REPO}/resolve/")]
     assert set(TOKENIZER_FILES) <= {path.rsplit("/", 1)[1] for path, _ in downloads}
     assert {auth for _, auth in downloads} == {"Bearer hf_test_token"}
+
+
+async def test_a_new_model_without_a_tokenizer_goes_back_to_estimates() -> None:
+    pool = Pool(REPO)
+    await pool.auto.step()
+    pool.store.record_model_root("e0", "acme/private")
+    pool.failures = 1
+    await pool.auto.step()
+    assert isinstance(pool.used[-1], EstimatedTokenizer)  # the old model's ids would be wrong
+    assert pool.gauge("llm_epp_tokenizer_estimated") == 1
