@@ -4,7 +4,8 @@ Every router sees the same workload (same seed, same arrivals, same tokens) on t
 profile; the load is swept by the rate scales (``--rate-scales 0.5,1,2,4`` goes past
 saturation). Writes ``compare-<workload>.json`` (every metric of ``bench.fleet_metrics`` per scale
 and router, plus the run's settings), ``compare-<workload>.md`` (tables) and PNGs: latency CDFs
-per router, load CV over time, prefix-cache hit rate against concurrency.
+per router, load CV over time, prefix-cache hit rate against concurrency. ``--estimated-tokens``
+adds each router's runs on token counts estimated from the text (docs/tokenizer.md).
 """
 
 from __future__ import annotations
