@@ -158,6 +158,13 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N requests / sessions / RL steps")
     p.add_argument("--scrape-interval-ms", type=float, default=50.0)
     p.add_argument("--retrain-interval-s", type=float, default=10.0, help="the live trainer's default")
+    p.add_argument(
+        "--estimated-tokens",
+        type=_scales,
+        default=(),
+        help="also run each router on token counts estimated from the text (no tokenizer; "
+        "docs/tokenizer.md), for text of these bytes a token, e.g. 3,4,5",
+    )
 
 
 def _positive(text: str) -> float:
@@ -462,6 +469,7 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         limit=args.limit,
         scrape_interval_s=args.scrape_interval_ms / 1e3,
         retrain_interval_s=args.retrain_interval_s,
+        estimated_tokens=args.estimated_tokens,
     )
     try:
         compare.run(settings, args.out)

@@ -4,14 +4,15 @@ Every router sees the same workload (same seed, same arrivals, same tokens) on t
 profile; the load is swept by the rate scales (``--rate-scales 0.5,1,2,4`` goes past
 saturation). Writes ``compare-<workload>.json`` (every metric of ``bench.fleet_metrics`` per scale
 and router, plus the run's settings), ``compare-<workload>.md`` (tables) and PNGs: latency CDFs
-per router, load CV over time, prefix-cache hit rate against concurrency.
+per router, load CV over time, prefix-cache hit rate against concurrency. ``--estimated-tokens``
+adds each router's runs on token counts estimated from the text (docs/tokenizer.md).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,18 @@ class CompareSettings:
     limit: int | None = None
     scrape_interval_s: float = 0.05
     retrain_interval_s: float = 10.0
+    estimated_tokens: tuple[float, ...] = ()
+    """Also run every router on token counts estimated from the text (an EPP without the model's
+    tokenizer), once per bytes-a-token of the text given here; labelled ``ROUTER~estB``."""
+
+
+def variants(settings: CompareSettings) -> list[tuple[str, str, float | None]]:
+    """(label, router, estimated bytes a token or None for exact counts) of every run per scale."""
+    return [
+        (router if est is None else f"{router}~est{est:g}", router, est)
+        for router in settings.routers
+        for est in (None, *settings.estimated_tokens)
+    ]
 
 
 def resolve_routers(spec: str) -> tuple[str, ...]:
@@ -80,19 +93,19 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
             workload = build_workload(settings.workload, options)
             described[f"{scale:g}"] = workload.description
             parameters[f"{scale:g}"] = workload.params
-            for router in settings.routers:
-                task = progress.add_task(f"{workload.name} x{scale:g} {router}", total=workload.num_requests)
+            for label, router, estimated in variants(settings):
+                task = progress.add_task(f"{workload.name} x{scale:g} {label}", total=workload.num_requests)
                 simulator = FleetSimulator(
                     workload,
                     lambda clock, router=router: make_router(router, clock, settings.seed),
-                    config,
+                    replace(config, estimated_bytes_per_token=estimated),
                 )
                 result = simulator.run(lambda task=task: progress.advance(task))
                 summary = summarize(result, workload)
-                runs.append({"rate_scale": scale, **summary})
-                kept[(scale, router)] = result
+                runs.append({"rate_scale": scale, **summary, "router": label})
+                kept[(scale, label)] = result
                 progress.update(
-                    task, description=f"{workload.name} x{scale:g} {router} ({result.wall_s:.1f} s)"
+                    task, description=f"{workload.name} x{scale:g} {label} ({result.wall_s:.1f} s)"
                 )
     assert workload is not None
     data = {
@@ -109,7 +122,7 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
         "runs": runs,
     }
     stem = "compare-" + re.sub(r"[^A-Za-z0-9._-]+", "_", workload.name.split(":")[0])
-    plots = _plots(out_dir, stem, settings, kept, runs)
+    plots = _plots(out_dir, stem, settings, [label for label, _, _ in variants(settings)], kept, runs)
     write_results(out_dir, stem, data, _markdown(data, settings, plots))
     return data
 
@@ -193,6 +206,7 @@ def _plots(
     out_dir: Path,
     stem: str,
     settings: CompareSettings,
+    labels: list[str],
     results: dict[tuple[float, str], FleetResult],
     runs: list[dict[str, Any]],
 ) -> list[str]:
@@ -200,7 +214,7 @@ def _plots(
     names = []
     for scale in settings.rate_scales:
         figure, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-        for router in settings.routers:
+        for router in labels:
             records = [r for r in results[(scale, router)].records if r.completed]
             for axis, values in zip(
                 axes,
@@ -220,7 +234,7 @@ def _plots(
 
     scale = settings.rate_scales[-1]
     figure, axis = plt.subplots(figsize=(10, 4))
-    for router in settings.routers:
+    for router in labels:
         result = results[(scale, router)]
         series = load_cv_series(result)
         axis.plot(result.sample_times, [np.nan if v is None else v for v in series], label=router, lw=0.8)
@@ -232,7 +246,7 @@ def _plots(
     names.append(save_figure(figure, out_dir, f"{stem}-load-cv.png"))
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    for router in settings.routers:
+    for router in labels:
         points = sorted(
             (run["mean_in_flight"], run["prefix_cache_hit_rate"])
             for run in runs

@@ -24,6 +24,7 @@ from epp.datalayer.objectives import ObjectivePriorities
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
+from epp.estimated_tokens import EstimatedTokenizer
 from epp.extproc.access_log import AccessLogReceiver
 from epp.extproc.access_log import add_to_server as add_access_log_to_server
 from epp.extproc.server import ExternalProcessor, add_to_server
@@ -58,7 +59,8 @@ from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport, connect_options, default_replica_id
 from epp.sync.state import ReplicaSyncState, SyncTuning
 from epp.tls import server_credentials
-from epp.tokenization import ModelTokenizer
+from epp.tokenization import TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
+from epp.tokenizer_auto import AutoTokenizer, TokenizerMetrics, download_from_hub
 from trainer.auth import read_token
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,6 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.so_reuseport", 0),
 ]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def load_tokenizer(model_dir: Path, cache_bytes: int = 0, verify_cache: bool = False) -> ModelTokenizer:
@@ -162,11 +163,20 @@ class EppApp:
         self.live = LiveData(
             settings.pool_name, self.pipeline.profile.name, self.store, self.recent, self.clock, trackers
         )
-        tokenizer = load_tokenizer(
-            settings.tokenizer_dir, settings.tokenizer_cache_bytes, settings.verify_tokenizer_cache
-        )
-        if tokenizer.cache is not None:
-            self.registry.register(TokenizerCacheCollector(settings.pool_name, tokenizer.cache))
+        self.tokenizer_metrics = TokenizerMetrics(self.registry, settings.pool_name)
+        self._cache_collector: TokenizerCacheCollector | None = None
+        tokenizer: PromptTokenizer = EstimatedTokenizer()
+        self.auto_tokenizer: AutoTokenizer | None = None
+        if settings.tokenizer_dir is not None:
+            tokenizer = self._exporting(load_tokenizer(settings.tokenizer_dir, *self._cache_settings()))
+        else:
+            self.auto_tokenizer = AutoTokenizer(
+                self.store,
+                self.tokenizer_metrics,
+                self._use_tokenizer,
+                lambda repo: load_tokenizer(download_from_hub(repo), *self._cache_settings()),
+                self.clock,
+            )
         self.director = Director(
             self.lifecycle,
             self.store,
@@ -199,6 +209,23 @@ class EppApp:
         self._tasks: list[asyncio.Task[None]] = []
         self._kube_api: ApiClient | None = None
         self._draining = False
+
+    def _cache_settings(self) -> tuple[int, bool]:
+        return self.settings.tokenizer_cache_bytes, self.settings.verify_tokenizer_cache
+
+    def _exporting(self, tokenizer: PromptTokenizer) -> PromptTokenizer:
+        """``tokenizer``, with its cache's metrics (if it has a cache) in place of any earlier one's."""
+        if self._cache_collector is not None:
+            self.registry.unregister(self._cache_collector)
+            self._cache_collector = None
+        if tokenizer.cache is not None:
+            self._cache_collector = TokenizerCacheCollector(self.settings.pool_name, tokenizer.cache)
+            self.registry.register(self._cache_collector)
+        return tokenizer
+
+    def _use_tokenizer(self, tokenizer: PromptTokenizer) -> None:
+        """The ``auto`` source's tokenizer for the pool's model: route with it from the next request."""
+        self.director.tokenizer = self._exporting(tokenizer)
 
     def _flow_gate(self, config: EndpointPickerConfig, context: PluginContext) -> FlowGate | None:
         """Flow control, when the config turns it on: requests wait while the pool is saturated."""
@@ -248,6 +275,8 @@ class EppApp:
             await self.predictor.start()
         if self.sync is not None:
             await self.sync.start()
+        if self.auto_tokenizer is not None:
+            self._tasks.append(asyncio.create_task(self.auto_tokenizer.run(), name="auto-tokenizer"))
         if self.source is not None:
             self._tasks.append(asyncio.create_task(self.source.watch(), name="endpoints-file"))
         else:

@@ -81,7 +81,15 @@ class EppSettings(BaseModel):
         "then cancel the rest and exit",
     )
     config: str = Field("gie-default", description="EndpointPickerConfig: a shipped name or a YAML path")
-    tokenizer_dir: Path = Field(description=TOKENIZER_HELP)
+    tokenizer_source: Literal["dir", "auto"] = Field(
+        "dir",
+        description="where the tokenizer comes from. dir: --tokenizer-dir. auto: the Hugging Face Hub "
+        "repository the pool's /v1/models names as its model's root (with HF_TOKEN for gated ones, "
+        "HF_ENDPOINT for a mirror), loaded once the pool's endpoints agree on one; until then, or "
+        "if it cannot be had, token counts are estimated from the text (4 bytes a token; "
+        "llm_epp_tokenizer_estimated is 1)",
+    )
+    tokenizer_dir: Path | None = Field(None, description=f"with --tokenizer-source dir: {TOKENIZER_HELP}")
     max_model_len: int | None = Field(
         None,
         ge=1,
@@ -199,6 +207,14 @@ class EppSettings(BaseModel):
                 "--ha-enable-leader-election (active-passive: one replica routes) and --sync-nats-url "
                 "(active-active: every replica routes) exclude each other; choose one"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tokenizer_inputs(self) -> EppSettings:
+        if self.tokenizer_source == "dir" and self.tokenizer_dir is None:
+            raise ValueError(f"--tokenizer-dir is required: {TOKENIZER_HELP} (or --tokenizer-source auto)")
+        if self.tokenizer_source == "auto" and self.tokenizer_dir is not None:
+            raise ValueError("--tokenizer-dir is for --tokenizer-source dir; auto downloads the tokenizer")
         return self
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -56,12 +56,45 @@ def flatten_content(content: Any) -> str:
     raise ChatTemplateError("message content must be a string or a list of text parts")
 
 
+def normalise_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with their content as text (:func:`flatten_content`), as chat templates take
+    them; :class:`ChatTemplateError` for an empty conversation or a message without a role."""
+    if not messages:
+        raise ChatTemplateError(
+            "Cannot apply chat template to an empty conversation. Provide at least one message."
+        )
+    normalised = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ChatTemplateError("each message needs a string 'role'")
+        normalised.append({**message, "content": flatten_content(message.get("content"))})
+    return normalised
+
+
+class PromptTokenizer(Protocol):
+    """What the EPP needs of a tokenizer: the served model's (:class:`ModelTokenizer`), or token
+    counts estimated from the text (``epp.estimated_tokens``) while it has none."""
+
+    exact: bool
+    """Whether the ids are the engine's (False: estimated; no length limit is enforced on them)."""
+    cache: TokenizerCache | None
+
+    @property
+    def max_chars_per_token(self) -> int: ...
+
+    def encode(self, text: str, max_chars: int | None = None) -> list[int]: ...
+
+    def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
+
+
 def _raise_exception(message: str) -> None:
     """The templates' way to refuse a conversation (``transformers`` defines it too)."""
     raise TemplateError(message)
 
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""The files a model directory must hold (the chat template may be a third)."""
 
 
 def chat_template(model_dir: Path, config: dict[str, Any]) -> str:
@@ -86,6 +119,8 @@ def chat_template(model_dir: Path, config: dict[str, Any]) -> str:
 
 class ModelTokenizer:
     """Tokenizer + chat template of one model directory (``tokenizer.json``, ``tokenizer_config.json``)."""
+
+    exact = True
 
     def __init__(
         self, model_dir: Path | str = TINY_MODEL_DIR, cache_bytes: int = 0, verify_cache: bool = False
@@ -133,15 +168,7 @@ class ModelTokenizer:
         return self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        if not messages:
-            raise ChatTemplateError(
-                "Cannot apply chat template to an empty conversation. Provide at least one message."
-            )
-        normalised = []
-        for message in messages:
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise ChatTemplateError("each message needs a string 'role'")
-            normalised.append({**message, "content": flatten_content(message.get("content"))})
+        normalised = normalise_messages(messages)
         try:
             return self._template.render(messages=normalised, add_generation_prompt=add_generation_prompt)
         except Exception as exc:

@@ -57,7 +57,7 @@ SIM_OUTPUT_TOKENS_HEADER = "x-sim-output-tokens"
 class ServedModel:
     """The tokenizer of the served model and what generation needs from it, shared by replicas.
 
-    ``root`` is the model directory the tokenizer was loaded from.
+    ``root`` is what ``/v1/models`` names as the model (vLLM: what ``vllm serve`` was given).
     """
 
     def __init__(self, tokenizer: ModelTokenizer, name: str, root: str) -> None:

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,12 +229,14 @@ def start_epp(
     health_port: int,
     metrics_port: int,
     expected_endpoints: int,
-    tokenizer_dir: Path,
+    tokenizer_dir: Path | None,
     extra_args: Sequence[str] = (),
     name: str = "epp",
+    env: Mapping[str, str] | None = None,
 ) -> Component:
-    """Run the EPP (logging to ``name``.log), tokenizing with the model in ``tokenizer_dir``, and
-    wait until it has scraped ``expected_endpoints`` healthy endpoints."""
+    """Run the EPP (logging to ``name``.log), tokenizing with the model in ``tokenizer_dir`` (None:
+    ``--tokenizer-source auto``), with ``env`` added to its environment, and wait until it has
+    scraped ``expected_endpoints`` healthy endpoints."""
     argv = [
         str(BIN / "llm-epp"),
         "--host",
@@ -249,11 +251,14 @@ def start_epp(
         str(metrics_port),
         "--endpoints-poll-s",
         "0.2",
-        "--tokenizer-dir",
-        str(tokenizer_dir),
+        *(
+            ["--tokenizer-source", "auto"]
+            if tokenizer_dir is None
+            else ["--tokenizer-dir", str(tokenizer_dir)]
+        ),
         *extra_args,
     ]
-    component = spawn(name, argv, log_dir, env=epp_allocator_env())
+    component = spawn(name, argv, log_dir, env={**epp_allocator_env(), **(env or {})})
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
 
     def ready() -> bool:

@@ -101,6 +101,9 @@ class ServerSettings:
 
     model_dir: Path = TINY_MODEL_DIR
     served_model_name: str = "tiny"
+    model_root: str | None = None
+    """What ``/v1/models`` reports as the model's ``root``: what ``vllm serve`` was given, a local
+    path or a Hugging Face repository id (None: ``model_dir``, a model served from a path)."""
     profile: str = "default"
     engine_overrides: Mapping[str, Any] = field(default_factory=dict)
     histogram_refresh_s: float = 1.0
@@ -146,7 +149,9 @@ class SimulatedVllm:
 
 def load_served_model(settings: ServerSettings) -> ServedModel:
     return ServedModel(
-        ModelTokenizer(settings.model_dir), settings.served_model_name, str(settings.model_dir)
+        ModelTokenizer(settings.model_dir),
+        settings.served_model_name,
+        settings.model_root or str(settings.model_dir),
     )
 
 
@@ -341,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--replicas", type=int, default=1, help="engines to run, on consecutive ports")
     parser.add_argument("--model-dir", type=Path, default=TINY_MODEL_DIR, help="tokenizer + chat template")
     parser.add_argument("--served-model-name", default="tiny")
+    parser.add_argument(
+        "--model-root",
+        help="the model's root in /v1/models, as vLLM reports what it serves: a Hugging Face repository "
+        "id to stand for a model from the Hub (default: --model-dir)",
+    )
     parser.add_argument("--profile", default="default", help="shipped profile name or path to a profile YAML")
     for name in ENGINE_OVERRIDES:
         parser.add_argument(
@@ -381,6 +391,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(
         model_dir=args.model_dir,
         served_model_name=args.served_model_name,
+        model_root=args.model_root,
         profile=args.profile,
         engine_overrides=overrides,
         kv_events=args.kv_events_config,

@@ -22,7 +22,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -104,6 +104,11 @@ class StackConfig:
     model: str = "tiny"
     model_dir: Path = TINY_MODEL_DIR
     """The served model: the replicas serve it and the EPP tokenizes with its tokenizer."""
+    tokenizer_source: Literal["dir", "auto"] = "dir"
+    """dir: the EPP reads ``model_dir``; auto: it downloads the tokenizer the replicas' /v1/models
+    names (give them ``--model-root`` in ``sim_args``, the Hub's address in ``epp_env``)."""
+    epp_env: Mapping[str, str] = field(default_factory=dict)
+    """Added to the EPPs' environment (e.g. ``HF_ENDPOINT``, ``HF_HOME``)."""
     workdir: Path | None = None
     kv_events: bool = False
     """Simulated replicas publish KV events (with a replay socket) and the EPP subscribes."""
@@ -360,7 +365,8 @@ class LocalStack:
                 health_port=ports.epp_health,
                 metrics_port=ports.epp_metrics,
                 expected_endpoints=self.config.replicas,
-                tokenizer_dir=self.config.model_dir,
+                tokenizer_dir=self._epp_tokenizer_dir,
+                env=self.config.epp_env,
                 # One EPP: no other replica takes new streams while it drains, so no grace.
                 extra_args=["--shutdown-grace-s", "0", *epp_args],
             )
@@ -369,6 +375,10 @@ class LocalStack:
             self._start_synced_epps(epp_args)
         bootstrap = self.gateway_config(ports.gateway, self.epp_tls)
         self.envoy = start_envoy("envoy", bootstrap, self.workdir, admin_port=ports.envoy_admin)
+
+    @property
+    def _epp_tokenizer_dir(self) -> Path | None:
+        return self.config.model_dir if self.config.tokenizer_source == "dir" else None
 
     def _start_synced_epps(self, epp_args: list[str]) -> None:
         """A nats-server, then every EPP replica syncing through it (``epp-0``, ``epp-1``, ...)."""
@@ -389,7 +399,8 @@ class LocalStack:
                     health_port=health,
                     metrics_port=metrics,
                     expected_endpoints=self.config.replicas,
-                    tokenizer_dir=self.config.model_dir,
+                    tokenizer_dir=self._epp_tokenizer_dir,
+                    env=self.config.epp_env,
                     extra_args=[*epp_args, *sync_args],
                     name=f"epp-{i}",
                 )

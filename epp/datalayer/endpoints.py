@@ -22,6 +22,8 @@ class _Entry:
     healthy: bool = False
     last_error: str | None = None
     alive_at: float = float("-inf")
+    model_root: str | None = None
+    """The base model its ``/v1/models`` names (``epp.datalayer.served_models.parse_model_root``)."""
 
 
 class EndpointStore:
@@ -85,6 +87,15 @@ class EndpointStore:
         if entry is not None:
             entry.state.max_model_len = max_model_len
             self._update_max_model_len()
+
+    def record_model_root(self, name: str, root: str | None) -> None:
+        entry = self._entries.get(name)
+        if entry is not None:
+            entry.model_root = root
+
+    def model_roots(self) -> dict[str, str]:
+        """The model each endpoint serves, by endpoint name, for those whose ``/v1/models`` named one."""
+        return {name: e.model_root for name, e in self._entries.items() if e.model_root is not None}
 
     def max_model_len(self) -> int | None:
         """The longest context any endpoint has reported (None: none has): a prompt longer than

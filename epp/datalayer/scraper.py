@@ -46,7 +46,7 @@ from collections.abc import Callable
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.engine_metrics import MetricsParseError, parse_engine_metrics
 from epp.datalayer.http_get import HttpGetError, KeepAliveGet
-from epp.datalayer.served_models import MODELS_PATH, ModelsParseError, parse_max_model_len
+from epp.datalayer.served_models import MODELS_PATH, ModelsParseError, parse_max_model_len, parse_model_root
 from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.types import Endpoint, EndpointState, EngineMetrics
@@ -246,7 +246,8 @@ class MetricsScraper(LifecycleObserver):
         return metrics
 
     async def read_max_model_len(self, name: str, client: KeepAliveGet) -> bool:
-        """Record the engine's context length from its ``/v1/models``; False if it could not be read."""
+        """Record the engine's context length, and the model it serves (its ``root``, which the
+        ``auto`` tokenizer source loads), from its ``/v1/models``; False if it could not be read."""
         try:
             async with asyncio.timeout(self.timeout):
                 body = await client.get(MODELS_PATH)
@@ -257,6 +258,7 @@ class MetricsScraper(LifecycleObserver):
                 log.warning("endpoint %s: no context length yet: %s", name, str(exc) or type(exc).__name__)
             return False
         self.store.record_max_model_len(name, max_model_len)
+        self.store.record_model_root(name, parse_model_root(body))
         return True
 
     async def close(self) -> None:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 
 from epp.errors import BadRequest
-from epp.tokenization import ModelTokenizer
+from epp.tokenization import PromptTokenizer
 
 # The first probe is this many characters per allowed token: above the ~4 of natural language,
 # so a prompt that fits is rarely probed before its full tokenization.
@@ -60,7 +60,7 @@ def check_token_ids(token_ids: Sequence[int], max_model_len: int | None) -> None
 
 
 def encode_prompt(
-    text: str, tokenizer: ModelTokenizer, max_model_len: int | None, max_chars: int | None = None
+    text: str, tokenizer: PromptTokenizer, max_model_len: int | None, max_chars: int | None = None
 ) -> list[int]:
     """The token ids of a text prompt; raise :class:`BadRequest` if it cannot fit ``max_model_len``
     tokens (None: unknown, nothing is refused). A text over the limit is tokenized only in prefixes:

@@ -44,7 +44,7 @@ from epp.scheduling.framework import RequestOutcome, slo_misses
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import NoCandidates
 from epp.scheduling.types import LLMRequest, SchedulingResult
-from epp.tokenization import GIL_FREE_CHARS, ModelTokenizer
+from epp.tokenization import GIL_FREE_CHARS, PromptTokenizer
 from epp.tokenizer_cache import TooLongToInline
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class Director:
         self,
         lifecycle: RequestLifecycle,
         store: EndpointStore,
-        tokenizer: ModelTokenizer,
+        tokenizer: PromptTokenizer,
         metrics: RequestMetrics,
         clock: Callable[[], float],
         rng: random.Random | None = None,
@@ -107,7 +107,8 @@ class Director:
     ) -> None:
         """``default_max_model_len`` is the context length while no engine has reported its own;
         ``flow_gate`` holds requests while the pool is saturated (flow control, off without it);
-        ``metering`` says how streamed responses are metered (every chunk, by default)."""
+        ``metering`` says how streamed responses are metered (every chunk, by default);
+        ``tokenizer`` may be replaced by assigning ``self.tokenizer`` (the next request uses it)."""
         self.flow_gate = flow_gate
         self.metering = metering or MeteringSettings()
         self._plan = MeteringPlan(self.metering)
@@ -142,11 +143,14 @@ class Director:
         """Parse and route a request with a body. Raises a :class:`RequestError` to refuse it."""
         learned = self.store.max_model_len()
         max_model_len = learned if learned is not None else self.default_max_model_len
+        tokenizer = self.tokenizer  # read once: the ``auto`` source may replace it meanwhile
+        if not tokenizer.exact:  # an estimated count must not refuse a prompt the engine takes
+            max_model_len = None
         args = (
             path,
             headers,
             body,
-            self.tokenizer,
+            tokenizer,
             record.request_id,
             self.objective_priorities,
             max_model_len,

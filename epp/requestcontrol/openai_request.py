@@ -23,7 +23,7 @@ from epp.errors import BadRequest
 from epp.requestcontrol.context_window import check_token_ids, encode_prompt
 from epp.requestcontrol.request_headers import parse_request_hints
 from epp.scheduling.types import ApiKind, LLMRequest
-from epp.tokenization import ChatTemplateError, ModelTokenizer
+from epp.tokenization import ChatTemplateError, PromptTokenizer
 
 
 def api_kind(path: str) -> ApiKind | None:
@@ -63,7 +63,7 @@ def _token_ids(prompt: list[Any], max_model_len: int | None) -> list[int]:
 
 
 def _completion_tokens(
-    prompt: Any, tokenizer: ModelTokenizer, max_model_len: int | None, max_chars: int | None
+    prompt: Any, tokenizer: PromptTokenizer, max_model_len: int | None, max_chars: int | None
 ) -> list[int]:
     if isinstance(prompt, str):
         return encode_prompt(prompt, tokenizer, max_model_len, max_chars)
@@ -83,7 +83,7 @@ def parse_openai_request(
     path: str,
     headers: Mapping[str, str],
     body: bytes,
-    tokenizer: ModelTokenizer,
+    tokenizer: PromptTokenizer,
     request_id: str,
     objective_priorities: Mapping[str, int] | None = None,
     max_model_len: int | None = None,

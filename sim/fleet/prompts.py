@@ -27,7 +27,7 @@ _BLOCK_SALT = 0x5EED_B10C_0000_0000
 _U64 = np.uint64
 
 
-def _mix(values: np.ndarray) -> np.ndarray:
+def splitmix(values: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
     z = values + _U64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
@@ -42,9 +42,9 @@ def synthetic_tokens(key: int, count: int) -> np.ndarray:
 
 def synthetic_blocks(keys: Sequence[int], count: int) -> np.ndarray:
     """One row of ``count`` token ids per key, row i what ``synthetic_tokens(keys[i], count)`` gives."""
-    seeds = _mix(np.array([key & 0xFFFF_FFFF_FFFF_FFFF for key in keys], dtype=np.uint64))
+    seeds = splitmix(np.array([key & 0xFFFF_FFFF_FFFF_FFFF for key in keys], dtype=np.uint64))
     positions = np.arange(count, dtype=np.uint64) * _U64(0x9E3779B97F4A7C15)
-    mixed = _mix(seeds[:, None] + positions[None, :])
+    mixed = splitmix(seeds[:, None] + positions[None, :])
     return (mixed % _U64(VOCAB_HIGH - VOCAB_LOW)).astype(np.int64) + VOCAB_LOW
 
 

@@ -35,6 +35,7 @@ from epp.flowcontrol.types import Outcome
 from epp.latency.drift import DriftEvent
 from epp.scheduling.types import ApiKind, LLMRequest
 from sim.engine import EngineRequest, Profile, RequestOutput, RequestRejectedError, load_profile
+from sim.fleet.estimated import TokenText
 from sim.fleet.flow_gate import FleetFlowGate, shed_reason
 from sim.fleet.prompts import PromptBuilder, turn_key
 from sim.fleet.replica import Replica
@@ -63,6 +64,9 @@ class FleetConfig:
     retrain_interval_s: float = 10.0
     seed: int = 0
     switches: tuple[ProfileSwitch, ...] = ()
+    estimated_bytes_per_token: float | None = None
+    """Route on token ids estimated from the prompts' text, as an EPP without the model's
+    tokenizer does, for text of this many bytes a token (``sim.fleet.estimated``); None: exact."""
 
 
 @dataclass(slots=True)
@@ -163,6 +167,10 @@ class FleetSimulator:
         self.router = router_factory(lambda: self.now)
         self.replicas = [Replica(index, self.profile) for index in range(config.replicas)]
         self.prompts = PromptBuilder(self.profile.engine.block_size, workload.hash_block_tokens)
+        estimated = config.estimated_bytes_per_token
+        self._router_ids: Callable[[list[int]], list[int]] | None = (
+            None if estimated is None else TokenText(estimated)
+        )
         self.records: list[SimulatedRequest] = []
         self._sessions = [
             _SessionState(session, any(turn.prefix == "previous" for turn in session.turns[1:]))
@@ -328,7 +336,7 @@ class FleetSimulator:
             request_id=request_id,
             model="fleet",
             api=ApiKind.CHAT,
-            prompt_token_ids=tokens,
+            prompt_token_ids=tokens if self._router_ids is None else self._router_ids(tokens),
             stream=True,
             max_tokens=workload.max_tokens,
             headers={"x-session-id": session.session_id, **session_headers(session)},

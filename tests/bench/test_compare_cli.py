@@ -48,3 +48,25 @@ def test_compare_writes_json_markdown_and_plots(tmp_path: Path) -> None:
 def test_compare_rejects_unknown_routers(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["compare", "--workload", "rl-stragglers", "--routers", "nope", "--out", str(tmp_path)])
+
+
+def test_compare_runs_each_router_on_estimated_counts_too(tmp_path: Path) -> None:
+    trace = tmp_path / "tiny.jsonl"
+    rows = [{"session_id": "s0", "arrival_s": 0.0, "input_tokens": 800, "output_tokens": 20}] + [
+        {
+            "session_id": "s0",
+            "think_s": 0.2,
+            "input_tokens": 800 + 400 * t,
+            "output_tokens": 20,
+            "prefix": "previous",
+        }
+        for t in range(1, 4)
+    ]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    args = ["compare", "--workload", f"session-trace:{trace}", "--routers", "gie-default", "--replicas", "2"]
+    main([*args, "--estimated-tokens", "3,4", "--out", str(out)])
+    data = json.loads((out / "compare-session-trace.json").read_text())
+    assert [r["router"] for r in data["runs"]] == ["gie-default", "gie-default~est3", "gie-default~est4"]
+    assert all(r["completed"] == 4 for r in data["runs"])
+    assert "| gie-default~est3 |" in (out / "compare-session-trace.md").read_text()

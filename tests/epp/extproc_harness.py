@@ -35,7 +35,7 @@ from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
 from epp.scheduling.observers import LifecycleObserver
 from epp.scheduling.types import Endpoint, EngineMetrics
-from epp.tokenization import ModelTokenizer
+from epp.tokenization import ModelTokenizer, PromptTokenizer
 from tests.epp.factories import FakeClock
 
 
@@ -89,7 +89,7 @@ class Harness:
         healthy: int = 2,
         max_body: int = 1 << 20,
         config: str = "gie-default",
-        tokenizer: ModelTokenizer | None = None,
+        tokenizer: PromptTokenizer | None = None,
         default_max_model_len: int | None = None,
         observers: Sequence[LifecycleObserver] = (),
         metering: MeteringSettings | None = None,

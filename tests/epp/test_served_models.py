@@ -59,8 +59,10 @@ async def test_the_scraper_learns_each_engines_context_and_follows_changes(engin
     try:
         await eventually(lambda: store.is_healthy("e0") and len(engine.models_calls) >= 2)
         assert store.max_model_len() is None  # 404s: nothing learned, retried
+        assert store.model_roots() == {}
         engine.max_model_len = 2048
         await eventually(lambda: store.max_model_len() == 2048)
+        assert store.model_roots() == {"e0": "/m"}  # what the auto tokenizer source loads
         engine.max_model_len = 4096  # restarted in place with a longer context
         await eventually(lambda: store.max_model_len() == 4096)
         calls = len(engine.models_calls)

@@ -38,6 +38,8 @@ class Rendered:
     docs: list[dict[str, Any]]
     lint: dict[str, Any]
     posted: list[dict[str, Any]]
+    notes: str = ""
+    """What ``helm install`` prints after installing (templates/NOTES.txt)."""
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [d for d in self.docs if d["kind"] == kind]
@@ -88,7 +90,8 @@ def _render(values_json: str) -> Rendered:
     if "error" in result:
         raise HelmFailed(result["error"])
     docs = [d for d in yaml.safe_load_all(result["manifest"]) if d]
-    return Rendered(docs=docs, lint=result["lint"], posted=posted)
+    notes = result.get("release", {}).get("info", {}).get("notes", "")
+    return Rendered(docs=docs, lint=result["lint"], posted=posted, notes=notes)
 
 
 def ci_values() -> dict[str, dict[str, Any]]:

@@ -204,12 +204,14 @@ def test_config_map_holds_a_valid_endpoint_picker_config(case: tuple[Rendered, i
     assert ("predicted-latency-producer" in plugin_types) == bool(servers)
 
 
-def test_inference_pool_points_at_the_epp_service(case: tuple[Rendered, int]) -> None:
-    rendered, _ = case
+@pytest.mark.parametrize("name", list(CI_VALUES))
+def test_inference_pool_points_at_the_epp_service(name: str) -> None:
+    values = CI_VALUES[name]
+    rendered = render(values)
     pool_obj = rendered.one("InferencePool")
     assert pool_obj["metadata"]["name"] == RELEASE
     pool = parse_pool(pool_obj)
-    assert pool.match_labels == {"app": "vllm-llama3-8b-instruct"}
+    assert pool.match_labels == values["inferencePool"]["modelServers"]["matchLabels"]
     ref = pool.endpointPickerRef
     assert ref is not None and ref.failureMode == "FailOpen"
     service = rendered.named("Service", EPP)
@@ -287,7 +289,7 @@ BAD_VALUES = {
     ),
     "bad-port": (merged(PREDICTOR_OFF, {"inferenceExtension": {"extProcPort": 70000}}), "extProcPort"),
     "no-tokenizer": (
-        {**PREDICTOR_OFF, "inferenceExtension": {}},
+        _tokenizer(source=""),
         r"inferenceExtension.tokenizer.source is required: the EPP needs the served model's tokenizer",
     ),
     "bad-tokenizer-source": (_tokenizer(source="s3"), "source"),

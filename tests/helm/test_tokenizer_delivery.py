@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from epp.app import TOKENIZER_FILES, load_tokenizer
 from epp.main import parse_args as epp_args
@@ -28,8 +29,33 @@ CI_VALUES = ci_values()
 TINY_VOCAB = ModelTokenizer(TINY_MODEL_DIR).vocab_size
 
 
+DEFAULT_SOURCE = yaml.safe_load((CHART / "values.yaml").read_text())["inferenceExtension"]["tokenizer"][
+    "source"
+]
+# The seed guide's command, exactly: helm upgrade --install NAME
+GUIDE_SETS = (
+    "inferencePool.modelServers.matchLabels.app=MODEL_SERVER_LABEL",
+    "provider.name=gke",
+    "inferenceExtension.monitoring.gke.enabled=true",
+    "inferenceExtension.latencyPredictor.enabled=true",
+)
+
+
 def _source(values: dict[str, Any]) -> str:
-    return values["inferenceExtension"]["tokenizer"]["source"]
+    return values.get("inferenceExtension", {}).get("tokenizer", {}).get("source", DEFAULT_SOURCE)
+
+
+def _set_values(sets: tuple[str, ...]) -> dict[str, Any]:
+    """The values ``--set`` gives (dotted keys; true/false as booleans, as Helm parses them)."""
+    values: dict[str, Any] = {}
+    for assignment in sets:
+        key, value = assignment.split("=", 1)
+        *parents, leaf = key.split(".")
+        node = values
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = {"true": True, "false": False}.get(value, value)
+    return values
 
 
 def _ci_with(source: str) -> dict[str, Any]:
@@ -157,3 +183,48 @@ def test_tokenizer_downloaded_from_the_hub_with_the_secrets_token(tmp_path: Path
     downloads = [(path, auth) for path, auth in hub.requests if path.startswith(f"/{repo}/resolve/")]
     assert {path.rsplit("/", 1)[1] for path, _ in downloads} == set(TOKENIZER_FILES)
     assert {auth for _, auth in downloads} == {"Bearer hf_test_token"}
+
+
+def _epp(rendered: Rendered) -> dict[str, Any]:
+    [epp] = [c for c in _pod(rendered)["containers"] if c["name"] == "epp"]
+    return epp
+
+
+def test_the_guides_command_alone_installs_with_the_auto_source() -> None:
+    values = _set_values(GUIDE_SETS)
+    assert CI_VALUES["guide-command"] == values  # chart-testing lints the same values
+    rendered = render(values)  # installed into the test API server; raises if Helm refuses
+    assert not rendered.lint["Errors"]
+    assert all(m["Severity"] <= 1 for m in rendered.lint["Messages"]), rendered.lint  # info only
+    epp = _epp(rendered)
+    settings, _ = epp_args(epp["args"])
+    assert settings.tokenizer_source == "auto" and settings.tokenizer_dir is None
+    pod = _pod(rendered)
+    assert "initContainers" not in pod
+    assert "tokenizer" not in {v["name"] for v in pod["volumes"]}
+    env = {e["name"]: e for e in epp["env"]}
+    # The EPP downloads into HF_HOME, which must be on a writable mount (the root is read-only).
+    assert epp["securityContext"]["readOnlyRootFilesystem"] is True
+    [tmp] = [m for m in epp["volumeMounts"] if env["HF_HOME"]["value"].startswith(m["mountPath"] + "/")]
+    assert not tmp.get("readOnly")
+    assert "HF_TOKEN" not in env and "HF_ENDPOINT" not in env
+    assert "llm_epp_tokenizer_estimated" in rendered.notes
+    assert "inferenceExtension.tokenizer.hub.tokenSecret.name" in rendered.notes
+
+
+def test_the_auto_source_takes_the_hub_token_and_mirror() -> None:
+    hub = {"tokenSecret": {"name": "hf-token"}, "endpoint": "https://hf-mirror.example"}
+    values = merged(_set_values(GUIDE_SETS), {"inferenceExtension": {"tokenizer": {"hub": hub}}})
+    rendered = render(values)
+    env = {e["name"]: e for e in _epp(rendered)["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "HF_TOKEN"}
+    assert env["HF_ENDPOINT"]["value"] == "https://hf-mirror.example"
+    assert "Secret hf-token" in rendered.notes
+
+
+@pytest.mark.parametrize("source", ["configMap", "secret", "volume", "image", "hub"])
+def test_an_explicit_source_gives_the_epp_its_directory(source: str) -> None:
+    rendered = render(_ci_with(source))
+    settings, _ = epp_args(_epp(rendered)["args"])
+    assert settings.tokenizer_source == "dir" and settings.tokenizer_dir is not None
+    assert f"from source {source}" in rendered.notes

@@ -1,7 +1,10 @@
 {{/*
-The served model's tokenizer for the EPP (--tokenizer-dir): a pod volume mounted read-only at
-llm-epp.tokenizerDir, either a volume that holds the files (configMap, secret, volume) or an
-emptyDir that an init container fills (image: copy from an image; hub: download).
+The served model's tokenizer for the EPP. auto (the default): the EPP itself downloads the
+tokenizer of the model the pool's /v1/models names, from the Hugging Face Hub (the hub
+environment below), and estimates token counts until it has it; no volume. Every other source
+gives --tokenizer-dir: a pod volume mounted read-only at llm-epp.tokenizerDir, either a volume
+that holds the files (configMap, secret, volume) or an emptyDir that an init container fills
+(image: copy from an image; hub: download).
 */}}
 {{- define "llm-epp.tokenizerDir" -}}
 /tokenizer
@@ -16,7 +19,7 @@ tokenizer.json tokenizer_config.json
 {{- define "llm-epp.tokenizerSource" -}}
 {{- $t := .Values.inferenceExtension.tokenizer -}}
 {{- if not $t.source -}}
-{{- fail "inferenceExtension.tokenizer.source is required: the EPP needs the served model's tokenizer (tokenizer.json, tokenizer_config.json), e.g. --set inferenceExtension.tokenizer.source=hub --set inferenceExtension.tokenizer.hub.repo=meta-llama/Llama-3.1-8B-Instruct (sources: configMap, secret, volume, image, hub; see the README, 'Deploy on Kubernetes')" -}}
+{{- fail "inferenceExtension.tokenizer.source is required: the EPP needs the served model's tokenizer (tokenizer.json, tokenizer_config.json), e.g. auto (the default), or --set inferenceExtension.tokenizer.source=hub --set inferenceExtension.tokenizer.hub.repo=meta-llama/Llama-3.1-8B-Instruct (sources: auto, configMap, secret, volume, image, hub; see the README, 'Deploy on Kubernetes')" -}}
 {{- else if eq $t.source "configMap" -}}
 {{- $_ := required "inferenceExtension.tokenizer.configMap.name is required with source configMap" $t.configMap.name -}}
 {{- else if eq $t.source "secret" -}}
@@ -34,10 +37,36 @@ tokenizer.json tokenizer_config.json
 {{- $t.source -}}
 {{- end -}}
 
-{{/* The pod volume named "tokenizer". */}}
+{{/* The EPP's flags that say where its tokenizer comes from. */}}
+{{- define "llm-epp.tokenizerArgs" -}}
+{{- if eq (include "llm-epp.tokenizerSource" .) "auto" -}}
+- "--tokenizer-source=auto"
+{{- else -}}
+- "--tokenizer-dir={{ include "llm-epp.tokenizerDir" . }}"
+{{- end -}}
+{{- end -}}
+
+{{/* The environment of a Hugging Face Hub client (`hf download`, the EPP with source auto). */}}
+{{- define "llm-epp.hubEnv" -}}
+{{- $t := .Values.inferenceExtension.tokenizer -}}
+# The client keeps its cache and settings under HF_HOME: the writable /tmp, not the read-only root.
+- {name: HF_HOME, value: /tmp/huggingface}
+- {name: HF_HUB_DISABLE_TELEMETRY, value: "1"}
+{{- with $t.hub.endpoint }}
+- {name: HF_ENDPOINT, value: {{ . | quote }}}
+{{- end }}
+{{- if $t.hub.tokenSecret.name }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef: {name: {{ $t.hub.tokenSecret.name }}, key: {{ $t.hub.tokenSecret.key }}}
+{{- end }}
+{{- end -}}
+
+{{/* The pod volume named "tokenizer" (none with source auto). */}}
 {{- define "llm-epp.tokenizerVolume" -}}
 {{- $t := .Values.inferenceExtension.tokenizer -}}
 {{- $source := include "llm-epp.tokenizerSource" . -}}
+{{- if ne $source "auto" -}}
 - name: tokenizer
 {{- if eq $source "configMap" }}
   configMap:
@@ -59,17 +88,20 @@ tokenizer.json tokenizer_config.json
   emptyDir:
     sizeLimit: {{ $t.sizeLimit }}
 {{- end }}
+{{- end }}
 {{- end -}}
 
-{{/* The EPP container's mount of the tokenizer volume. */}}
+{{/* The EPP container's mount of the tokenizer volume (none with source auto). */}}
 {{- define "llm-epp.tokenizerMount" -}}
 {{- $t := .Values.inferenceExtension.tokenizer -}}
+{{- if ne (include "llm-epp.tokenizerSource" .) "auto" -}}
 - name: tokenizer
   mountPath: {{ include "llm-epp.tokenizerDir" . }}
   readOnly: true
   {{- if and (eq $t.source "volume") $t.volume.subPath }}
   subPath: {{ $t.volume.subPath }}
   {{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The init container that fills the tokenizer volume (sources image and hub), else nothing. */}}
@@ -108,17 +140,7 @@ tokenizer.json tokenizer_config.json
     - "--revision={{ $t.hub.revision }}"
     - "--local-dir={{ $dir }}"
   env:
-    # hf keeps its cache and settings under HF_HOME: the writable /tmp, not the read-only root.
-    - {name: HF_HOME, value: /tmp/huggingface}
-    - {name: HF_HUB_DISABLE_TELEMETRY, value: "1"}
-    {{- with $t.hub.endpoint }}
-    - {name: HF_ENDPOINT, value: {{ . | quote }}}
-    {{- end }}
-    {{- if $t.hub.tokenSecret.name }}
-    - name: HF_TOKEN
-      valueFrom:
-        secretKeyRef: {name: {{ $t.hub.tokenSecret.name }}, key: {{ $t.hub.tokenSecret.key }}}
-    {{- end }}
+    {{- include "llm-epp.hubEnv" . | nindent 4 }}
   resources:
     {{- toYaml $t.resources | nindent 4 }}
   securityContext:

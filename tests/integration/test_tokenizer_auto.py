@@ -1,0 +1,96 @@
+"""``--tokenizer-source auto`` through the gateway, as the chart's default runs it: the replicas'
+/v1/models name a Hub repository (``--model-root``), the EPP downloads its tokenizer from the
+Hub (tests/helm/fake_hub.py stands in for it) or, where it cannot, routes on estimated counts.
+
+The check of exactness: the EPP's own count of each prompt (``inference_objective_input_tokens``)
+against the engine's (``usage.prompt_tokens``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from epp.estimated_tokens import EstimatedTokenizer
+from epp.tokenization import TINY_MODEL_DIR, TOKENIZER_FILES
+from sim.processes import free_port
+from sim.stack import LocalStack
+from tests.helm import fake_hub
+from tests.stacks import start_stack
+from tests.support import metric_sum, wait_for
+
+pytestmark = pytest.mark.integration
+REPO = "acme/tiny-chat"
+ESTIMATED_LINE = "token counts are estimated from the text"
+LABELS = {"model_name": "tiny", "target_model_name": "tiny"}
+
+
+def _auto_stack(workdir: Path, hub_url: str) -> LocalStack:
+    return start_stack(
+        workdir,
+        replicas=2,
+        sim_profile="instant",
+        sim_args=["--model-root", REPO],
+        tokenizer_source="auto",
+        epp_env={"HF_ENDPOINT": hub_url, "HF_HOME": str(workdir / "huggingface")},
+    )
+
+
+def _conversations() -> list[list[dict[str, str]]]:
+    system = {"role": "system", "content": "You answer questions about the fleet's runbooks. " * 6}
+    return [
+        [system, {"role": "user", "content": f"What does step {i} of runbook {i % 3} do?"}] for i in range(12)
+    ]
+
+
+def _send(stack: LocalStack) -> tuple[list[int], float]:
+    """Every conversation through the gateway: the engine's prompt counts, and what the EPP counted."""
+    client = openai.OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="unused", max_retries=0, timeout=30)
+    before = metric_sum(stack.epp_metrics_url, "inference_objective_input_tokens_sum", **LABELS)
+    engine_counts = []
+    for messages in _conversations():
+        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+        assert reply.usage is not None
+        engine_counts.append(reply.usage.prompt_tokens)
+    after = metric_sum(stack.epp_metrics_url, "inference_objective_input_tokens_sum", **LABELS)
+    return engine_counts, after - before
+
+
+def _gauge(stack: LocalStack) -> float:
+    return metric_sum(stack.epp_metrics_url, "llm_epp_tokenizer_estimated")
+
+
+@pytest.fixture(scope="module")
+def unreachable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    stack = _auto_stack(tmp_path_factory.mktemp("no-hub"), f"http://127.0.0.1:{free_port()}")
+    yield stack
+    stack.stop()
+
+
+def test_without_the_hub_requests_are_routed_on_estimated_counts(unreachable: LocalStack) -> None:
+    log = unreachable.epp.log_path
+    assert wait_for(lambda: ESTIMATED_LINE in log.read_text(), timeout=30), unreachable.epp.log_tail()
+    engine_counts, epp_counted = _send(unreachable)  # raises on any failed request
+    assert len(engine_counts) == len(_conversations())
+    assert _gauge(unreachable) == 1
+    estimated = EstimatedTokenizer()
+    expected = sum(len(estimated.encode(estimated.render_chat(m))) for m in _conversations())
+    assert epp_counted == expected != sum(engine_counts)
+    assert log.read_text().count(ESTIMATED_LINE) == 1
+    assert REPO in log.read_text()
+
+
+def test_from_the_hub_the_counts_are_exact(tmp_path: Path) -> None:
+    with fake_hub.serve(TINY_MODEL_DIR) as hub:
+        stack = _auto_stack(tmp_path, hub.url)
+        try:
+            assert wait_for(lambda: _gauge(stack) == 0, timeout=30), stack.epp.log_tail()
+            engine_counts, epp_counted = _send(stack)
+            assert epp_counted == sum(engine_counts)
+            assert ESTIMATED_LINE not in stack.epp.log_path.read_text()
+        finally:
+            stack.stop()
+    downloaded = {path.rsplit("/", 1)[1] for path, _ in hub.requests if path.startswith(f"/{REPO}/resolve/")}
+    assert set(TOKENIZER_FILES) <= downloaded
