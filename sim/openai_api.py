@@ -8,13 +8,14 @@ exactly as they parse vLLM.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NotRequired, Required
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
 from starlette.responses import JSONResponse
 from typing_extensions import TypedDict  # pydantic needs this one, not typing's, before 3.12
+
+from epp.vllm_wording import VALIDATION_ERROR_TYPE, validation_error_text, with_parameter
 
 VLLM_VERSION = "0.32.0"
 SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-sim"
@@ -193,14 +194,7 @@ class ApiError(Exception):
 
 def bad_request(message: str, *, parameter: str | None = None, value: Any = None) -> ApiError:
     """A 400 worded like vLLM's validation errors: the message, then ``(parameter=..., value=...)``."""
-    extras = []
-    if parameter is not None:
-        extras.append(f"parameter={parameter}")
-    if value is not None:
-        extras.append(f"value={value}")
-    if extras:
-        message = f"{message} ({', '.join(extras)})"
-    return ApiError(400, "BadRequestError", message, parameter)
+    return ApiError(400, "BadRequestError", with_parameter(message, parameter, value), parameter)
 
 
 def model_not_found(model: str, served_model_name: str) -> ApiError:
@@ -217,45 +211,10 @@ def error_response(status: int, error_type: str, message: str, param: str | None
     return JSONResponse(body, status_code=status)
 
 
-_MAX_REPORTED_ERRORS = 10
-_MAX_INPUT_CHARS = 200
-# pydantic names union branches and wrappers in ``loc``; vLLM drops them from ``param``.
-_INTERNAL_LOC = re.compile(r"[\[\]{}()]|^(str|int|float|bool|bytes|list|dict|tuple|set|none|union|nullable)$")
-
-
 def validation_error_response(errors: Sequence[dict[str, Any]]) -> JSONResponse:
     """A request-body validation failure in vLLM's words: a count, then each error, 400."""
-    if not errors:
-        return error_response(400, "Bad Request", "Validation error", None)
-    label = "error" if len(errors) == 1 else "errors"
-    lines = [f"{len(errors)} validation {label}:"]
-    lines += [f"  {_describe_error(error)}" for error in errors[:_MAX_REPORTED_ERRORS]]
-    if len(errors) > _MAX_REPORTED_ERRORS:
-        lines.append(f"  ...and {len(errors) - _MAX_REPORTED_ERRORS} more {label}")
-    return error_response(400, "Bad Request", "\n".join(lines), _join_loc(errors[0].get("loc", ())))
-
-
-def _describe_error(error: dict[str, Any]) -> str:
-    described = dict(error)
-    if "input" in described:
-        described["input"] = _summarize_input(described["input"])
-    if "loc" in described:
-        described["loc"] = _join_loc(described["loc"])
-    return str(described)
-
-
-def _summarize_input(value: Any) -> str:
-    if isinstance(value, list | tuple | set | frozenset | dict):
-        return f"<{type(value).__name__} of {len(value)} items>"
-    if isinstance(value, bytes | bytearray):
-        return f"<{type(value).__name__} of {len(value)} bytes>"
-    text = str(value)
-    return text if len(text) <= _MAX_INPUT_CHARS else text[:_MAX_INPUT_CHARS] + "...[truncated]"
-
-
-def _join_loc(loc: Sequence[Any]) -> str:
-    parts = [str(part) for part in loc if not _INTERNAL_LOC.search(str(part))]
-    return ".".join(parts or map(str, loc))
+    message, param = validation_error_text(errors)
+    return error_response(400, VALIDATION_ERROR_TYPE, message, param)
 
 
 # ---------------------------------------------------------------- responses
