@@ -57,6 +57,26 @@ def with_parameter(message: str, parameter: str | None = None, value: Any = None
     return f"{message} ({', '.join(extras)})" if extras else message
 
 
+MAX_CACHE_SALT_CHARS = 128
+_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def cache_salt_refusal(salt: object) -> str | None:
+    """vLLM's refusal of a ``cache_salt`` (a ``VLLMValidationError`` on ``cache_salt``), or None if
+    it is fine: absent, or a non-empty string of at most 128 characters without ``@``, ``/``,
+    ``\\`` or NUL."""
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        return "Parameter 'cache_salt' must be a non-empty string if provided."
+    if len(salt) > MAX_CACHE_SALT_CHARS or not _CACHE_SALT_FORBIDDEN.isdisjoint(salt):
+        return (
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain "
+            "'@', '/', '\\\\', or NUL."
+        )
+    return None
+
+
 def _describe_error(error: dict[str, Any]) -> str:
     described = dict(error)
     if "input" in described:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
 from starlette.responses import JSONResponse
 from typing_extensions import TypedDict  # pydantic needs this one, not typing's, before 3.12
 
-from epp.vllm_wording import VALIDATION_ERROR_TYPE, validation_error_text, with_parameter
+from epp.vllm_wording import VALIDATION_ERROR_TYPE, cache_salt_refusal, validation_error_text, with_parameter
 
 VLLM_VERSION = "0.32.0"
 SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-sim"
@@ -33,6 +33,33 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 4
 """vLLM's default ``VLLM_MAX_STOP_STRINGS``."""
 StopParam = str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None
+
+
+class ResponseFormat(BaseModel):
+    """vLLM's ``response_format``: accepted when well-formed; the simulator does not constrain
+    its output."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: dict[str, Any] | None = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    """A tool a chat request offers; the simulated model never calls one."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class GenerationRequest(BaseModel):
@@ -58,7 +85,16 @@ class GenerationRequest(BaseModel):
     min_tokens: int = 0
     stop: StopParam = []
     prompt_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
     cache_salt: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_cache_salt(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (refusal := cache_salt_refusal(data.get("cache_salt"))) is not None:
+            raise bad_request(refusal, parameter="cache_salt")
+        return data
 
 
 TokenId = Annotated[int, Field(ge=0)]
@@ -117,12 +153,16 @@ _MessageContent = str | list[Any] | dict[str, Any]
 class ChatMessage(TypedDict):
     role: Required[str]
     content: NotRequired[_MessageContent]
+    name: NotRequired[str]
+    tool_calls: NotRequired[list[dict[str, Any]] | None]
 
 
 @with_config(ConfigDict(extra="allow"))
 class AssistantMessage(TypedDict):
     role: Required[Literal["assistant"]]
     content: NotRequired[_MessageContent | None]
+    name: NotRequired[str]
+    tool_calls: NotRequired[list[dict[str, Any]] | None]
 
 
 @with_config(ConfigDict(extra="allow"))
@@ -134,11 +174,22 @@ class FunctionMessage(TypedDict):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage | AssistantMessage | FunctionMessage]
+    n: int | None = 1  # a chat request may say null, a completion may not (vLLM 0.32)
+    tools: list[Tool] | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     add_generation_prompt: bool = True
     logprobs: bool | None = False
     top_logprobs: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_messages(cls, data: Any) -> Any:
+        # vLLM iterates the messages before validating them.
+        messages = data.get("messages", []) if isinstance(data, dict) else []
+        if not isinstance(messages, str | list | dict):
+            raise ApiError(400, "BadRequestError", f"'{type(messages).__name__}' object is not iterable")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -220,6 +271,10 @@ def validation_error_response(errors: Sequence[dict[str, Any]]) -> JSONResponse:
 # ---------------------------------------------------------------- responses
 
 
+Choice = tuple[str, str]
+"""A finished choice: its text and its finish reason."""
+
+
 def sse(payload: dict[str, Any]) -> str:
     return f"data: {dumps(payload)}\n\n"
 
@@ -280,7 +335,7 @@ def stream_usage_chunk(
 
 
 def completion_response(
-    response_id: str, created: int, model: str, text: str, finish_reason: str, usage_body: dict[str, Any]
+    response_id: str, created: int, model: str, choices: Sequence[Choice], usage_body: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "id": response_id,
@@ -289,7 +344,7 @@ def completion_response(
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "text": text,
                 "logprobs": None,
                 "finish_reason": finish_reason,
@@ -299,6 +354,7 @@ def completion_response(
                 "prompt_token_ids": None,
                 "routed_experts": None,
             }
+            for index, (text, finish_reason) in enumerate(choices)
         ],
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,
@@ -310,7 +366,14 @@ def completion_response(
 
 
 def completion_chunk(
-    response_id: str, created: int, model: str, text: str, finish_reason: str | None, *, fingerprint: bool
+    response_id: str,
+    created: int,
+    model: str,
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    *,
+    fingerprint: bool,
 ) -> dict[str, Any]:
     """One streamed completion token; vLLM puts ``system_fingerprint`` on the last chunk only
     when no usage chunk follows."""
@@ -321,7 +384,7 @@ def completion_chunk(
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "text": text,
                 "logprobs": None,
                 "finish_reason": finish_reason,
@@ -337,7 +400,7 @@ def completion_chunk(
 
 
 def chat_response(
-    response_id: str, created: int, model: str, content: str, finish_reason: str, usage_body: dict[str, Any]
+    response_id: str, created: int, model: str, choices: Sequence[Choice], usage_body: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "id": response_id,
@@ -346,7 +409,7 @@ def chat_response(
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "message": {
                     "role": "assistant",
                     "content": content,
@@ -362,6 +425,7 @@ def chat_response(
                 "token_ids": None,
                 "routed_experts": None,
             }
+            for index, (content, finish_reason) in enumerate(choices)
         ],
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,
@@ -375,8 +439,8 @@ def chat_response(
     }
 
 
-def chat_role_chunk(response_id: str, created: int, model: str) -> dict[str, Any]:
-    """The first chunk of a chat stream: the role, no content yet."""
+def chat_role_chunk(response_id: str, created: int, model: str, index: int) -> dict[str, Any]:
+    """The first chunk of a chat stream's choice: the role, no content yet."""
     return {
         "id": response_id,
         "object": "chat.completion.chunk",
@@ -384,7 +448,7 @@ def chat_role_chunk(response_id: str, created: int, model: str) -> dict[str, Any
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "delta": {"role": "assistant", "content": ""},
                 "logprobs": None,
                 "finish_reason": None,
@@ -396,10 +460,17 @@ def chat_role_chunk(response_id: str, created: int, model: str) -> dict[str, Any
 
 
 def chat_content_chunk(
-    response_id: str, created: int, model: str, content: str, finish_reason: str | None, *, fingerprint: bool
+    response_id: str,
+    created: int,
+    model: str,
+    index: int,
+    content: str,
+    finish_reason: str | None,
+    *,
+    fingerprint: bool,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "delta": {"content": content},
         "logprobs": None,
         "finish_reason": None,

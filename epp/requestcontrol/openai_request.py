@@ -37,10 +37,7 @@ from epp.requestcontrol.context_window import check_token_ids, encode_prompt
 from epp.requestcontrol.request_headers import parse_request_hints
 from epp.scheduling.types import ApiKind, LLMRequest
 from epp.tokenization import ChatTemplateError, ModelTokenizer
-from epp.vllm_wording import json_invalid_error, with_parameter
-
-MAX_CACHE_SALT_CHARS = 128
-_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+from epp.vllm_wording import cache_salt_refusal, json_invalid_error, with_parameter
 
 
 def api_kind(path: str) -> ApiKind | None:
@@ -56,21 +53,6 @@ def api_kind(path: str) -> ApiKind | None:
 def _refusal(message: str, parameter: str | None = None, value: Any = None) -> BadRequest:
     """A refusal by one of vLLM's own checks, in its words."""
     return BadRequest(with_parameter(message, parameter, value), param=parameter)
-
-
-def check_cache_salt(salt: object) -> None:
-    """vLLM's check of ``cache_salt``: absent, or a non-empty string of at most 128 characters
-    without ``@``, ``/``, ``\\`` or NUL."""
-    if salt is None:
-        return
-    if not isinstance(salt, str) or not salt:
-        raise _refusal("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
-    if len(salt) > MAX_CACHE_SALT_CHARS or not _CACHE_SALT_FORBIDDEN.isdisjoint(salt):
-        raise _refusal(
-            "Parameter 'cache_salt' must be at most 128 characters and must not contain "
-            "'@', '/', '\\\\', or NUL.",
-            "cache_salt",
-        )
 
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
@@ -91,8 +73,8 @@ class _RoutedFields(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _check_salt(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            check_cache_salt(data.get("cache_salt"))
+        if isinstance(data, dict) and (refusal := cache_salt_refusal(data.get("cache_salt"))) is not None:
+            raise _refusal(refusal, "cache_salt")
         return data
 
 
