@@ -176,11 +176,40 @@ class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage | AssistantMessage | FunctionMessage]
     n: int | None = 1  # a chat request may say null, a completion may not (vLLM 0.32)
     tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = "none"
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     add_generation_prompt: bool = True
     logprobs: bool | None = False
     top_logprobs: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_tool_usage(cls, data: Any) -> Any:
+        """vLLM's checks of ``tools`` and ``tool_choice`` (named tools are not checked further);
+        tools without a ``tool_choice`` choose ``"auto"``."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("tools") == []:
+            raise bad_request(
+                "`tools` must not be an empty array. Either provide at least one tool or omit the "
+                "field entirely.",
+                parameter="tools",
+            )
+        if "tool_choice" not in data and data.get("tools"):
+            data = {**data, "tool_choice": "auto"}
+        choice = data.get("tool_choice")
+        if choice is None or choice == "none":
+            return data
+        if data.get("tools") is None:
+            raise bad_request("When using `tool_choice`, `tools` must be set.", parameter="tool_choice")
+        if choice not in ("auto", "required") and not isinstance(choice, dict):
+            raise bad_request(
+                f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
+                '"required" are supported.',
+                parameter="tool_choice",
+            )
+        return data
 
     @model_validator(mode="before")
     @classmethod

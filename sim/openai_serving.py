@@ -162,6 +162,7 @@ class OpenAIServing:
         else:
             max_tokens, param = body.max_tokens, "max_tokens"
         self._check_request(body, max_tokens, param)
+        _check_tool_choice(body.tool_choice)
         text = self._render_chat(body.messages, body.add_generation_prompt)
         prompt_ids = await self._generation_prompt_ids(text)
         return await self._generate(body, [(prompt_ids, True)], max_tokens, raw, arrival, chat=True)
@@ -471,6 +472,22 @@ async def _choice_outputs(streams: list[RequestStream]) -> AsyncIterator[tuple[i
     finally:
         for task in pumps:
             task.cancel()
+
+
+def _check_tool_choice(choice: str | dict[str, Any] | None) -> None:
+    """The simulated model, like vLLM without a tool-call parser, cannot choose a tool."""
+    if choice is None or choice == "none":
+        return
+    if choice == "auto":
+        raise ApiError(
+            400,
+            "BadRequestError",
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+        )
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    described = f'function "{name}"' if name is not None else f'"{choice}"'
+    raise ApiError(400, "BadRequestError", f"tool_choice={described} requires --tool-call-parser to be set")
 
 
 def _field_error(kind: str, field: str, message: str, value: Any) -> dict[str, Any]:
