@@ -7,7 +7,10 @@ import json
 import re
 from typing import Any
 
+import httpx
 import pytest
+
+from epp.envoy_config import INFERENCE_API_PATHS
 
 from .conftest import Served, on_each
 
@@ -248,11 +251,12 @@ ACCEPTED = {
 }  # fmt: skip
 
 
-def send(engine: Served, path: str, payload: object) -> tuple[int, Any]:
+def send(engine: Served | httpx.Client, path: str, payload: object) -> tuple[int, Any]:
+    http = engine if isinstance(engine, httpx.Client) else engine.http
     if isinstance(payload, bytes):
-        response = engine.http.post(path, content=payload, headers={"content-type": "application/json"})
+        response = http.post(path, content=payload, headers={"content-type": "application/json"})
     else:
-        response = engine.post(path, payload)
+        response = http.post(path, json=payload)
     is_json = response.headers.get("content-type", "").startswith("application/json")
     return response.status_code, response.json() if is_json else response.text
 
@@ -335,3 +339,19 @@ def test_a_wrong_method_gets_the_same_answer(engines: dict[str, Served]) -> None
     answers = on_each(engines, lambda engine: send_get(engine, "/v1/completions"))
     # vLLM answers in FastAPI's words here, not in the OpenAI shape; so does the simulator.
     assert answers == {name: (405, {"detail": "Method Not Allowed"}) for name in engines}
+
+
+# The gateway routes only the inference paths (a 404 for /tokenize is its own answer).
+EVERY_BODY = {
+    case: (path, payload)
+    for case, (path, payload) in {**CASES, **MALFORMED_MESSAGES, **REFUSED_ALIKE, **ACCEPTED}.items()
+    if path in INFERENCE_API_PATHS
+}
+
+
+@pytest.mark.parametrize("case", list(EVERY_BODY))
+def test_the_gateway_answers_every_body_with_vllms_status(
+    engines: dict[str, Served], gateway: httpx.Client, case: str
+) -> None:
+    path, payload = EVERY_BODY[case]
+    assert send(gateway, path, payload)[0] == send(engines["vllm"], path, payload)[0]
