@@ -143,10 +143,21 @@ def _validated(model: type[_RoutedFields], data: Any) -> Any:
         raise InvalidBody([{**error, "loc": ("body", *error["loc"])} for error in errors]) from None
 
 
-def _max_tokens(value: int | None) -> int | None:
+def _check_output_limit(value: int | None, param: str, max_model_len: int | None) -> None:
+    """vLLM's first check of the output limit, before it reads the prompt."""
+    if value is not None and max_model_len is not None and value > max_model_len:
+        raise _refusal(
+            f"{param}={value} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            param,
+            value,
+        )
+
+
+def _check_positive(value: int | None) -> None:
+    """vLLM's last check of the output limit, after the prompt's (under either field's name)."""
     if value is not None and value < 1:
         raise _refusal(f"max_tokens must be at least 1, got {value}.", "max_tokens", value)
-    return value
 
 
 def _completion_tokens(
@@ -195,7 +206,11 @@ def parse_openai_request(
     data = _decode(body)
     if kind is ApiKind.CHAT:
         chat = _validated(_ChatFields, data)
-        max_tokens = _max_tokens(chat.max_completion_tokens) or _max_tokens(chat.max_tokens)
+        if chat.max_completion_tokens is not None:
+            max_tokens, param = chat.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens, param = chat.max_tokens, "max_tokens"
+        _check_output_limit(max_tokens, param, max_model_len)
         if not chat.messages:
             raise BadRequest(
                 "Cannot apply chat template to an empty conversation. Provide at least one message."
@@ -208,9 +223,11 @@ def parse_openai_request(
         tokens = encode_prompt(text, tokenizer, max_model_len, max_chars)
     else:
         completion = _validated(_CompletionFields, data)
-        max_tokens = _max_tokens(completion.max_tokens)
+        max_tokens = completion.max_tokens
+        _check_output_limit(max_tokens, "max_tokens", max_model_len)
         fields = completion
         tokens = _completion_tokens(completion.prompt, tokenizer, max_model_len, max_chars)
+    _check_positive(max_tokens)
 
     return LLMRequest(
         request_id=request_id,

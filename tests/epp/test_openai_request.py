@@ -127,6 +127,39 @@ def test_a_validation_failure_lists_its_errors_as_vllm_does() -> None:
     )  # vLLM 0.32's answer to this body, word for word
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 65}, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": "100000000000000000000000000000"}, "max_tokens"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 65},
+            "max_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "max_completion_tokens": 65},
+            "max_completion_tokens",
+        ),
+    ],
+)
+def test_an_output_limit_over_the_context_is_refused_when_the_context_is_known(
+    path: str, body: dict, param: str
+) -> None:
+    raw = json.dumps(body).encode()
+    with pytest.raises(BadRequest) as info:
+        parse_openai_request(path, {}, raw, TOKENIZER, "rid", max_model_len=64)
+    assert info.value.param == param
+    assert (
+        info.value.message.startswith(f"{param}=")
+        and "cannot be greater than max_model_len=64" in info.value.message
+    )
+    assert parse_openai_request(path, {}, raw, TOKENIZER, "rid").max_tokens == int(
+        body.get("max_completion_tokens") or body["max_tokens"]
+    )
+
+
 def test_vllms_own_checks_are_worded_as_vllm_words_them() -> None:
     with pytest.raises(BadRequest) as info:
         parse("/v1/completions", {"prompt": "hi", "max_tokens": 0})
