@@ -30,6 +30,8 @@ class StreamOptions(BaseModel):
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_COMPLETION_PROMPTS = 1024
+"""vLLM's default ``VLLM_MAX_COMPLETION_PROMPTS``: the most prompts in one completion's batch."""
 MAX_STOP_STRINGS = 4
 """vLLM's default ``VLLM_MAX_STOP_STRINGS``."""
 StopParam = str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None
@@ -134,6 +136,21 @@ class CompletionRequest(GenerationRequest):
                 raise bad_request(
                     "`logprobs` must be a positive value or -1.", parameter="logprobs", value=logprobs
                 )
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_batch_size(cls, data: Any) -> Any:
+        # Defined last, so run first, as in vLLM.
+        prompt = data.get("prompt") if isinstance(data, dict) else None
+        too_many = isinstance(prompt, list) and len(prompt) > MAX_COMPLETION_PROMPTS
+        if too_many and not all(isinstance(item, int) for item in prompt):  # token ids are one prompt
+            raise bad_request(
+                f"prompt list length {len(prompt)} exceeds the maximum allowed count of "
+                f"{MAX_COMPLETION_PROMPTS}. To increase this limit, set the "
+                "VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+                parameter="prompt",
+            )
         return data
 
     def sample_logprobs(self) -> int | None:

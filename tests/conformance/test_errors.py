@@ -140,6 +140,7 @@ CASES = {
     "texts and token ids in one batch": completion(prompt=["hi", [5, 6]]),
     "an empty token-id list in a batch": completion(prompt=[[]]),
     "completion n null": completion(n=None),
+    "a batch of 1,025 prompts": completion(prompt=["hi"] * 1025),
     "cache_salt an int": completion(cache_salt=5),
     "cache_salt empty": completion(cache_salt=""),
     "cache_salt with a slash": completion(cache_salt="tenant/a"),
