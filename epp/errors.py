@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import traceback
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from epp.vllm_wording import VALIDATION_ERROR_TYPE, validation_error_text
 
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
 
@@ -41,6 +44,17 @@ class RequestError(Exception):
 class BadRequest(RequestError):
     status = 400
     error_type = "BadRequestError"
+
+
+class InvalidBody(BadRequest):
+    """A body that fails validation of its JSON or its fields' types, in vLLM's words: the
+    errors (pydantic's, ``loc`` starting with ``"body"``) listed in the message."""
+
+    error_type = VALIDATION_ERROR_TYPE
+
+    def __init__(self, errors: Sequence[dict[str, Any]]) -> None:
+        message, param = validation_error_text(errors)
+        super().__init__(message, param=param)
 
 
 class PayloadTooLarge(RequestError):

@@ -8,13 +8,14 @@ exactly as they parse vLLM.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NotRequired, Required
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
 from starlette.responses import JSONResponse
 from typing_extensions import TypedDict  # pydantic needs this one, not typing's, before 3.12
+
+from epp.vllm_wording import VALIDATION_ERROR_TYPE, cache_salt_refusal, validation_error_text, with_parameter
 
 VLLM_VERSION = "0.32.0"
 SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-sim"
@@ -29,9 +30,38 @@ class StreamOptions(BaseModel):
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_COMPLETION_PROMPTS = 1024
+"""vLLM's default ``VLLM_MAX_COMPLETION_PROMPTS``: the most prompts in one completion's batch."""
 MAX_STOP_STRINGS = 4
 """vLLM's default ``VLLM_MAX_STOP_STRINGS``."""
 StopParam = str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None
+
+
+class ResponseFormat(BaseModel):
+    """vLLM's ``response_format``: accepted when well-formed; the simulator does not constrain
+    its output."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: dict[str, Any] | None = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    """A tool a chat request offers; the simulated model never calls one."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class GenerationRequest(BaseModel):
@@ -57,7 +87,16 @@ class GenerationRequest(BaseModel):
     min_tokens: int = 0
     stop: StopParam = []
     prompt_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
     cache_salt: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_cache_salt(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (refusal := cache_salt_refusal(data.get("cache_salt"))) is not None:
+            raise bad_request(refusal, parameter="cache_salt")
+        return data
 
 
 TokenId = Annotated[int, Field(ge=0)]
@@ -99,6 +138,21 @@ class CompletionRequest(GenerationRequest):
                 )
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _check_batch_size(cls, data: Any) -> Any:
+        # Defined last, so run first, as in vLLM.
+        prompt = data.get("prompt") if isinstance(data, dict) else None
+        too_many = isinstance(prompt, list) and len(prompt) > MAX_COMPLETION_PROMPTS
+        if too_many and not all(isinstance(item, int) for item in prompt):  # token ids are one prompt
+            raise bad_request(
+                f"prompt list length {len(prompt)} exceeds the maximum allowed count of "
+                f"{MAX_COMPLETION_PROMPTS}. To increase this limit, set the "
+                "VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+                parameter="prompt",
+            )
+        return data
+
     def sample_logprobs(self) -> int | None:
         """The logprobs asked for per generated token (None: none), as vLLM's SamplingParams has it."""
         return self.logprobs
@@ -116,12 +170,16 @@ _MessageContent = str | list[Any] | dict[str, Any]
 class ChatMessage(TypedDict):
     role: Required[str]
     content: NotRequired[_MessageContent]
+    name: NotRequired[str]
+    tool_calls: NotRequired[list[dict[str, Any]] | None]
 
 
 @with_config(ConfigDict(extra="allow"))
 class AssistantMessage(TypedDict):
     role: Required[Literal["assistant"]]
     content: NotRequired[_MessageContent | None]
+    name: NotRequired[str]
+    tool_calls: NotRequired[list[dict[str, Any]] | None]
 
 
 @with_config(ConfigDict(extra="allow"))
@@ -133,11 +191,51 @@ class FunctionMessage(TypedDict):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage | AssistantMessage | FunctionMessage]
+    n: int | None = 1  # a chat request may say null, a completion may not (vLLM 0.32)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = "none"
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     add_generation_prompt: bool = True
     logprobs: bool | None = False
     top_logprobs: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_tool_usage(cls, data: Any) -> Any:
+        """vLLM's checks of ``tools`` and ``tool_choice`` (named tools are not checked further);
+        tools without a ``tool_choice`` choose ``"auto"``."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("tools") == []:
+            raise bad_request(
+                "`tools` must not be an empty array. Either provide at least one tool or omit the "
+                "field entirely.",
+                parameter="tools",
+            )
+        if "tool_choice" not in data and data.get("tools"):
+            data = {**data, "tool_choice": "auto"}
+        choice = data.get("tool_choice")
+        if choice is None or choice == "none":
+            return data
+        if data.get("tools") is None:
+            raise bad_request("When using `tool_choice`, `tools` must be set.", parameter="tool_choice")
+        if choice not in ("auto", "required") and not isinstance(choice, dict):
+            raise bad_request(
+                f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
+                '"required" are supported.',
+                parameter="tool_choice",
+            )
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_messages(cls, data: Any) -> Any:
+        # vLLM iterates the messages before validating them.
+        messages = data.get("messages", []) if isinstance(data, dict) else []
+        if not isinstance(messages, str | list | dict):
+            raise ApiError(400, "BadRequestError", f"'{type(messages).__name__}' object is not iterable")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -193,14 +291,7 @@ class ApiError(Exception):
 
 def bad_request(message: str, *, parameter: str | None = None, value: Any = None) -> ApiError:
     """A 400 worded like vLLM's validation errors: the message, then ``(parameter=..., value=...)``."""
-    extras = []
-    if parameter is not None:
-        extras.append(f"parameter={parameter}")
-    if value is not None:
-        extras.append(f"value={value}")
-    if extras:
-        message = f"{message} ({', '.join(extras)})"
-    return ApiError(400, "BadRequestError", message, parameter)
+    return ApiError(400, "BadRequestError", with_parameter(message, parameter, value), parameter)
 
 
 def model_not_found(model: str, served_model_name: str) -> ApiError:
@@ -217,48 +308,17 @@ def error_response(status: int, error_type: str, message: str, param: str | None
     return JSONResponse(body, status_code=status)
 
 
-_MAX_REPORTED_ERRORS = 10
-_MAX_INPUT_CHARS = 200
-# pydantic names union branches and wrappers in ``loc``; vLLM drops them from ``param``.
-_INTERNAL_LOC = re.compile(r"[\[\]{}()]|^(str|int|float|bool|bytes|list|dict|tuple|set|none|union|nullable)$")
-
-
 def validation_error_response(errors: Sequence[dict[str, Any]]) -> JSONResponse:
     """A request-body validation failure in vLLM's words: a count, then each error, 400."""
-    if not errors:
-        return error_response(400, "Bad Request", "Validation error", None)
-    label = "error" if len(errors) == 1 else "errors"
-    lines = [f"{len(errors)} validation {label}:"]
-    lines += [f"  {_describe_error(error)}" for error in errors[:_MAX_REPORTED_ERRORS]]
-    if len(errors) > _MAX_REPORTED_ERRORS:
-        lines.append(f"  ...and {len(errors) - _MAX_REPORTED_ERRORS} more {label}")
-    return error_response(400, "Bad Request", "\n".join(lines), _join_loc(errors[0].get("loc", ())))
-
-
-def _describe_error(error: dict[str, Any]) -> str:
-    described = dict(error)
-    if "input" in described:
-        described["input"] = _summarize_input(described["input"])
-    if "loc" in described:
-        described["loc"] = _join_loc(described["loc"])
-    return str(described)
-
-
-def _summarize_input(value: Any) -> str:
-    if isinstance(value, list | tuple | set | frozenset | dict):
-        return f"<{type(value).__name__} of {len(value)} items>"
-    if isinstance(value, bytes | bytearray):
-        return f"<{type(value).__name__} of {len(value)} bytes>"
-    text = str(value)
-    return text if len(text) <= _MAX_INPUT_CHARS else text[:_MAX_INPUT_CHARS] + "...[truncated]"
-
-
-def _join_loc(loc: Sequence[Any]) -> str:
-    parts = [str(part) for part in loc if not _INTERNAL_LOC.search(str(part))]
-    return ".".join(parts or map(str, loc))
+    message, param = validation_error_text(errors)
+    return error_response(400, VALIDATION_ERROR_TYPE, message, param)
 
 
 # ---------------------------------------------------------------- responses
+
+
+Choice = tuple[str, str]
+"""A finished choice: its text and its finish reason."""
 
 
 def sse(payload: dict[str, Any]) -> str:
@@ -321,7 +381,7 @@ def stream_usage_chunk(
 
 
 def completion_response(
-    response_id: str, created: int, model: str, text: str, finish_reason: str, usage_body: dict[str, Any]
+    response_id: str, created: int, model: str, choices: Sequence[Choice], usage_body: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "id": response_id,
@@ -330,7 +390,7 @@ def completion_response(
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "text": text,
                 "logprobs": None,
                 "finish_reason": finish_reason,
@@ -340,6 +400,7 @@ def completion_response(
                 "prompt_token_ids": None,
                 "routed_experts": None,
             }
+            for index, (text, finish_reason) in enumerate(choices)
         ],
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,
@@ -351,7 +412,14 @@ def completion_response(
 
 
 def completion_chunk(
-    response_id: str, created: int, model: str, text: str, finish_reason: str | None, *, fingerprint: bool
+    response_id: str,
+    created: int,
+    model: str,
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    *,
+    fingerprint: bool,
 ) -> dict[str, Any]:
     """One streamed completion token; vLLM puts ``system_fingerprint`` on the last chunk only
     when no usage chunk follows."""
@@ -362,7 +430,7 @@ def completion_chunk(
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "text": text,
                 "logprobs": None,
                 "finish_reason": finish_reason,
@@ -378,7 +446,7 @@ def completion_chunk(
 
 
 def chat_response(
-    response_id: str, created: int, model: str, content: str, finish_reason: str, usage_body: dict[str, Any]
+    response_id: str, created: int, model: str, choices: Sequence[Choice], usage_body: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "id": response_id,
@@ -387,7 +455,7 @@ def chat_response(
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "message": {
                     "role": "assistant",
                     "content": content,
@@ -403,6 +471,7 @@ def chat_response(
                 "token_ids": None,
                 "routed_experts": None,
             }
+            for index, (content, finish_reason) in enumerate(choices)
         ],
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,
@@ -416,8 +485,8 @@ def chat_response(
     }
 
 
-def chat_role_chunk(response_id: str, created: int, model: str) -> dict[str, Any]:
-    """The first chunk of a chat stream: the role, no content yet."""
+def chat_role_chunk(response_id: str, created: int, model: str, index: int) -> dict[str, Any]:
+    """The first chunk of a chat stream's choice: the role, no content yet."""
     return {
         "id": response_id,
         "object": "chat.completion.chunk",
@@ -425,7 +494,7 @@ def chat_role_chunk(response_id: str, created: int, model: str) -> dict[str, Any
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "delta": {"role": "assistant", "content": ""},
                 "logprobs": None,
                 "finish_reason": None,
@@ -437,10 +506,17 @@ def chat_role_chunk(response_id: str, created: int, model: str) -> dict[str, Any
 
 
 def chat_content_chunk(
-    response_id: str, created: int, model: str, content: str, finish_reason: str | None, *, fingerprint: bool
+    response_id: str,
+    created: int,
+    model: str,
+    index: int,
+    content: str,
+    finish_reason: str | None,
+    *,
+    fingerprint: bool,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "delta": {"content": content},
         "logprobs": None,
         "finish_reason": None,

@@ -9,6 +9,11 @@ parameters (``sim.sampling_checks``), among them the output length actually left
 shortens the output, as in vLLM); the logprobs asked for; and last the token ids (an empty prompt
 in a batch of one, ids outside the vocabulary).
 
+A completion may carry a batch of prompts (texts or token-id lists), and any request may ask for
+``n`` choices per prompt: each choice is its own engine request, answered as one response whose
+choices are numbered prompt by prompt (``index = prompt * n + choice``), as vLLM numbers them;
+``usage`` counts each prompt's tokens once and every choice's output.
+
 The simulated model never stops on its own: a request generates ``max_tokens`` tokens. The
 ``x-sim-output-tokens: N`` header makes it stop after N tokens with ``finish_reason: "stop"``,
 as if the model had emitted EOS there (``ignore_eos: true`` disables it, as it disables EOS).
@@ -30,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 
 from epp.tokenization import GIL_FREE_CHARS, ChatTemplateError, ModelTokenizer
 from sim.driver import EngineDeadError, EngineDriver, RequestStream
-from sim.engine import EngineRequest, FrontendTerms, RequestRejectedError
+from sim.engine import EngineRequest, FrontendTerms, RequestOutput, RequestRejectedError
 from sim.openai_api import (
     SSE_DONE,
     ApiError,
@@ -82,17 +87,37 @@ class ServedModel:
 
 @dataclass(slots=True)
 class _Generation:
-    """A checked request on its way through the engine; its id is also the response id."""
+    """A checked request on its way through the engine: an engine request per choice, ``n`` per
+    prompt, prompt by prompt."""
 
-    request: EngineRequest
+    response_id: str
+    requests: list[EngineRequest]
+    n: int
     chat: bool
     include_usage: bool
     created: int
 
     @property
+    def _firsts(self) -> list[EngineRequest]:
+        """One request per prompt (its choices share the prompt)."""
+        return self.requests[:: self.n]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(request.num_prompt_tokens for request in self._firsts)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return sum(request.num_cached_tokens for request in self._firsts)
+
+    @property
     def created_cache_tokens(self) -> int | None:
         """Reported by chat responses only, as vLLM does."""
-        return self.request.num_cache_creation_tokens if self.chat else None
+        return sum(request.num_cache_creation_tokens for request in self._firsts) if self.chat else None
+
+    def usage(self, num_generated: int) -> tuple[int, int, int, int | None]:
+        """The arguments of a usage body after ``num_generated`` output tokens in all."""
+        return self.num_prompt_tokens, num_generated, self.num_cached_tokens, self.created_cache_tokens
 
 
 class ClientDisconnectedError(Exception):
@@ -127,8 +152,8 @@ class OpenAIServing:
     async def create_completion(self, body: CompletionRequest, raw: Request) -> Response:
         arrival = self.driver.now()
         self._check_request(body, body.max_tokens, "max_tokens")
-        prompt_ids, from_text = await self._completion_prompt(body.prompt)
-        return await self._generate(body, prompt_ids, from_text, body.max_tokens, raw, arrival, chat=False)
+        prompts = await self._completion_prompts(body.prompt)
+        return await self._generate(body, prompts, body.max_tokens, raw, arrival, chat=False)
 
     async def create_chat_completion(self, body: ChatCompletionRequest, raw: Request) -> Response:
         arrival = self.driver.now()
@@ -137,9 +162,10 @@ class OpenAIServing:
         else:
             max_tokens, param = body.max_tokens, "max_tokens"
         self._check_request(body, max_tokens, param)
+        _check_tool_choice(body.tool_choice)
         text = self._render_chat(body.messages, body.add_generation_prompt)
         prompt_ids = await self._generation_prompt_ids(text)
-        return await self._generate(body, prompt_ids, True, max_tokens, raw, arrival, chat=True)
+        return await self._generate(body, [(prompt_ids, True)], max_tokens, raw, arrival, chat=True)
 
     async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
         if body.messages is not None:
@@ -169,16 +195,12 @@ class OpenAIServing:
     # ------------------------------------------------------------ checks
 
     def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model.name:
+        if model and model != self.model.name:  # no name, or an empty one: the served model
             raise model_not_found(model, self.model.name)
 
     def _check_request(self, body: GenerationRequest, max_tokens: int | None, param: str) -> None:
         """Checks that need no tokenization, in vLLM's order."""
         self._check_model(body.model)
-        if body.n > 1:
-            raise bad_request(
-                "the simulated server generates one choice per request (n=1)", parameter="n", value=body.n
-            )
         if body.stream_options is not None and not body.stream:
             raise bad_request(
                 "Stream options can only be defined when `stream=True`.", parameter="stream_options"
@@ -191,11 +213,11 @@ class OpenAIServing:
                 value=max_tokens,
             )
 
-    async def _completion_prompt(self, prompt: Any) -> tuple[list[int], bool]:
-        """Token ids of a completion prompt, and whether they came from text.
+    async def _completion_prompts(self, prompt: Any) -> list[tuple[list[int], bool]]:
+        """Token ids of each prompt of a completion, and whether they came from text.
 
-        An empty prompt in a batch of one (``[""]``, ``[[]]``) passes here, as in vLLM, and is
-        refused after the output-length check (``_engine_request``).
+        An empty prompt in a batch (``[""]``, ``[[]]``) passes here, as in vLLM, and is refused
+        after the output-length check (``_engine_request``).
         """
         if prompt is None or prompt == "":
             raise bad_request(
@@ -203,13 +225,11 @@ class OpenAIServing:
             )
         if prompt == []:
             raise ApiError(400, "BadRequestError", "You must pass at least one prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, str):
-            return await self._generation_prompt_ids(prompt), True
-        if all(isinstance(token, int) for token in prompt):
-            return prompt, False
-        raise bad_request("the simulated server takes one prompt per request", parameter="prompt")
+        batch = [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
+        return [
+            (await self._generation_prompt_ids(item), True) if isinstance(item, str) else (item, False)
+            for item in batch
+        ]
 
     def _render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         try:
@@ -242,44 +262,47 @@ class OpenAIServing:
     async def _generate(
         self,
         body: CompletionRequest | ChatCompletionRequest,
-        prompt_ids: list[int],
-        from_text: bool,
+        prompts: list[tuple[list[int], bool]],
         max_tokens: int | None,
         raw: Request,
         arrival: float,
         *,
         chat: bool,
     ) -> Response:
-        request = self._engine_request(body, prompt_ids, from_text, max_tokens, raw, arrival, chat=chat)
+        n = body.n or 1
+        response_id = f"{'chatcmpl' if chat else 'cmpl'}-{os.urandom(8).hex()}"
+        request_ids = (
+            [response_id]
+            if len(prompts) * n == 1
+            else [f"{response_id}-{index}" for index in range(len(prompts) * n)]
+        )
+        choices = [prompt for prompt in prompts for _ in range(n)]
         generation = _Generation(
-            request=request,
+            response_id=response_id,
+            requests=[
+                self._engine_request(body, ids, from_text, max_tokens, raw, arrival, request_id=request_id)
+                for (ids, from_text), request_id in zip(choices, request_ids, strict=True)
+            ],
+            n=n,
             chat=chat,
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
             created=int(time.time()),
         )
         # The modelled front end (vLLM's input and output processing) delays the request without
         # occupying the engine, which keeps stepping the requests it has meanwhile.
-        delay = self.frontend.delay(request.num_prompt_tokens, self.driver.engine.num_running)
+        delay = self.frontend.delay(generation.num_prompt_tokens, self.driver.engine.num_running)
         if delay > 0:
             await asyncio.sleep(delay)
-        stream = self._submit(request)
+        streams = self._submit(generation.requests)
         if body.stream:
-            request_id = request.request_id
             return EngineStreamResponse(
-                self._events(generation, stream), on_close=lambda: self.driver.abort(request_id)
+                self._events(generation, streams), on_close=lambda: self._abort(generation.requests)
             )
-        output_ids, finish_reason = await self._collect(request, stream, raw)
-        text = self.model.text(output_ids)
-        usage_body = usage(
-            request.num_prompt_tokens,
-            len(output_ids),
-            request.num_cached_tokens,
-            generation.created_cache_tokens,
-        )
+        outputs = await self._collect(generation.requests, streams, raw)
+        usage_body = usage(*generation.usage(sum(len(output_ids) for output_ids, _ in outputs)))
+        finished = [(self.model.text(output_ids), finish_reason) for output_ids, finish_reason in outputs]
         build = chat_response if chat else completion_response
-        return JSONResponse(
-            build(request.request_id, generation.created, self.model.name, text, finish_reason, usage_body)
-        )
+        return JSONResponse(build(response_id, generation.created, self.model.name, finished, usage_body))
 
     def _engine_request(
         self,
@@ -290,7 +313,7 @@ class OpenAIServing:
         raw: Request,
         arrival: float,
         *,
-        chat: bool,
+        request_id: str,
     ) -> EngineRequest:
         """Check the prompt and output lengths and the token ids (vLLM's wording and order) and build
         the engine request."""
@@ -317,7 +340,7 @@ class OpenAIServing:
             # Negative ids never get here: the request schema refuses them, as vLLM's does.
             raise ApiError(400, "BadRequestError", f"Token id {max(prompt_ids)} is out of vocabulary")
         return EngineRequest(
-            f"{'chatcmpl' if chat else 'cmpl'}-{os.urandom(8).hex()}",
+            request_id,
             prompt_ids,
             output_tokens,
             cache_salt=body.cache_salt,
@@ -342,21 +365,31 @@ class OpenAIServing:
             )
         return count
 
-    def _submit(self, request: EngineRequest) -> RequestStream:
+    def _submit(self, requests: list[EngineRequest]) -> list[RequestStream]:
+        """Submit every choice's request, or none (those submitted are aborted)."""
+        streams: list[RequestStream] = []
         try:
-            return self.driver.submit(request)
+            for request in requests:
+                streams.append(self.driver.submit(request))
         except RequestRejectedError as exc:
+            self._abort(requests[: len(streams)])
             raise bad_request(str(exc)) from None
         except EngineDeadError as exc:
             raise ApiError(500, "InternalServerError", str(exc)) from None
+        return streams
+
+    def _abort(self, requests: list[EngineRequest]) -> None:
+        for request in requests:
+            self.driver.abort(request.request_id)
 
     # ------------------------------------------------------------ responses
 
     async def _collect(
-        self, request: EngineRequest, stream: RequestStream, raw: Request
-    ) -> tuple[list[int], str]:
-        """Wait for the whole output; abort the engine request if the client goes away first."""
-        collect = asyncio.ensure_future(_gather_output(stream))
+        self, requests: list[EngineRequest], streams: list[RequestStream], raw: Request
+    ) -> list[tuple[list[int], str]]:
+        """Wait for every choice's whole output; abort the engine requests if the client goes away
+        first."""
+        collect = asyncio.ensure_future(asyncio.gather(*map(_gather_output, streams)))
         disconnect = asyncio.ensure_future(_wait_for_disconnect(raw.receive))
         try:
             done, _ = await asyncio.wait({collect, disconnect}, return_when=asyncio.FIRST_COMPLETED)
@@ -368,25 +401,28 @@ class OpenAIServing:
         finally:
             collect.cancel()
             disconnect.cancel()
-            self.driver.abort(request.request_id)
+            self._abort(requests)
 
-    async def _events(self, generation: _Generation, stream: RequestStream) -> AsyncIterator[str]:
-        """The SSE frames of a streamed response: one chunk per token, usage if asked, [DONE]."""
-        request = generation.request
-        name = self.model.name
+    async def _events(self, generation: _Generation, streams: list[RequestStream]) -> AsyncIterator[str]:
+        """The SSE frames of a streamed response: one chunk per token of any choice, usage if asked,
+        [DONE]."""
+        response_id, created, name = generation.response_id, generation.created, self.model.name
         chunk = chat_content_chunk if generation.chat else completion_chunk
+        started: set[int] = set()
         num_generated = 0
         try:
-            async for output in stream:
-                if generation.chat and num_generated == 0:
-                    # vLLM announces the role with the first token, not before.
-                    yield sse(chat_role_chunk(request.request_id, generation.created, name))
+            async for index, output in _choice_outputs(streams):
+                if generation.chat and index not in started:
+                    # vLLM announces a choice's role with its first token, not before.
+                    started.add(index)
+                    yield sse(chat_role_chunk(response_id, created, name, index))
                 num_generated += len(output.new_token_ids)
                 yield sse(
                     chunk(
-                        request.request_id,
-                        generation.created,
+                        response_id,
+                        created,
                         name,
+                        index,
                         self.model.text(output.new_token_ids),
                         output.finish_reason,
                         fingerprint=output.finish_reason is not None and not generation.include_usage,
@@ -396,19 +432,62 @@ class OpenAIServing:
             yield _stream_error(exc)
         else:
             if generation.include_usage:
+                object_name = "chat.completion.chunk" if generation.chat else "text_completion"
                 yield sse(
                     stream_usage_chunk(
-                        request.request_id,
-                        "chat.completion.chunk" if generation.chat else "text_completion",
-                        generation.created,
-                        name,
-                        request.num_prompt_tokens,
-                        num_generated,
-                        request.num_cached_tokens,
-                        generation.created_cache_tokens,
+                        response_id, object_name, created, name, *generation.usage(num_generated)
                     )
                 )
         yield SSE_DONE
+
+
+async def _choice_outputs(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Each choice's outputs as they come, with the choice's index; the first engine error ends
+    them all."""
+    if len(streams) == 1:  # the common case, without a task per stream
+        async for output in streams[0]:
+            yield 0, output
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((index, output))
+        except EngineDeadError as exc:
+            queue.put_nowait((index, exc))
+        queue.put_nowait((index, None))
+
+    pumps = [asyncio.ensure_future(pump(index, stream)) for index, stream in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            index, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                remaining -= 1
+            else:
+                yield index, item
+    finally:
+        for task in pumps:
+            task.cancel()
+
+
+def _check_tool_choice(choice: str | dict[str, Any] | None) -> None:
+    """The simulated model, like vLLM without a tool-call parser, cannot choose a tool."""
+    if choice is None or choice == "none":
+        return
+    if choice == "auto":
+        raise ApiError(
+            400,
+            "BadRequestError",
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+        )
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    described = f'function "{name}"' if name is not None else f'"{choice}"'
+    raise ApiError(400, "BadRequestError", f"tool_choice={described} requires --tool-call-parser to be set")
 
 
 def _field_error(kind: str, field: str, message: str, value: Any) -> dict[str, Any]:

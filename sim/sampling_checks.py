@@ -23,9 +23,28 @@ def _refused(message: str) -> ApiError:
     return ApiError(400, "BadRequestError", message)
 
 
+def _check_logit_bias(logit_bias: dict[str, float]) -> None:
+    invalid = [key for key in logit_bias if not _is_int_text(key)]
+    if invalid:
+        raise bad_request(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: {invalid!r}",
+            parameter="logit_bias",
+            value=invalid,
+        )
+
+
+def _is_int_text(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
 def check_sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> None:
     """vLLM's ``SamplingParams`` checks, ``max_tokens`` being the output length actually left."""
-    if body.n < 1:
+    _check_logit_bias(body.logit_bias or {})
+    if body.n is not None and body.n < 1:
         raise _refused(f"n must be at least 1, got {body.n}.")
     presence = 0.0 if body.presence_penalty is None else body.presence_penalty
     if not -2.0 <= presence <= 2.0:

@@ -94,16 +94,24 @@ MESSAGE = mostly(
         },
     )
 )
+# Values vLLM's lax field types coerce ("16" and 1.0 are 16 and 1 tokens, "true" and 1 a stream),
+# or refuse ("x", 1.5, 2).
+LAX_INTS = st.sampled_from(["16", 1.0, True, False, None, " 7 ", "1.5", 1.5, "x"])
+LAX_BOOLS = st.sampled_from([None, 0, 1, 2, "true", "no", "on", "x", 1.0])
 REQUEST = st.fixed_dictionaries(
-    {"model": st.just("tiny")},
+    {},
     optional={
+        "model": st.sampled_from(["tiny", "tiny", None, "", 5]),
         "prompt": mostly(
-            TEXT | st.lists(TEXT, min_size=1, max_size=3) | st.lists(st.integers(-5, 5000), max_size=4)
+            TEXT
+            | st.lists(TEXT, min_size=1, max_size=3)
+            | st.lists(st.integers(-5, 5000) | st.booleans() | st.sampled_from(["5", 2.0]), max_size=4)
+            | st.lists(st.lists(st.integers(0, 5000), max_size=3), min_size=1, max_size=3)
         ),
         "messages": mostly(st.lists(MESSAGE, min_size=1, max_size=3)),
-        "max_tokens": mostly(st.integers(-2, 10**30)),
-        "max_completion_tokens": mostly(st.integers(-2, 100)),
-        "stream": mostly(st.booleans()),
+        "max_tokens": mostly(st.integers(-2, 10**30) | LAX_INTS),
+        "max_completion_tokens": mostly(st.integers(-2, 100) | LAX_INTS),
+        "stream": mostly(st.booleans() | LAX_BOOLS),
         "cache_salt": mostly(TEXT),
     },
 )
@@ -112,8 +120,8 @@ REQUEST = st.fixed_dictionaries(
 @st.composite
 def request_bodies(draw: st.DrawFn) -> bytes:
     """A JSON body shaped like a request (or any JSON value), as ASCII escapes or raw UTF-8 (lone
-    surrogates as CESU-8 bytes), with raw fragments spliced in; sometimes cut short or spliced
-    with junk; or raw bytes."""
+    surrogates as CESU-8 bytes; sometimes after a BOM, or in UTF-16 or UTF-32), with raw fragments
+    spliced in; sometimes cut short or spliced with junk; or raw bytes."""
     kind = draw(st.sampled_from(["request", "request", "request", "value", "mangled", "bytes"]))
     if kind == "bytes":
         return draw(st.binary(max_size=64))
@@ -124,6 +132,16 @@ def request_bodies(draw: st.DrawFn) -> bytes:
     for i, fragment in enumerate(FRAGMENTS):
         text = text.replace(json.dumps(f"\x00{i}\x00"), fragment)
     body = text.encode("utf-8", "surrogatepass")
+    if draw(st.integers(0, 9)) == 0:  # what Python's json reads too: a BOM, UTF-16 or UTF-32
+        body = draw(
+            st.sampled_from(
+                [
+                    lambda t: b"\xef\xbb\xbf" + t.encode("utf-8", "surrogatepass"),
+                    lambda t: t.encode("utf-16", "surrogatepass"),
+                    lambda t: t.encode("utf-32-le", "surrogatepass"),
+                ]
+            )
+        )(text)
     if kind == "mangled":
         start = draw(st.integers(0, len(body)))
         end = draw(st.integers(start, len(body)))

@@ -2,7 +2,8 @@
 
 Both serve the tiny model as ``tiny`` with 32-token blocks, a 2,048-token context, 512 KV blocks,
 prefix caching and KV events on an ``ipc://`` socket. The ``engine`` fixture runs a test against
-each; ``engines`` gives a test both, to compare them.
+each; ``engines`` gives a test both, to compare them. ``gateway`` is the gateway (real Envoy and
+the EPP) in front of another simulated replica configured alike, to compare with both.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from sim.processes import BIN, Component, free_port, http_ok, spawn, wait_until
 from sim.real_vllm import BLOCK_SIZE, MAX_MODEL_LEN, VllmReplicaSpec, start_vllm_replicas
 from tests.kv_event_subscriber import Subscriber
+from tests.stacks import start_stack
 
 NUM_GPU_BLOCKS = 512
 VOCAB_SIZE = 2048
@@ -68,9 +70,15 @@ def sim_argv(port: int, kv_events_endpoint: str) -> list[str]:
     kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv_events_endpoint}
     return [
         str(BIN / "llm-epp-sim"), "--host", "127.0.0.1", "--port", str(port),
-        "--served-model-name", "tiny", "--profile", "instant",
+        "--served-model-name", "tiny", "--profile", "instant", *sim_sizes(),
+        "--kv-events-config", json.dumps(kv_events),
+    ]  # fmt: skip
+
+
+def sim_sizes() -> list[str]:
+    return [
         "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
-        "--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--kv-events-config", json.dumps(kv_events),
+        "--num-gpu-blocks", str(NUM_GPU_BLOCKS),
     ]  # fmt: skip
 
 
@@ -120,3 +128,14 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
 @pytest.fixture(params=ENGINES)
 def engine(request: pytest.FixtureRequest, engines: dict[str, Served]) -> Served:
     return engines[request.param]
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    workdir = tmp_path_factory.mktemp("gateway")
+    stack = start_stack(workdir, replicas=1, sim_profile="instant", sim_args=sim_sizes())
+    try:
+        with httpx.Client(base_url=stack.gateway_url, timeout=60) as http:
+            yield http
+    finally:
+        stack.stop()

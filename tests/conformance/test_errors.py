@@ -3,10 +3,14 @@ requests vLLM accepts although they look wrong, accepted alike."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
+import httpx
 import pytest
+
+from epp.envoy_config import INFERENCE_API_PATHS
 
 from .conftest import Served, on_each
 
@@ -31,11 +35,18 @@ def raw_completion(field: str, literal: str) -> tuple[str, bytes]:
     return "/v1/completions", body.encode()
 
 
+def encoded(path: str, body: dict[str, Any], encoding: str, prefix: bytes = b"") -> tuple[str, bytes]:
+    """A body in another encoding than UTF-8, or after a byte-order mark."""
+    return path, prefix + json.dumps(body).encode(encoding)
+
+
 def conversation(*messages: Any) -> tuple[str, dict[str, Any]]:
     return "/v1/chat/completions", {"model": "tiny", "messages": list(messages), "max_tokens": 2}
 
 
 TOOL_CALLS = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+HI_COMPLETION = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
 CASES = {
     "bad JSON": ("/v1/completions", b'{"model": "tiny", "prompt": '),
     "chat bad JSON": ("/v1/chat/completions", b'{"messages": [}'),
@@ -113,6 +124,56 @@ CASES = {
     "chat top_logprobs without logprobs": chat(top_logprobs=5),
     "chat logprobs an int": chat(logprobs=5),
     "chat messages a string": ("/v1/chat/completions", {"model": "tiny", "messages": "hi"}),
+    # Field types as vLLM's request models (pydantic, lax mode) refuse them.
+    "model an int": completion(model=5),
+    "stream 2": completion(stream=2),
+    "stream a word that is no boolean": completion(stream="x"),
+    "fractional max_tokens": completion(max_tokens=1.5),
+    "max_tokens a list": completion(max_tokens=[]),
+    "zero max_tokens": completion(max_tokens=0),
+    "chat fractional max_completion_tokens": chat(max_completion_tokens=1.5),
+    "chat zero max_completion_tokens": chat(max_completion_tokens=0),
+    "prompt a number": completion(prompt=5),
+    "prompt true": completion(prompt=True),
+    "prompt an object": completion(prompt={}),
+    "prompt null": completion(prompt=None),
+    "texts and token ids in one batch": completion(prompt=["hi", [5, 6]]),
+    "an empty token-id list in a batch": completion(prompt=[[]]),
+    "completion n null": completion(n=None),
+    "a batch of 1,025 prompts": completion(prompt=["hi"] * 1025),
+    "cache_salt an int": completion(cache_salt=5),
+    "cache_salt empty": completion(cache_salt=""),
+    "cache_salt with a slash": completion(cache_salt="tenant/a"),
+    "cache_salt over 128 characters": completion(cache_salt="s" * 129),
+    "body an array": ("/v1/completions", b"[1]"),
+    "body a string": ("/v1/completions", b'"hi"'),
+    "empty body": ("/v1/completions", b""),
+    "chat messages null": ("/v1/chat/completions", {"model": "tiny", "messages": None}),
+    "chat messages a number": ("/v1/chat/completions", {"model": "tiny", "messages": 5}),
+    "chat tools not a list": chat(tools=5),
+    "chat tools a list of numbers": chat(tools=[5]),
+    "chat a tool without a function": chat(tools=[{}]),
+    "chat tools empty": chat(tools=[]),
+    "chat tools choosing auto by default": chat(tools=TOOLS),
+    "chat tool_choice required": chat(tools=TOOLS, tool_choice="required"),
+    "chat tool_choice without tools": chat(tool_choice="required"),
+    "logit_bias not an object": completion(logit_bias=5),
+    "logit_bias keyed by a word": completion(logit_bias={"a": 1}),
+    "chat logit_bias a list": chat(logit_bias=[1]),
+}  # fmt: skip
+# Refused by both, in words that differ: vLLM lists each of its response-format and message types
+# (the simulator has fewer), iterates tool calls lazily, and answers a body that is no text or a
+# JSON null in FastAPI's words.
+REFUSED_ALIKE = {
+    "response_format not an object": completion(response_format=5),
+    "chat response_format of no known type": chat(response_format={"type": "x"}),
+    "tool_calls not a list": conversation(
+        {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": 5}),
+    "tool_calls a list of numbers": conversation(
+        {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [5]}),
+    "a message name that is a number": conversation({"role": "user", "content": "hi", "name": 5}),
+    "body null": ("/v1/completions", b"null"),
+    "a Latin-1 body": ("/v1/completions", '{"model": "tiny", "prompt": "h\xe9"}'.encode("latin-1")),
 }  # fmt: skip
 # Malformed chat messages. vLLM lists every way the message fails each of its eight message types
 # (OpenAI's, its own, Harmony's), naming them; the simulator has the three types that decide what
@@ -150,14 +211,59 @@ ACCEPTED = {
     "chat top_logprobs null": chat(logprobs=True, top_logprobs=None),
     "4 stop strings": completion(stop=["a", "b", "c", "d"]),
     "null sampling parameters": completion(temperature=None, top_p=None, stop=None, logprobs=None),
+    # Bodies vLLM's request models read by pydantic's lax rules, or its JSON decoder reads.
+    "no model": ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    "model null": completion(model=None),
+    "model empty": completion(model=""),
+    "chat model null": chat(model=None),
+    "stream null": completion(stream=None),
+    "stream 0": completion(stream=0),
+    "stream 1": completion(stream=1),
+    "stream 'true'": completion(stream="true"),
+    "chat stream 'true'": chat(stream="true"),
+    "max_tokens '16'": completion(max_tokens="16"),
+    "max_tokens 1.0": completion(max_tokens=1.0),
+    "max_tokens 1e0": raw_completion("max_tokens", "1e0"),
+    "max_tokens true": completion(max_tokens=True),
+    "max_tokens null": completion(max_tokens=None),
+    "chat max_completion_tokens '3'": chat(max_completion_tokens="3"),
+    "a UTF-8 byte-order mark": encoded("/v1/completions", HI_COMPLETION, "utf-8", b"\xef\xbb\xbf"),
+    "chat after a UTF-8 byte-order mark": encoded(
+        "/v1/chat/completions", {"model": "tiny", "messages": HI, "max_tokens": 2}, "utf-8", b"\xef\xbb\xbf"),
+    "UTF-16": encoded("/v1/completions", HI_COMPLETION, "utf-16"),
+    "UTF-16 without a byte-order mark": encoded("/v1/completions", HI_COMPLETION, "utf-16-le"),
+    "UTF-32": encoded("/v1/completions", HI_COMPLETION, "utf-32"),
+    "NaN in a field vLLM does not know": raw_completion("x", "NaN"),
+    "token ids [true, 2]": completion(prompt=[True, 2]),
+    "token ids as a float and a string": completion(prompt=[1.0, "2"]),
+    "a batch of texts": completion(prompt=["hi", "there"]),
+    "a batch of token-id lists": completion(prompt=[[5, 6], [7, 8, 9]]),
+    "n 2": completion(n=2),
+    "n '2'": completion(n="2"),
+    "n 2 streamed": completion(n=2, stream=True),
+    "chat n 2": chat(n=2),
+    "chat n null": chat(n=None),
+    "a batch of two, two choices each, streamed": completion(prompt=["hi", "there"], n=2, stream=True),
+    "cache_salt": completion(cache_salt="tenant-a"),
+    "chat tools with tool_choice none": chat(tools=TOOLS, tool_choice="none"),
+    "logit_bias keyed by token ids": completion(logit_bias={"5": 1.5}),
+    "response_format text": chat(response_format={"type": "text"}),
+    "a message with a name": conversation({"role": "user", "content": "hi", "name": "bob"}),
 }  # fmt: skip
 
 
-def send(engine: Served, path: str, payload: object) -> tuple[int, Any]:
+def send(engine: Served | httpx.Client, path: str, payload: object) -> tuple[int, Any]:
+    http = engine if isinstance(engine, httpx.Client) else engine.http
     if isinstance(payload, bytes):
-        response = engine.http.post(path, content=payload, headers={"content-type": "application/json"})
+        response = http.post(path, content=payload, headers={"content-type": "application/json"})
     else:
-        response = engine.post(path, payload)
+        response = http.post(path, json=payload)
+    is_json = response.headers.get("content-type", "").startswith("application/json")
+    return response.status_code, response.json() if is_json else response.text
+
+
+def send_get(engine: Served, path: str) -> tuple[int, Any]:
+    response = engine.http.get(path)
     return response.status_code, response.json()
 
 
@@ -188,6 +294,13 @@ def test_the_same_refusal_of_a_malformed_message(engines: dict[str, Served], cas
     assert refusal_kind(answers["sim"]) == refusal_kind(answers["vllm"])
 
 
+@pytest.mark.parametrize("case", list(REFUSED_ALIKE))
+def test_the_same_refusal_status(engines: dict[str, Served], case: str) -> None:
+    path, payload = REFUSED_ALIKE[case]
+    statuses = on_each(engines, lambda engine: send(engine, path, payload)[0])
+    assert statuses == {"sim": 400, "vllm": 400}
+
+
 @pytest.mark.parametrize("case", list(ACCEPTED))
 def test_the_same_acceptance(engines: dict[str, Served], case: str) -> None:
     path, payload = ACCEPTED[case]
@@ -202,3 +315,44 @@ def test_a_missing_model_name_is_accepted(engines: dict[str, Served]) -> None:
         "sim": (200, "tiny"),
         "vllm": (200, "tiny"),
     }
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"n": 3}, {"prompt": ["hi", "there", "you"]}, {"prompt": [[5, 6], [7, 8, 9]], "n": 2}],
+)
+def test_choices_of_batches_and_n_are_numbered_and_counted_alike(
+    engines: dict[str, Served], fields: dict[str, Any]
+) -> None:
+    path, payload = completion(max_tokens=3, ignore_eos=True, **fields)
+
+    def answer(engine: Served) -> tuple[list[Any], dict[str, Any]]:
+        status, body = send(engine, path, payload)
+        assert status == 200, body
+        usage = {key: body["usage"][key] for key in ("prompt_tokens", "completion_tokens")}
+        return [(choice["index"], choice["finish_reason"]) for choice in body["choices"]], usage
+
+    answers = on_each(engines, answer)
+    assert answers["sim"] == answers["vllm"]
+
+
+def test_a_wrong_method_gets_the_same_answer(engines: dict[str, Served]) -> None:
+    answers = on_each(engines, lambda engine: send_get(engine, "/v1/completions"))
+    # vLLM answers in FastAPI's words here, not in the OpenAI shape; so does the simulator.
+    assert answers == {name: (405, {"detail": "Method Not Allowed"}) for name in engines}
+
+
+# The gateway routes only the inference paths (a 404 for /tokenize is its own answer).
+EVERY_BODY = {
+    case: (path, payload)
+    for case, (path, payload) in {**CASES, **MALFORMED_MESSAGES, **REFUSED_ALIKE, **ACCEPTED}.items()
+    if path in INFERENCE_API_PATHS
+}
+
+
+@pytest.mark.parametrize("case", list(EVERY_BODY))
+def test_the_gateway_answers_every_body_with_vllms_status(
+    engines: dict[str, Served], gateway: httpx.Client, case: str
+) -> None:
+    path, payload = EVERY_BODY[case]
+    assert send(gateway, path, payload)[0] == send(engines["vllm"], path, payload)[0]

@@ -108,6 +108,19 @@ def test_block_stored_names_the_prompts_blocks_and_chains_them(engines: dict[str
     assert third["extra_keys"] == [["tenant-a"], None]
 
 
+def test_a_cache_salt_hides_a_prompt_from_other_salts(engines: dict[str, Served]) -> None:
+    prompt = random_prompt(4 * BLOCK_SIZE + 1, seed=40)
+
+    def cached_tokens(engine: Served) -> list[int]:
+        engine.reset_prefix_cache()
+        engine.complete(prompt, cache_salt="tenant-a")
+        probes = [{"cache_salt": "tenant-b"}, {}, {"cache_salt": "tenant-a"}]
+        usages = [engine.complete(prompt, **probe)["usage"] for probe in probes]
+        return [usage["prompt_tokens_details"]["cached_tokens"] for usage in usages]
+
+    assert on_each(engines, cached_tokens) == {"sim": [0, 0, 4 * BLOCK_SIZE], "vllm": [0, 0, 4 * BLOCK_SIZE]}
+
+
 def test_reset_is_published_with_the_next_step(engine: Served) -> None:
     complete_and_collect(engine, random_prompt(BLOCK_SIZE + 1, seed=31))  # publishes any earlier reset
     assert engine.post("/reset_prefix_cache", None).json() == {"success": True}

@@ -126,7 +126,7 @@ async def test_large_body_is_re_emitted_in_chunks_and_oversized_body_is_413() ->
     ("body", "status"),
     [
         (b"{not json", 400),
-        (json.dumps({"prompt": "x"}).encode(), 400),
+        (json.dumps({"model": "tiny"}).encode(), 400),  # no prompt
         (json.dumps({**COMPLETION, "max_tokens": "lots"}).encode(), 400),
     ],
 )

@@ -70,10 +70,10 @@ def test_shared_long_prefix_lands_where_it_is_cached(client: openai.OpenAI) -> N
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
-        (b'{"model": "tiny", "prompt": ', 400, None),
-        (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": "five"}).encode(), 400, "max_tokens"),
-        (json.dumps({"model": "tiny", "prompt": 42}).encode(), 400, "prompt"),
-        (json.dumps({"prompt": "x"}).encode(), 400, "model"),
+        (b'{"model": "tiny", "prompt": ', 400, "body.28"),
+        (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": "five"}).encode(), 400, "body.max_tokens"),
+        (json.dumps({"model": "tiny", "prompt": 42}).encode(), 400, "body.prompt"),
+        (json.dumps({"model": "tiny", "prompt": "x", "cache_salt": ""}).encode(), 400, "cache_salt"),
         (json.dumps({"model": "tiny", "prompt": "x" * (300 << 10)}).encode(), 413, None),
     ],
 )

@@ -276,6 +276,36 @@ async def test_repeated_prompts_report_cached_tokens(served_model: ServedModel) 
         assert openai_usage.prompt_tokens_details.cached_tokens == 128
 
 
+async def test_batches_and_n_get_a_choice_each_numbered_prompt_by_prompt(served_model: ServedModel) -> None:
+    async with running_replica(served_model) as (_, url), httpx.AsyncClient(base_url=url) as http:
+        payload = {"prompt": [[5, 6, 7], [8, 9]], "n": 2, "max_tokens": 3, "ignore_eos": True}
+        body = (await http.post("/v1/completions", json=payload)).json()
+        assert [(c["index"], c["finish_reason"]) for c in body["choices"]] == [
+            (i, "length") for i in range(4)
+        ]
+        assert (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"]) == (5, 12)
+
+        streamed = await http.post(
+            "/v1/completions", json={**payload, "stream": True, "stream_options": {"include_usage": True}}
+        )
+        chunks = sse_payloads(streamed.text)
+        assert chunks[-1] == "[DONE]" and chunks[-2]["usage"]["completion_tokens"] == 12
+        per_choice = [
+            [c["choices"][0]["finish_reason"] for c in chunks[:-2] if c["choices"][0]["index"] == i]
+            for i in range(4)
+        ]
+        assert per_choice == [[None, None, "length"]] * 4
+        assert len({c["id"] for c in chunks[:-1]}) == 1
+
+        chat = {"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 1, "stream": True}
+        roles = [
+            c["choices"][0]["index"]
+            for c in sse_payloads((await http.post("/v1/chat/completions", json=chat)).text)[:-1]
+            if "role" in c["choices"][0]["delta"]
+        ]
+        assert sorted(roles) == [0, 1, 2]
+
+
 async def test_admin_and_info_routes(served_model: ServedModel) -> None:
     async with running_replica(served_model) as (replica, url), httpx.AsyncClient(base_url=url) as http:
         health = await http.get("/health")

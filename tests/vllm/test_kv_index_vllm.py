@@ -44,13 +44,15 @@ class Follower:
     index: PreciseIndex
     registry: CollectorRegistry
 
-    def matched(self, tokens: list[int]) -> int:
-        return self.index.longest_prefix(HASHER.external_chain(tokens, BLOCK_SIZE)).get(NAME, 0)
+    def matched(self, tokens: list[int], cache_salt: str | None = None) -> int:
+        chain = HASHER.external_chain(tokens, BLOCK_SIZE, cache_salt=cache_salt)
+        return self.index.longest_prefix(chain).get(NAME, 0)
 
-    async def complete(self, prompt: str | list[int]) -> dict:
-        response = await self.http.post(
-            "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 1, "ignore_eos": True}
-        )
+    async def complete(self, prompt: str | list[int], cache_salt: str | None = None) -> dict:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "ignore_eos": True}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        response = await self.http.post("/v1/completions", json=body)
         assert response.status_code == 200, response.text
         return response.json()["usage"]
 
@@ -133,6 +135,24 @@ async def test_index_names_vllms_blocks_by_the_epps_hashes_and_follows_evictions
     await follower.settled()
     predicted = follower.matched(tokens) * BLOCK_SIZE
     assert (await follower.complete(prompt))["prompt_tokens_details"]["cached_tokens"] == predicted
+
+
+async def test_a_cache_salt_keeps_tenants_apart_in_vllm_and_in_the_index(follower: Follower) -> None:
+    tokens, blocks = random_tokens(6 * BLOCK_SIZE + 3, seed=2727), 6
+    await follower.complete(tokens, cache_salt="tenant-a")
+    await eventually(lambda: follower.matched(tokens, "tenant-a") == blocks, timeout_s=60)
+    # Under another salt, or none, neither the index nor vLLM finds a block of it.
+    for other in ("tenant-b", None):
+        assert follower.matched(tokens, other) == 0
+        usage = await follower.complete(tokens, cache_salt=other)
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+    # Each copy is cached, and indexed, under its own salt; the first tenant still hits its own.
+    await eventually(
+        lambda: follower.matched(tokens, "tenant-b") == blocks and follower.matched(tokens) == blocks,
+        timeout_s=60,
+    )
+    usage = await follower.complete(tokens, cache_salt="tenant-a")
+    assert usage["prompt_tokens_details"]["cached_tokens"] == blocks * BLOCK_SIZE
 
 
 def test_a_custom_seed_hashes_as_vllm_does() -> None:
