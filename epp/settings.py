@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Literal
@@ -115,6 +116,26 @@ class EppSettings(BaseModel):
         "answer to a request: stalled, not merely busy) is out of scheduling until its next good scrape",
     )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
+    max_request_headers: int = Field(
+        100,
+        ge=16,
+        description="the gateway's limit on request headers (Envoy's max_headers_count): requests "
+        "that leave no room under it for the EPP's own headers get a JSON 431, not the gateway's 500",
+    )
+    max_request_headers_kb: int = Field(
+        60, ge=4, description="the same for their size (Envoy's max_request_headers_kb)"
+    )
+    decision_trace_token_file: Path | None = Field(
+        None,
+        description="decision traces (x-llm-epp-debug) for callers that send this file's token as "
+        "the header's value; off unless this or --decision-trace-from is given",
+    )
+    decision_trace_from: list[str] = Field(
+        default_factory=list,
+        description="decision traces for x-llm-epp-debug: true from these networks (CIDRs; repeat "
+        "the flag or comma-separate), by the client address the gateway sends (ext_proc attribute "
+        "source.address)",
+    )
     response_metering: ResponseMetering = Field(
         "full",
         description="full: read every chunk of a streamed response; first-token: read it to its "
@@ -199,6 +220,15 @@ class EppSettings(BaseModel):
                 "--ha-enable-leader-election (active-passive: one replica routes) and --sync-nats-url "
                 "(active-active: every replica routes) exclude each other; choose one"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _decision_trace_inputs(self) -> EppSettings:
+        for network in self.decision_trace_from:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"--decision-trace-from: {network!r} is not a CIDR") from None
         return self
 
     @model_validator(mode="after")
