@@ -504,6 +504,7 @@ def gateway_bootstrap(
         "stream_idle_timeout": "600s",
         "max_request_headers_kb": CODEC_MAX_HEADERS_KB,
         "common_http_protocol_options": {"max_headers_count": CODEC_MAX_HEADERS},
+        "http2_protocol_options": {"max_header_field_size_kb": CODEC_MAX_HEADERS_KB},
         # HTTP/1.0 clients (ApacheBench, some health checkers) are served, not sent a 426.
         "http_protocol_options": {"accept_http_10": True, "default_host_for_http_10": "gateway"},
         # The client sees the request id the request was served under (the EPP's, if it replaced one).
