@@ -13,6 +13,8 @@ from dataclasses import dataclass
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _DATA, _HEADERS, _RST_STREAM, _SETTINGS, _GOAWAY, _CONTINUATION = 0x0, 0x1, 0x3, 0x4, 0x7, 0x9
 _END_STREAM, _END_HEADERS, _ACK = 0x1, 0x4, 0x1
+INTERNAL_ERROR, COMPRESSION_ERROR = 0x2, 0x9
+"""HTTP/2 error codes (RFC 9113 7)."""
 _MAX_FRAME = 16384
 # HPACK's static table (RFC 7541, appendix A): the :status entries Envoy's encoder may index.
 _STATIC_STATUS = {8: 200, 9: 204, 10: 206, 11: 304, 12: 400, 13: 404, 14: 500}

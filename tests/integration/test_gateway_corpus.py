@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from epp.envoy_config import CODEC_MAX_HEADERS
 from sim.stack import LocalStack
-from tests.gateway_corpus import Answer, corpus, run_with_curl
+from tests import raw_h2
+from tests.gateway_corpus import COMPLETION, Answer, corpus, run_with_curl
 from tests.stacks import start_stack
 
 pytestmark = pytest.mark.integration
@@ -79,3 +81,26 @@ def test_no_5xx_and_json_errors(stack: LocalStack, tmp_path: Path, protocol: str
         assert statuses["/v1/completions: over 16 MiB"] == 413
     # A client cannot choose its replica's address: the request is routed as any other.
     assert statuses["own destination evil.example:80"] == 200
+
+
+@pytest.mark.parametrize("kib", [62, 66, 80, 95])
+def test_http2_headers_between_the_epps_limit_and_envoys_get_the_json_431(
+    stack: LocalStack, kib: int
+) -> None:
+    # Past 64 KiB curl will not send them, and Envoy's HTTP/2 codec refuses one field over
+    # 64 KiB unless max_header_field_size_kb says otherwise (the gateway sets it to 96).
+    port = int(stack.gateway_url.rsplit(":", 1)[1])
+    headers = [("content-type", "application/json"), ("x-big", "a" * (kib << 10))]
+    reply = raw_h2.request("127.0.0.1", port, "/v1/completions", headers, COMPLETION)
+    assert (reply.status, reply.reset) == (431, None)
+    assert json.loads(reply.body)["error"]["type"] == "RequestHeaderFieldsTooLargeError"
+
+
+def test_http2_headers_past_envoys_limits_end_the_stream_or_connection(stack: LocalStack) -> None:
+    """The closest Envoy comes to a 431 over HTTP/2: no response, never a 5xx."""
+    port = int(stack.gateway_url.rsplit(":", 1)[1])
+    big = raw_h2.request("127.0.0.1", port, "/v1/completions", [("x-big", "a" * (97 << 10))], COMPLETION)
+    assert (big.status, big.reset) == (None, raw_h2.COMPRESSION_ERROR)  # GOAWAY: the connection
+    many = [(f"x-h{i}", "v") for i in range(CODEC_MAX_HEADERS)]
+    counted = raw_h2.request("127.0.0.1", port, "/v1/completions", many, COMPLETION)
+    assert (counted.status, counted.reset) == (None, raw_h2.INTERNAL_ERROR)  # RST_STREAM: the stream
