@@ -101,24 +101,20 @@ a stream reset, not a 431."""
 GET_PATHS = ("/v1/models",)
 """The API paths read with GET; the others take POST. Any other method gets a JSON 405."""
 
-# The error ``type`` for each status Envoy answers with: the openai SDK's exception class name
-# where it has one for the status (so a client reads the same name either way), else the status
-# phrase in that style, as the EPP names its own errors.
+# The error ``type`` for each status Envoy answers with: for 400, 403, 404 and 500 the openai
+# SDK's exception class name (what a client catches), else the status's phrase in that style,
+# as the EPP names its own (429 TooManyRequestsError, 503 ServiceUnavailableError).
 ERROR_TYPES = {
     400: "BadRequestError",
-    401: "AuthenticationError",
     403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
     408: "RequestTimeoutError",
-    411: "LengthRequiredError",
     413: "PayloadTooLargeError",
-    414: "URITooLongError",
     426: "UpgradeRequiredError",
     429: "TooManyRequestsError",
     431: "RequestHeaderFieldsTooLargeError",
     500: "InternalServerError",
-    501: "NotImplementedError",
     502: "BadGatewayError",
     503: "ServiceUnavailableError",
     504: "GatewayTimeoutError",
@@ -373,6 +369,16 @@ def local_reply_config() -> dict[str, Any]:
                 "body_format_override": _error_body(ERROR_TYPES[status]),
             }
         )
+    # Envoy refuses an upgrade it was not configured for (websocket, ...) with a 403 and no text.
+    mappers.append(
+        {
+            "filter": _cel("response.code_details.startsWith('upgrade')"),
+            "body": {
+                "inline_string": "protocol upgrades are not served here: send the request without Upgrade"
+            },
+            "body_format_override": _error_body(ERROR_TYPES[403]),
+        }
+    )
     mappers += [
         {"filter": _status_is("EQ", status), "body_format_override": _error_body(error_type)}
         for status, error_type in ERROR_TYPES.items()
@@ -504,6 +510,8 @@ def gateway_bootstrap(
         "stream_idle_timeout": "600s",
         "max_request_headers_kb": CODEC_MAX_HEADERS_KB,
         "common_http_protocol_options": {"max_headers_count": CODEC_MAX_HEADERS},
+        # One HTTP/2 header field may fill the whole limit (Envoy's default refuses one over
+        # 64 KiB by closing the connection, whatever max_request_headers_kb says).
         "http2_protocol_options": {"max_header_field_size_kb": CODEC_MAX_HEADERS_KB},
         # HTTP/1.0 clients (ApacheBench, some health checkers) are served, not sent a 426.
         "http_protocol_options": {"accept_http_10": True, "default_host_for_http_10": "gateway"},

@@ -96,6 +96,10 @@ def _methods() -> list[Case]:
     cases.append(Case("CONNECT", "CONNECT", "/v1/completions", protocols=("1.1",)))
     # An unknown method is an HTTP/1.1 parse error (400); over HTTP/2 it is only a wrong method.
     cases.append(Case("unknown method FOO", "FOO"))
+    # Protocol upgrades (HTTP/1.1 only: HTTP/2 forbids the headers), which the gateway does not do.
+    for upgrade in ("websocket", "h2c", "TLS/1.2"):
+        headers = (JSON, ("connection", "upgrade"), ("upgrade", upgrade))
+        cases.append(Case(f"upgrade to {upgrade}", headers=headers, protocols=("1.1",)))
     return cases
 
 
