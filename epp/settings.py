@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from epp.extproc.gate import ENVOY_MAX_HEADERS, ENVOY_MAX_HEADERS_KB
 from epp.requestcontrol.completion_log import ResponseMetering
 from epp.tls import ServerTlsFiles
 
@@ -117,13 +118,13 @@ class EppSettings(BaseModel):
     )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
     max_request_headers: int = Field(
-        100,
+        ENVOY_MAX_HEADERS,
         ge=16,
         description="the gateway's limit on request headers (Envoy's max_headers_count): requests "
         "that leave no room under it for the EPP's own headers get a JSON 431, not the gateway's 500",
     )
     max_request_headers_kb: int = Field(
-        60, ge=4, description="the same for their size (Envoy's max_request_headers_kb)"
+        ENVOY_MAX_HEADERS_KB, ge=4, description="the same for their size (Envoy's max_request_headers_kb)"
     )
     decision_trace_token_file: Path | None = Field(
         None,
