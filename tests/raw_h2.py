@@ -56,8 +56,9 @@ def _status(block: bytes) -> int | None:
     """The :status of a response header block, if its first field carries it as Envoy writes it."""
     if block and block[0] & 0x80:
         return _STATIC_STATUS.get(block[0] & 0x7F)
-    if block and block[0] & 0xF0 in (0x00, 0x10, 0x40) and block[1] & 0x80 == 0:
-        return int(block[2 : 2 + block[1]])  # literal, indexed name :status, plain 3-digit value
+    # A literal whose name is static entry 8 (:status), with or without indexing, plain value.
+    if block[:1] in (b"\x08", b"\x18", b"\x48") and block[1] & 0x80 == 0:
+        return int(block[2 : 2 + block[1]])
     return None
 
 
