@@ -27,6 +27,7 @@ from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
 from epp.estimated_tokens import EstimatedTokenizer
 from epp.extproc.access_log import AccessLogReceiver
 from epp.extproc.access_log import add_to_server as add_access_log_to_server
+from epp.extproc.gate import DebugAccess, HeaderLimits, RequestGate
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.flowcontrol.config import build_flow_control
 from epp.flowcontrol.gate import FlowGate
@@ -82,6 +83,14 @@ def load_tokenizer(model_dir: Path, cache_bytes: int = 0, verify_cache: bool = F
         files = " or ".join(missing)
         raise FileNotFoundError(f"--tokenizer-dir {model_dir} has no {files}; give it {TOKENIZER_HELP}")
     return ModelTokenizer(model_dir, cache_bytes, verify_cache)
+
+
+def request_gate(settings: EppSettings) -> RequestGate:
+    """The header checks of ``settings`` (``epp.extproc.gate``)."""
+    return RequestGate(
+        HeaderLimits(settings.max_request_headers, settings.max_request_headers_kb),
+        DebugAccess.from_settings(settings.decision_trace_token_file, settings.decision_trace_from),
+    )
 
 
 class EppApp:
@@ -194,6 +203,7 @@ class EppApp:
                 settings.completion_log_silence_s,
             ),
         )
+        self.gate = request_gate(settings)
         self.kv_events = KVEventsSubscriber(
             self.store,
             self.kv_index,
@@ -283,7 +293,7 @@ class EppApp:
             await self._start_kubernetes()
 
         self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
-        add_to_server(ExternalProcessor(self.director, s.max_body_bytes), self._grpc)
+        add_to_server(ExternalProcessor(self.director, s.max_body_bytes, self.gate), self._grpc)
         add_access_log_to_server(AccessLogReceiver(self.director.log_entry), self._grpc)
         if s.response_metering == "first-token":
             self._tasks.append(asyncio.create_task(self._follow_handoffs(), name="handed-off-requests"))

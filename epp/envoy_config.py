@@ -5,8 +5,13 @@ destination header (so a client can never pick its own upstream), the ext_proc f
 talking to the EPP, and the router.
 
 Routes: only the inference API paths (``INFERENCE_API_PATHS`` by default) go to the model
-servers; any other path gets a JSON 404 from Envoy without asking the EPP, so the engines'
-own endpoints (``/metrics``, ``/health``, ...) are not reachable through the gateway.
+servers, each with the one method it takes (``GET_PATHS`` GET, the others POST; any other
+method gets a JSON 405); any other path gets a JSON 404 from Envoy without asking the EPP, so
+the engines' own endpoints (``/metrics``, ``/health``, ...) are not reachable through the gateway.
+
+Request headers: Envoy's limits (``CODEC_MAX_HEADERS``, ``CODEC_MAX_HEADERS_KB``) sit above the
+ones the EPP enforces with a JSON 431, which leave room for the headers the EPP adds (see
+``epp.extproc.gate``). HTTP/1.0 requests are served (``accept_http_10``).
 
 Upstream: one EDS cluster of the model servers, read from a file (:func:`write_cluster_endpoints`,
 reloaded when it is replaced), balanced by Envoy's ``override_host`` policy. The EPP's picks
@@ -22,10 +27,10 @@ InferencePool (GKE, Istio and kgateway watch the pool's pods), so only the local
 the file.
 
 Errors Envoy answers itself (no route, upstream connect failure or reset, no healthy
-upstream, timeouts, headers over ``max_request_headers_kb``, an unreachable EPP in
-``FailClose`` mode) are rewritten by ``local_reply_config`` to the OpenAI/vLLM JSON shape
-``{"error": {"message", "type", "param", "code"}}`` that the EPP and vLLM use; replies that
-already are JSON (the EPP's own errors) pass unchanged.
+upstream, timeouts, headers over Envoy's limits, an unreachable EPP in ``FailClose`` mode)
+are rewritten by ``local_reply_config`` to the OpenAI/vLLM JSON shape
+``{"error": {"message", "type", "param", "code"}}`` that the EPP and vLLM use, typed by
+``ERROR_TYPES``; replies that already are JSON (the EPP's own errors) pass unchanged.
 
 Failure mode (what happens when the EPP is down, slow, or errors):
 
@@ -73,7 +78,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from epp.extproc.messages import DESTINATION_HEADER, LB_METADATA_NAMESPACE, SERVED_BY_ATTRIBUTE
+from epp.extproc.messages import (
+    DESTINATION_HEADER,
+    LB_METADATA_NAMESPACE,
+    SERVED_BY_ATTRIBUTE,
+    SOURCE_ATTRIBUTE,
+)
 from epp.requestcontrol.director import REQUEST_ID_HEADER
 
 FailureMode = Literal["FailOpen", "FailClose"]
@@ -82,15 +92,26 @@ INFERENCE_API_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 MODEL_SERVERS_CLUSTER = "model_servers"
 UPSTREAM_IDLE_TIMEOUT = "3s"
 RETRIES = 2
-MAX_REQUEST_HEADERS_KB = 60
-"""Envoy's default; larger request headers get a 431."""
+CODEC_MAX_HEADERS = 160
+CODEC_MAX_HEADERS_KB = 96
+"""Envoy's own limits on request headers (``max_headers_count``, ``max_request_headers_kb``),
+kept above those the EPP enforces (``epp.extproc.gate``: Envoy's defaults, 100 and 60 KiB) so
+that the EPP's JSON 431 comes first: over HTTP/2 Envoy answers headers over its own limits with
+a stream reset, not a 431."""
+GET_PATHS = ("/v1/models",)
+"""The API paths read with GET; the others take POST. Any other method gets a JSON 405."""
 
-# The error ``type`` for each status Envoy answers with, named as the EPP and vLLM name theirs.
+# The error ``type`` for each status Envoy answers with: for 400, 403, 404 and 500 the openai
+# SDK's exception class name (what a client catches), else the status's phrase in that style,
+# as the EPP names its own (429 TooManyRequestsError, 503 ServiceUnavailableError).
 ERROR_TYPES = {
     400: "BadRequestError",
+    403: "PermissionDeniedError",
     404: "NotFoundError",
+    405: "MethodNotAllowedError",
     408: "RequestTimeoutError",
     413: "PayloadTooLargeError",
+    426: "UpgradeRequiredError",
     429: "TooManyRequestsError",
     431: "RequestHeaderFieldsTooLargeError",
     500: "InternalServerError",
@@ -114,6 +135,8 @@ _LOAD_ASSIGNMENT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssi
 _EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 _RAW_BUFFER = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
+_BUFFER = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
+_BUFFER_FILTER = "envoy.filters.http.buffer"
 _LUA = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
 _HTTP_GRPC_LOG = "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig"
 ACCESS_LOG_FLUSH = "0.1s"
@@ -274,6 +297,8 @@ def ext_proc_filter(
             # Envoy drops the EPP's dynamic metadata (its picks) unless the namespace is listed.
             "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE]}},
             "allow_mode_override": True,
+            # The client's address: who may see decision traces (--decision-trace-from).
+            "request_attributes": [SOURCE_ATTRIBUTE],
             # The endpoint that answered, after any retry, for the EPP to book the request on.
             "response_attributes": [SERVED_BY_ATTRIBUTE],
             "processing_mode": {
@@ -334,7 +359,8 @@ def local_reply_config() -> dict[str, Any]:
             "body_format_override": unchanged,
         }
     ]
-    epp_failed = _cel("response.code_details.startsWith('ext_proc_error')")
+    # ext_proc_error_* (the stream failed or timed out), and any other ext_proc failure.
+    epp_failed = _cel("response.code_details.startsWith('ext_proc')")
     for status, message in ((500, "the endpoint picker failed"), (504, "the endpoint picker timed out")):
         mappers.append(
             {
@@ -343,6 +369,16 @@ def local_reply_config() -> dict[str, Any]:
                 "body_format_override": _error_body(ERROR_TYPES[status]),
             }
         )
+    # Envoy refuses an upgrade it was not configured for (websocket, ...) with a 403 and no text.
+    mappers.append(
+        {
+            "filter": _cel("response.code_details.startsWith('upgrade')"),
+            "body": {
+                "inline_string": "protocol upgrades are not served here: send the request without Upgrade"
+            },
+            "body_format_override": _error_body(ERROR_TYPES[403]),
+        }
+    )
     mappers += [
         {"filter": _status_is("EQ", status), "body_format_override": _error_body(error_type)}
         for status, error_type in ERROR_TYPES.items()
@@ -359,9 +395,16 @@ def _path_match(api_paths: Sequence[str]) -> dict[str, Any]:
     return {"safe_regex": {"regex": f"({alternatives})"}}
 
 
-def _routes(api_paths: Sequence[str], with_epp: bool, fail_open: bool) -> list[dict[str, Any]]:
-    api = _path_match(api_paths)
-    to_model_servers = {
+def _by_method(api_paths: Sequence[str]) -> dict[str, list[str]]:
+    """The API paths grouped by the one method each takes (``GET_PATHS``: GET, the rest POST)."""
+    groups: dict[str, list[str]] = {}
+    for path in api_paths:
+        groups.setdefault("GET" if path in GET_PATHS else "POST", []).append(path)
+    return groups
+
+
+def _to_model_servers() -> dict[str, Any]:
+    return {
         "cluster": MODEL_SERVERS_CLUSTER,
         "timeout": "0s",
         "idle_timeout": "600s",
@@ -377,12 +420,27 @@ def _routes(api_paths: Sequence[str], with_epp: bool, fail_open: bool) -> list[d
             "host_selection_retry_max_attempts": 5,
         },
     }
+
+
+def _after_the_body(route: dict[str, Any]) -> dict[str, Any]:
+    """``route``, answered only once the request's body is in: over HTTP/2 Envoy follows an answer
+    that comes before the request's end with a stream reset, and some clients (curl 7.88) then
+    drop the answer."""
+    return {**route, "typed_per_filter_config": {_BUFFER_FILTER: {"@type": _FILTER_CONFIG, "config": {}}}}
+
+
+def _method_routes(
+    method: str, paths: Sequence[str], with_epp: bool, fail_open: bool
+) -> list[dict[str, Any]]:
+    """``paths`` with ``method``: to the EPP's pick (or round-robin when failing open, else a 503);
+    with any other method, a 405 that names the one they take, as the engines answer."""
+    api = {**_path_match(paths), "headers": [{"name": ":method", "string_match": {"exact": method}}]}
     routes: list[dict[str, Any]] = []
     if with_epp:
-        routed = {**api, "headers": [{"name": DESTINATION_HEADER, "present_match": True}]}
-        routes.append({"match": routed, "route": to_model_servers})
+        picked = {"name": DESTINATION_HEADER, "present_match": True}
+        routes.append({"match": {**api, "headers": [*api["headers"], picked]}, "route": _to_model_servers()})
     if fail_open:
-        routes.append({"match": api, "route": to_model_servers})
+        routes.append({"match": api, "route": _to_model_servers()})
     else:
         no_pick = {"status": 503, "body": {"inline_string": "no endpoint was picked"}}
         routes.append({"match": api, "direct_response": no_pick})
@@ -391,6 +449,25 @@ def _routes(api_paths: Sequence[str], with_epp: bool, fail_open: bool) -> list[d
         enabled = {"@type": _FILTER_CONFIG, "config": {}}
         for route in routes:
             route["typed_per_filter_config"] = {_EXT_PROC_FILTER: enabled}
+    wrong_method = _after_the_body(
+        {
+            "match": _path_match(paths),
+            "direct_response": {
+                "status": 405,
+                "body": {"inline_string": f"method not allowed: {', '.join(paths)} take {method} only"},
+            },
+            "response_headers_to_add": [{"header": {"key": "allow", "value": method}}],
+        }
+    )
+    return [*routes, wrong_method]
+
+
+def _routes(api_paths: Sequence[str], with_epp: bool, fail_open: bool) -> list[dict[str, Any]]:
+    routes = [
+        route
+        for method, paths in _by_method(api_paths).items()
+        for route in _method_routes(method, paths, with_epp, fail_open)
+    ]
     served = ", ".join(api_paths)
     not_found = {
         "match": {"prefix": "/"},
@@ -399,7 +476,7 @@ def _routes(api_paths: Sequence[str], with_epp: bool, fail_open: bool) -> list[d
             "body": {"inline_string": f"not an inference API path; this gateway serves {served}"},
         },
     }
-    routes.append(not_found)
+    routes.append(_after_the_body(not_found))
     return routes
 
 
@@ -431,7 +508,13 @@ def gateway_bootstrap(
         "stat_prefix": "gateway",
         "codec_type": "AUTO",
         "stream_idle_timeout": "600s",
-        "max_request_headers_kb": MAX_REQUEST_HEADERS_KB,
+        "max_request_headers_kb": CODEC_MAX_HEADERS_KB,
+        "common_http_protocol_options": {"max_headers_count": CODEC_MAX_HEADERS},
+        # One HTTP/2 header field may fill the whole limit (Envoy's default refuses one over
+        # 64 KiB by closing the connection, whatever max_request_headers_kb says).
+        "http2_protocol_options": {"max_header_field_size_kb": CODEC_MAX_HEADERS_KB},
+        # HTTP/1.0 clients (ApacheBench, some health checkers) are served, not sent a 426.
+        "http_protocol_options": {"accept_http_10": True, "default_host_for_http_10": "gateway"},
         # The client sees the request id the request was served under (the EPP's, if it replaced one).
         "always_set_request_id_in_response": True,
         **(
@@ -461,6 +544,12 @@ def gateway_bootstrap(
             # (headers over the limit), is answered without waiting on the EPP (Envoy resets
             # such a request instead when ext_proc must see its reply: envoyproxy/envoy#29440).
             *([{**ext_proc_filter("epp", failure_mode, body_mode), "disabled": True}] if with_epp else []),
+            # Enabled by the routes Envoy answers itself (see _after_the_body).
+            {
+                "name": _BUFFER_FILTER,
+                "typed_config": {"@type": _BUFFER, "max_request_bytes": max_request_bytes},
+                "disabled": True,
+            },
             {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
         ],
     }

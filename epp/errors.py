@@ -62,6 +62,11 @@ class PayloadTooLarge(RequestError):
     error_type = "PayloadTooLargeError"
 
 
+class HeadersTooLarge(RequestError):
+    status = 431
+    error_type = "RequestHeaderFieldsTooLargeError"
+
+
 class InternalServerError(RequestError):
     """A bug in the EPP, not the client's doing: the request is answered, the EPP stays up.
     The client is told no more than that; the log line names the exception and where it rose."""

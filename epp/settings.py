@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from epp.extproc.gate import ENVOY_MAX_HEADERS, ENVOY_MAX_HEADERS_KB
 from epp.requestcontrol.completion_log import ResponseMetering
 from epp.tls import ServerTlsFiles
 
@@ -123,6 +125,26 @@ class EppSettings(BaseModel):
         "answer to a request: stalled, not merely busy) is out of scheduling until its next good scrape",
     )
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
+    max_request_headers: int = Field(
+        ENVOY_MAX_HEADERS,
+        ge=16,
+        description="the gateway's limit on request headers (Envoy's max_headers_count): requests "
+        "that leave no room under it for the EPP's own headers get a JSON 431, not the gateway's 500",
+    )
+    max_request_headers_kb: int = Field(
+        ENVOY_MAX_HEADERS_KB, ge=4, description="the same for their size (Envoy's max_request_headers_kb)"
+    )
+    decision_trace_token_file: Path | None = Field(
+        None,
+        description="decision traces (x-llm-epp-debug) for callers that send this file's token as "
+        "the header's value; off unless this or --decision-trace-from is given",
+    )
+    decision_trace_from: list[str] = Field(
+        default_factory=list,
+        description="decision traces for x-llm-epp-debug: true from these networks (CIDRs; repeat "
+        "the flag or comma-separate), by the client address the gateway sends (ext_proc attribute "
+        "source.address)",
+    )
     response_metering: ResponseMetering = Field(
         "full",
         description="full: read every chunk of a streamed response; first-token: read it to its "
@@ -215,6 +237,15 @@ class EppSettings(BaseModel):
             raise ValueError(f"--tokenizer-dir is required: {TOKENIZER_HELP} (or --tokenizer-source auto)")
         if self.tokenizer_source == "auto" and self.tokenizer_dir is not None:
             raise ValueError("--tokenizer-dir is for --tokenizer-source dir; auto downloads the tokenizer")
+        return self
+
+    @model_validator(mode="after")
+    def _decision_trace_inputs(self) -> EppSettings:
+        for network in self.decision_trace_from:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"--decision-trace-from: {network!r} is not a CIDR") from None
         return self
 
     @model_validator(mode="after")

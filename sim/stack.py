@@ -120,6 +120,9 @@ class StackConfig:
     tls: TlsMode = "off"
     """ext_proc between Envoy and the EPPs: plaintext, TLS (Envoy verifies the EPP against a
     throwaway CA) or mTLS (the EPPs also require Envoy's client certificate)."""
+    decision_trace_from: Sequence[str] = ("127.0.0.0/8", "::1/128")
+    """Networks whose ``x-llm-epp-debug: true`` gets the decision trace (the EPPs'
+    ``--decision-trace-from``): loopback, so the local stack's curls show it; none: off."""
     response_metering: ResponseMetering = "first-token"
     """How the EPPs meter streamed responses: to the first token, finished by the gateway's
     access log (which the gateway then sends them), or every chunk (``epp.requestcontrol.completion_log``)."""
@@ -355,6 +358,11 @@ class LocalStack:
             self.config.response_metering,
             *latency_flags,
             *self._epp_tls_args(),
+            *(
+                ["--decision-trace-from", ",".join(self.config.decision_trace_from)]
+                if self.config.decision_trace_from
+                else []
+            ),
             *self.config.epp_args,
         ]
         if self.config.epp_replicas == 1:

@@ -30,6 +30,9 @@ EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
 SERVED_BY_ATTRIBUTE = "upstream.address"
 """The response attribute this project's Envoy config asks for: the ``ip:port`` that answered
 (after any retries), sent with the response headers."""
+SOURCE_ATTRIBUTE = "source.address"
+"""The request attribute this project's Envoy config asks for: the client's ``ip:port``, sent
+with the request headers (what ``--decision-trace-from`` is checked against)."""
 SERVED_METADATA_KEY = "x-gateway-destination-endpoint-served"
 """Where a gateway that follows the endpoint picker protocol reports the ``ip:port`` that
 answered: in the ``envoy.lb`` namespace of the response's metadata."""
@@ -69,6 +72,15 @@ def served_endpoint(message: ProcessingRequest) -> str | None:
             if value.HasField("string_value") and value.string_value:
                 return value.string_value
     return None
+
+
+def source_address(message: ProcessingRequest) -> str | None:
+    """The client's IP address, if the gateway sent it (``SOURCE_ATTRIBUTE``, ``ip:port``)."""
+    struct = message.attributes.get(EXT_PROC_ATTRIBUTES)
+    if struct is None or SOURCE_ATTRIBUTE not in struct.fields:
+        return None
+    address = struct.fields[SOURCE_ATTRIBUTE].string_value.rsplit(":", 1)[0]
+    return address.strip("[]") or None
 
 
 def header_dict(headers: HeaderMap) -> dict[str, str]:

@@ -10,6 +10,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
+from epp.extproc.gate import DEFAULT_GATE, RequestGate
 from epp.extproc.stream import ExtProcStream
 from epp.requestcontrol.director import Director
 
@@ -17,14 +18,15 @@ log = logging.getLogger(__name__)
 
 
 class ExternalProcessor(ext_proc_grpc.ExternalProcessorServicer):
-    def __init__(self, director: Director, max_body_bytes: int) -> None:
+    def __init__(self, director: Director, max_body_bytes: int, gate: RequestGate = DEFAULT_GATE) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
+        self.gate = gate
 
     async def Process(
         self, request_iterator: AsyncIterator[ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ProcessingResponse]:
-        stream = ExtProcStream(self.director, self.max_body_bytes)
+        stream = ExtProcStream(self.director, self.max_body_bytes, self.gate)
         try:
             async for message in request_iterator:
                 if stream.may_wait(message):

@@ -29,10 +29,12 @@ The request body arrives in one of two modes, announced by Envoy's ``protocol_co
 * FULL_DUPLEX_STREAMED (the anchor's gateways): nothing is answered until the body ends; then
   the headers reply carries the destination and content-length, and the body is re-emitted.
 
-Errors while the request is still ours become an immediate response (400/413/429/503 with a
-JSON body). An unexpected exception (a bug) is one log line and, while the request is still ours,
-a JSON 500; later, the request goes on unmetered. Either way the stream carries on: the state
-machine never raises into the gRPC layer.
+Before anything else the request's headers pass the gate (``epp.extproc.gate``): headers that
+would leave no room for the EPP's own get a 431, and ``x-llm-epp-debug`` is dropped unless the
+caller may see decision traces. Errors while the request is still ours become an immediate
+response (400/413/429/431/503 with a JSON body). An unexpected exception (a bug) is one log
+line and, while the request is still ours, a JSON 500; later, the request goes on unmetered.
+Either way the stream carries on: the state machine never raises into the gRPC layer.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, 
 from epp.envoy_config import MAX_MESSAGE_TIMEOUT_S, MESSAGE_TIMEOUT_S
 from epp.errors import InternalServerError, PayloadTooLarge, RequestError
 from epp.extproc import messages
+from epp.extproc.gate import DEFAULT_GATE, RequestGate
 from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -67,9 +70,10 @@ class Phase(enum.Enum):
 class ExtProcStream:
     """Consumes Envoy's ProcessingRequests for one HTTP request and yields the replies."""
 
-    def __init__(self, director: Director, max_body_bytes: int) -> None:
+    def __init__(self, director: Director, max_body_bytes: int, gate: RequestGate = DEFAULT_GATE) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
+        self.gate = gate
         self.phase = Phase.HEADERS
         self.record: RequestRecord | None = None
         self._headers: dict[str, str] = {}
@@ -77,6 +81,7 @@ class ExtProcStream:
         self._body_size = 0
         self._duplex = True
         self._watch_response_body = True
+        self._refusal: RequestError | None = None
         self.on_interim: Callable[[ProcessingResponse], None] | None = None
         """Where replies go that Envoy must get while a message is still being answered (set by
         the server around messages that may wait in flow control)."""
@@ -119,11 +124,20 @@ class ExtProcStream:
         self.phase = Phase.DONE
 
     def _request_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
-        self._headers = messages.header_dict(message.request_headers.headers)
+        headers = messages.header_dict(message.request_headers.headers)
+        self._headers = self.gate.debug.filter(headers, messages.source_address(message))
         self.record = self.director.new_record(self._headers)
         if message.HasField("protocol_config"):
             mode = message.protocol_config.request_body_mode
             self._duplex = mode == ProcessingMode.FULL_DUPLEX_STREAMED
+        try:
+            self.gate.limits.check(message.request_headers.headers)
+        except RequestError as error:
+            if message.request_headers.end_of_stream:
+                return self._reject(error)
+            # Answered once the body is in: over HTTP/2 Envoy follows an answer that comes before
+            # the request's end with a stream reset, and some clients (curl 7.88) drop the answer.
+            self._refusal = error
         if not message.request_headers.end_of_stream:
             self.phase = Phase.BODY
             return [] if self._duplex else [messages.CONTINUE_REQUEST_HEADERS]
@@ -157,6 +171,8 @@ class ExtProcStream:
 
     async def _route_body(self) -> list[ProcessingResponse]:
         assert self.record is not None
+        if self._refusal is not None:
+            return self._reject(self._refusal)
         body = b"".join(self._body)
         self._body.clear()
         path = self._headers.get(":path", "/")

@@ -18,10 +18,12 @@ from prometheus_client import CollectorRegistry
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.metrics import PoolMetrics
+from epp.extproc.gate import DebugAccess, RequestGate
 from epp.extproc.messages import (
     DESTINATION_HEADER,
     EXT_PROC_ATTRIBUTES,
     LB_METADATA_NAMESPACE,
+    SOURCE_ATTRIBUTE,
 )
 from epp.extproc.stream import ExtProcStream
 from epp.latency.metrics import PredictionMetrics
@@ -38,21 +40,29 @@ from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.tokenization import ModelTokenizer, PromptTokenizer
 from tests.epp.factories import FakeClock
 
+LOCAL_CLIENT = "127.0.0.1:40000"
+"""The client address :func:`headers_msg` sends by default (``source.address``), which the
+harness's gate lets see decision traces."""
+
 
 def headers_msg(
     path: str = "/v1/completions",
     method: str = "POST",
     eos: bool = False,
     buffered: bool = False,
+    source: str | None = LOCAL_CLIENT,
     **extra: str,
 ):
     pairs = {":path": path, ":method": method, "content-type": "application/json", **extra}
     hm = HeaderMap(headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
     mode = ProcessingMode.BUFFERED if buffered else ProcessingMode.FULL_DUPLEX_STREAMED
-    return ProcessingRequest(
+    message = ProcessingRequest(
         request_headers=HttpHeaders(headers=hm, end_of_stream=eos),
         protocol_config=ProtocolConfiguration(request_body_mode=mode),
     )
+    if source is not None:
+        message.attributes[EXT_PROC_ATTRIBUTES].update({SOURCE_ATTRIBUTE: source})
+    return message
 
 
 def body_msg(data: bytes, eos: bool) -> ProcessingRequest:
@@ -83,6 +93,10 @@ def response_body_msg(data: bytes, eos: bool) -> ProcessingRequest:
     return ProcessingRequest(response_body=HttpBody(body=data, end_of_stream=eos))
 
 
+LOOPBACK_TRACES = RequestGate(debug=DebugAccess.from_settings(None, ["127.0.0.0/8"]))
+"""Envoy's header limits, decision traces for loopback callers (the local stack's defaults)."""
+
+
 class Harness:
     def __init__(
         self,
@@ -93,7 +107,9 @@ class Harness:
         default_max_model_len: int | None = None,
         observers: Sequence[LifecycleObserver] = (),
         metering: MeteringSettings | None = None,
+        gate: RequestGate = LOOPBACK_TRACES,
     ) -> None:
+        self.gate = gate
         self.clock = FakeClock()
         self.store = EndpointStore()
         self.store.replace([Endpoint(f"e{i}", "10.0.0.1", 8000 + i) for i in range(2)])
@@ -123,7 +139,7 @@ class Harness:
         self.max_body = max_body
 
     def stream(self) -> ExtProcStream:
-        return ExtProcStream(self.director, self.max_body)
+        return ExtProcStream(self.director, self.max_body, self.gate)
 
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0

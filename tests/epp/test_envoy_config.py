@@ -1,15 +1,21 @@
 """The generated Envoy bootstrap, checked by the real Envoy binary: it validates, and Envoy's
-own replies (no route, no upstream, headers over the limit) come in the OpenAI error shape."""
+own replies (no route, a wrong method, no upstream, headers over its limits) come in the OpenAI
+error shape, typed as the openai SDK names the status's exception."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from epp.envoy_config import (
+    CODEC_MAX_HEADERS,
+    CODEC_MAX_HEADERS_KB,
+    ERROR_TYPES,
     EXT_PROC_HEALTH_SERVICE,
     gateway_bootstrap,
     with_epp_replicas,
@@ -32,7 +38,18 @@ def test_envoy_validates_the_bootstrap(tmp_path: Path, mode: str) -> None:
     # Off on the listener, on for the inference API routes only.
     assert ext_proc["disabled"] is True
     routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
-    assert [ext_proc["name"] in r.get("typed_per_filter_config", {}) for r in routes] == [True, True, False]
+    # POST paths (picked, not picked, wrong method), GET paths (the same), any other path.
+    assert [ext_proc["name"] in r.get("typed_per_filter_config", {}) for r in routes] == [
+        *[True, True, False] * 2,
+        False,
+    ]
+    # Envoy's own answers (405, 404) wait for the request's end.
+    assert [
+        r.get("direct_response", {}).get("status")
+        for r in routes
+        if "envoy.filters.http.buffer" in r.get("typed_per_filter_config", {})
+    ] == [405, 405, 404]
+    assert ext_proc["typed_config"]["request_attributes"] == ["source.address"]
 
 
 @pytest.mark.parametrize(("body_mode", "trailers"), [("BUFFERED", "SKIP"), ("FULL_DUPLEX_STREAMED", "SEND")])
@@ -114,10 +131,39 @@ def test_an_unreachable_model_server_gets_a_json_503(gateway: str, path: str) ->
     assert message.startswith("upstream connect error or disconnect/reset before headers. retried")
 
 
-@pytest.mark.parametrize("headers", [{"x-big": "a" * (61 << 10)}, {f"x-h{i}": "a" for i in range(120)}])
-def test_headers_over_the_limit_get_a_json_431(gateway: str, headers: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "headers",
+    [{"x-big": "a" * ((CODEC_MAX_HEADERS_KB + 1) << 10)}, {f"x-h{i}": "a" for i in range(CODEC_MAX_HEADERS)}],
+)
+def test_headers_over_envoys_limits_get_a_json_431(gateway: str, headers: dict[str, str]) -> None:
     response = httpx.post(gateway + "/v1/completions", json={}, headers=headers, timeout=5)
     assert _error(response, 431, "RequestHeaderFieldsTooLargeError") == "Request Header Fields Too Large"
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "OPTIONS", "PATCH"])
+def test_a_wrong_method_gets_a_json_405_naming_the_right_one(gateway: str, method: str) -> None:
+    response = httpx.request(method, gateway + "/v1/completions", timeout=5)
+    message = _error(response, 405, "MethodNotAllowedError")
+    assert message == "method not allowed: /v1/completions, /v1/embeddings take POST only"
+    assert response.headers["allow"] == "POST"
+
+
+def test_http_1_0_is_served(gateway: str) -> None:
+    port = int(gateway.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}")
+        reply = b"".join(iter(lambda: sock.recv(65536), b""))
+    # No model server listens: Envoy's JSON 503 after trying, not a 426 for the protocol.
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 503") and b'"ServiceUnavailableError"' in body
+
+
+@pytest.mark.parametrize("status", [400, 403, 404, 500])
+def test_error_types_are_the_openai_sdks_exception_names(status: int) -> None:
+    client = openai.OpenAI(api_key="x", base_url="http://127.0.0.1:1/v1")
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/completions")
+    error = client._make_status_error("m", body=None, response=httpx.Response(status, request=request))
+    assert ERROR_TYPES[status] == type(error).__name__
 
 
 def test_envoy_validates_a_health_checked_ext_proc_cluster_of_two_epps(tmp_path: Path) -> None:

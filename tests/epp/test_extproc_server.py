@@ -28,7 +28,7 @@ ANSWER_S = 10.0
 async def served() -> AsyncIterator[tuple[Harness, ext_proc_grpc.ExternalProcessorStub]]:
     harness = Harness()
     server = grpc.aio.server()
-    add_to_server(ExternalProcessor(harness.director, harness.max_body), server)
+    add_to_server(ExternalProcessor(harness.director, harness.max_body, harness.gate), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

@@ -70,7 +70,8 @@ def test_only_the_epp_pods_may_reach_the_deployed_nats() -> None:
     [source] = client_rule["from"]
     assert all(epp_labels.get(k) == v for k, v in source["podSelector"]["matchLabels"].items())
     assert client_rule["ports"] == [{"port": "client", "protocol": "TCP"}]
-    assert "from" not in monitor_rule and monitor_rule["ports"] == [{"port": "monitor", "protocol": "TCP"}]
+    # Its monitoring port: the monitoring peers only (tests/helm/test_gateway_exposure.py).
+    assert monitor_rule["from"] and monitor_rule["ports"] == [{"port": "monitor", "protocol": "TCP"}]
 
 
 def test_a_headless_service_lists_every_active_active_replica() -> None:

@@ -130,8 +130,10 @@ def test_by_default_only_the_named_gateways_pods_open_ext_proc_and_monitoring_sc
     rules = _rules_by_port(_policy(render(PREDICTOR_OFF)))
     gateway = {"gateway.networking.k8s.io/gateway-name": "inference-gateway"}
     assert rules["grpc-ext-proc"] is rules["grpc-health"]
+    # One peer: the label AND the gateway's namespace (the release's by default).
+    namespace = {"kubernetes.io/metadata.name": NAMESPACE}
     assert rules["grpc-ext-proc"]["from"] == [
-        {"namespaceSelector": {}, "podSelector": {"matchLabels": gateway}}
+        {"namespaceSelector": {"matchLabels": namespace}, "podSelector": {"matchLabels": gateway}}
     ]
     [monitoring] = rules["metrics"]["from"]
     [expression] = monitoring["namespaceSelector"]["matchExpressions"]

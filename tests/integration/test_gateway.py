@@ -123,15 +123,11 @@ def test_headers_over_the_limit_get_a_json_431(stack: LocalStack) -> None:
         headers={"x-padding": "a" * (61 << 10)},
         timeout=10,
     )
+    # The EPP's answer: Envoy's own limits sit above the ones it enforces (epp.extproc.gate).
     assert response.status_code == 431
-    assert response.json() == {
-        "error": {
-            "message": "Request Header Fields Too Large",
-            "type": "RequestHeaderFieldsTooLargeError",
-            "param": None,
-            "code": 431,
-        }
-    }
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("RequestHeaderFieldsTooLargeError", None, 431)
+    assert error["message"].startswith("request headers too large: ")
 
 
 def test_hostile_headers_cannot_pick_the_upstream(stack: LocalStack) -> None:

@@ -131,3 +131,8 @@ SAN of the certificate, sent as SNI). */}}
 {{- define "llm-epp.secretsDir" -}}
 /var/run/llm-epp
 {{- end -}}
+
+{{/* The EPP's decision-trace response headers (epp.requestcontrol.lifecycle, epp.observability.decision, epp.latency.report). */}}
+{{- define "llm-epp.traceHeaders" -}}
+x-llm-epp-endpoint, x-llm-epp-decision, x-llm-epp-predicted-ttft-ms, x-llm-epp-predicted-tpot-ms, x-llm-epp-candidates-ttft-ms, x-llm-epp-prediction-fallback
+{{- end }}
