@@ -54,6 +54,9 @@ def _send(stack: LocalStack) -> tuple[list[int], float]:
         reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)  # type: ignore[arg-type]
         assert reply.usage is not None
         engine_counts.append(reply.usage.prompt_tokens)
+    # The access log finishes non-streamed requests (first-token metering), a moment later.
+    in_flight = "llm_epp_endpoint_in_flight_requests"
+    assert wait_for(lambda: metric_sum(stack.epp_metrics_url, in_flight) == 0, timeout=10)
     after = metric_sum(stack.epp_metrics_url, "inference_objective_input_tokens_sum", **LABELS)
     return engine_counts, after - before
 
