@@ -35,6 +35,7 @@ from epp.flowcontrol.types import Outcome
 from epp.latency.drift import DriftEvent
 from epp.scheduling.types import ApiKind, LLMRequest
 from sim.engine import EngineRequest, Profile, RequestOutput, RequestRejectedError, load_profile
+from sim.engine.pool import pool_profiles
 from sim.fleet.flow_gate import FleetFlowGate, shed_reason
 from sim.fleet.prompts import PromptBuilder, turn_key
 from sim.fleet.replica import Replica
@@ -46,7 +47,7 @@ _ARRIVAL, _ENGINE_ADD, _SAMPLE, _RETRAIN, _FLOW, _SWITCH = 0, 1, 2, 3, 4, 5
 
 @dataclass(frozen=True, slots=True)
 class ProfileSwitch:
-    """At ``at_s`` every engine's step costs become ``profile``'s (default: the fleet's own)
+    """At ``at_s`` every engine's step costs become ``profile``'s (default: each engine's own)
     times ``slowdown``: the engines change speed mid-run, and the latency model goes stale."""
 
     at_s: float
@@ -58,6 +59,8 @@ class ProfileSwitch:
 class FleetConfig:
     replicas: int = 4
     profile: str = "llama-3.1-8b-h100"
+    """The pool (``sim.engine.pool``): a profile every replica runs, or ``NAME:COUNT,...`` whose
+    counts sum to ``replicas``."""
     scrape_interval_s: float = 0.05
     sample_interval_s: float = 0.5
     retrain_interval_s: float = 10.0
@@ -109,6 +112,7 @@ class SimulatedRequest:
 class FleetResult:
     router: str
     profile: Profile
+    """The first replica's profile (every replica's in a homogeneous pool)."""
     config: FleetConfig
     records: list[SimulatedRequest]
     sample_times: list[float]
@@ -124,6 +128,8 @@ class FleetResult:
     retrains: int
     drift_events: list[DriftEvent] = field(default_factory=list)
     """When the router's latency model started and stopped drifting (virtual seconds)."""
+    replica_profiles: list[str] = field(default_factory=list)
+    """Each replica's profile name (with its overrides), by replica index."""
 
 
 @dataclass(slots=True)
@@ -158,10 +164,11 @@ class FleetSimulator:
     ) -> None:
         self.workload = workload
         self.config = config
-        self.profile = load_profile(config.profile)
+        self.profiles = pool_profiles(config.profile, config.replicas)
+        self.profile = self.profiles[0]
         self.now = 0.0
         self.router = router_factory(lambda: self.now)
-        self.replicas = [Replica(index, self.profile) for index in range(config.replicas)]
+        self.replicas = [Replica(index, profile) for index, profile in enumerate(self.profiles)]
         self.prompts = PromptBuilder(self.profile.engine.block_size, workload.hash_block_tokens)
         self.records: list[SimulatedRequest] = []
         self._sessions = [
@@ -247,6 +254,7 @@ class FleetSimulator:
             wall_s=time.perf_counter() - started,
             retrains=retrains,
             drift_events=self.router.drift_events(),
+            replica_profiles=[profile.name for profile in self.profiles],
         )
 
     # ------------------------------------------------------------------ time
@@ -294,10 +302,9 @@ class FleetSimulator:
         self.now = until
 
     def _switch(self, switch: ProfileSwitch) -> None:
-        profile = load_profile(switch.profile) if switch.profile else self.profile
-        cost = profile.cost.scaled(switch.slowdown)
+        named = load_profile(switch.profile) if switch.profile else None
         for replica in self.replicas:
-            replica.engine.cost_model = cost
+            replica.engine.cost_model = (named or replica.profile).cost.scaled(switch.slowdown)
 
     def _collect(self, when: float, replica: Replica, output: RequestOutput) -> None:
         self._lifecycle.append((when, replica.index, len(self._lifecycle), output))
@@ -376,7 +383,7 @@ class FleetSimulator:
         )
         flight = _InFlight(record, call, replica, state, engine_request)
         self._in_flight[request_id] = flight
-        delay = self.profile.frontend.delay(len(tokens), replica.engine.num_running)
+        delay = replica.profile.frontend.delay(len(tokens), replica.engine.num_running)
         if delay > 0:
             replica.arriving[request_id] = engine_request
             self._push(now + delay, _ENGINE_ADD, flight)

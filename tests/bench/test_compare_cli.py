@@ -48,3 +48,31 @@ def test_compare_writes_json_markdown_and_plots(tmp_path: Path) -> None:
 def test_compare_rejects_unknown_routers(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["compare", "--workload", "rl-stragglers", "--routers", "nope", "--out", str(tmp_path)])
+
+
+def test_compare_runs_a_mixed_pool_and_reports_each_profiles_share(tmp_path: Path) -> None:
+    trace = tmp_path / "tiny.jsonl"
+    rows = [
+        {"session_id": f"s{i}", "arrival_s": i * 0.1, "input_tokens": 2000, "output_tokens": 20}
+        for i in range(8)
+    ]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    pool = "llama-3.1-8b-h100:1,llama-3.1-8b-a100+max_num_seqs=64:2"
+    argv = ["compare", "--workload", f"session-trace:{trace}", "--routers", "random", "--out", str(out)]
+    main([*argv, "--profile", pool])
+    data = json.loads((out / "compare-session-trace.json").read_text())
+    assert data["settings"]["replicas"] == 3
+    assert [(p["name"], p["replicas"]) for p in data["pool"]] == [
+        ("llama-3.1-8b-h100", 1),
+        ("llama-3.1-8b-a100+max_num_seqs=64", 2),
+    ]
+    shares = {name: row["share"] for name, row in data["runs"][0]["by_profile"].items()}
+    assert sum(shares.values()) == pytest.approx(1.0) and len(shares) == 2
+    assert (
+        "llama-3.1-8b-a100+max_num_seqs=64** (2 replicas)" in (out / "compare-session-trace.md").read_text()
+    )
+    with pytest.raises(SystemExit):  # the pool has 3 replicas
+        main([*argv, "--profile", pool, "--replicas", "4"])
+    with pytest.raises(SystemExit):
+        main([*argv, "--profile", "llama-3.1-8b-h100:2,nope:1"])
