@@ -66,6 +66,9 @@ class FleetConfig:
     retrain_interval_s: float = 10.0
     seed: int = 0
     switches: tuple[ProfileSwitch, ...] = ()
+    joins_at_s: tuple[float, ...] = ()
+    """When the last ``len(joins_at_s)`` replicas join the pool, in order (virtual seconds); until
+    then the router is not offered them (a replica scaled out into a warm pool)."""
 
 
 @dataclass(slots=True)
@@ -165,6 +168,8 @@ class FleetSimulator:
         self.workload = workload
         self.config = config
         self.profiles = pool_profiles(config.profile, config.replicas)
+        if len(config.joins_at_s) >= config.replicas:
+            raise ValueError("joins_at_s: at least one replica must be there from the start")
         self.profile = self.profiles[0]
         self.now = 0.0
         self.router = router_factory(lambda: self.now)
@@ -367,7 +372,7 @@ class FleetSimulator:
             self._report_progress()
         started = time.perf_counter()
         try:
-            replica = router.route(call, self.replicas, now)
+            replica = router.route(call, self._joined(now), now)
         except RoutingRejected as refusal:
             record.decision_s = time.perf_counter() - started
             self._reject(record, state, refusal.reason)
@@ -389,6 +394,13 @@ class FleetSimulator:
             self._push(now + delay, _ENGINE_ADD, flight)
         else:
             self._enter_engine(flight)
+
+    def _joined(self, now: float) -> list[Replica]:
+        joins = self.config.joins_at_s
+        if not joins:
+            return self.replicas
+        first_late = len(self.replicas) - len(joins)
+        return [r for r in self.replicas if r.index < first_late or joins[r.index - first_late] <= now]
 
     def _enter_engine(self, flight: _InFlight) -> None:
         now = self.now

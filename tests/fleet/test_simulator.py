@@ -99,3 +99,13 @@ def test_a_mixed_pool_runs_each_replica_on_its_own_profile() -> None:
     assert ttft[0] and ttft[1]
     assert min(ttft[1]) > 2.5 * max(ttft[0])
     assert {r.replica for r in _run("oracle", workload, replicas=2, profile=pool).records} == {0}
+
+
+def test_a_late_replica_is_offered_only_after_it_joins() -> None:
+    sessions = [Session(f"r{i}", 0.5 * i, (Turn(500, 5),)) for i in range(40)]
+    result = _run("least-request", Workload("join", sessions), replicas=3, joins_at_s=(10.0,))
+    late = [r.arrival for r in result.records if r.replica == 2]
+    assert late and min(late) >= 10.0
+    assert any(r.replica != 2 for r in result.records if r.arrival >= 10.0)
+    with pytest.raises(ValueError, match="from the start"):
+        _run("random", Workload("join", sessions), replicas=1, joins_at_s=(1.0,))
