@@ -33,6 +33,8 @@ sync-failures  two active-active EPPs: one killed under load (FailOpen, FailClos
 compare    one workload replayed through several routers on the fleet simulator
            (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
+mixed      ``compare`` on two mixed pools (2 fast + 2 engines 2.5x slower; 1 H100 + 3 smaller
+           engines), agentic and Mooncake, every router and the oracle, rate scales 0.5/0.7/0.9
 sync-sweep K EPP replicas x sync delay on the fleet simulator: what replica sync is worth
            (``sync-sweep --router-replicas 1,2,4,8 --sync-delays-ms 0,50,500,none``; see
            bench/sync_sweep.py)
@@ -109,6 +111,35 @@ def run_fleet_defaults(out_dir: Path) -> None:
         compare.run(settings, out_dir)
 
 
+MIXED_POOLS = {
+    "2fast-2slow": "llama-3.1-8b-h100:2,llama-3.1-8b-h100+slowdown=2.5:2",
+    "1large-3small": "llama-3.1-8b-h100:1,llama-3.1-8b-a100+num_gpu_blocks=8000+max_num_seqs=64:3",
+}
+"""The mixed pools of ``llm-epp-bench mixed``: two H100s beside two engines 2.5 times slower; one
+H100 beside three A100s with a quarter of its KV cache and 64 batch slots (L4-class memory)."""
+
+MIXED_WORKLOADS = (("agentic-weka", 16), ("mooncake-conversation-spread", 600))
+"""Workload and limit (sessions, requests) of each ``mixed`` run."""
+
+MIXED_RATE_SCALES = (0.5, 0.7, 0.9)
+
+
+def run_mixed_pools(out_dir: Path) -> None:
+    """Every router and the oracle on each mixed pool and workload, at three rate scales; one
+    ``compare`` report per pool and workload, in a folder named after the pool."""
+    for label, pool in MIXED_POOLS.items():
+        for workload, limit in MIXED_WORKLOADS:
+            settings = compare.CompareSettings(
+                workload,
+                tuple(router_names()),
+                replicas=pool_size(pool) or 0,
+                rate_scales=MIXED_RATE_SCALES,
+                profile=pool,
+                limit=limit,
+            )
+            compare.run(settings, out_dir / label)
+
+
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
     "stack": stack_overhead.run,
@@ -126,6 +157,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "sync-failures": sync_failures.run,
     "tls": tls_cost.run,
     "fleet": run_fleet_defaults,
+    "mixed": run_mixed_pools,
 }
 
 
