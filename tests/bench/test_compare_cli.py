@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from bench.cli import MIXED_POOLS, main
+from sim.engine.pool import pool_profiles, pool_size
 
 
 def test_compare_writes_json_markdown_and_plots(tmp_path: Path) -> None:
@@ -76,3 +77,12 @@ def test_compare_runs_a_mixed_pool_and_reports_each_profiles_share(tmp_path: Pat
         main([*argv, "--profile", pool, "--replicas", "4"])
     with pytest.raises(SystemExit):
         main([*argv, "--profile", "llama-3.1-8b-h100:2,nope:1"])
+
+
+def test_the_mixed_benchmarks_pools_load_and_differ_in_speed_and_config() -> None:
+    for pool in MIXED_POOLS.values():
+        profiles = pool_profiles(pool, pool_size(pool) or 0)
+        assert len(profiles) == 4 and len({p.name for p in profiles}) == 2
+        assert profiles[-1].cost.step_time(0, 0, 8, 8000, 0.1) > 2 * profiles[0].cost.step_time(
+            0, 0, 8, 8000, 0.1
+        )
