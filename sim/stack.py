@@ -40,7 +40,7 @@ from epp.requestcontrol.completion_log import ResponseMetering
 from epp.tokenization import TINY_MODEL_DIR
 from sim.certs import LocalPki, write_local_pki
 from sim.engine import ProfileError
-from sim.engine.pool import pool_size, pool_variants
+from sim.engine.pool import pool_profiles, pool_size, pool_variants
 from sim.nats_server import start_nats_server
 from sim.processes import (
     BIN,
@@ -507,9 +507,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.epp_replicas < 1:
         parser.error("--epp-replicas must be at least 1")
-    replicas = args.replicas or pool_size(args.sim_profile) or (2 if args.engine == "vllm" else 4)
     try:
-        pool_variants(args.sim_profile, replicas)
+        replicas = args.replicas or pool_size(args.sim_profile) or (2 if args.engine == "vllm" else 4)
+        if args.engine == "sim":
+            pool_profiles(args.sim_profile, replicas)
     except ProfileError as exc:
         parser.error(str(exc))
     ports = StackPorts(**{port.name: getattr(args, port.name) for port in dataclasses.fields(StackPorts)})
