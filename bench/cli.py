@@ -217,6 +217,22 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N requests / sessions / RL steps")
     p.add_argument("--scrape-interval-ms", type=float, default=50.0)
     p.add_argument("--retrain-interval-s", type=float, default=10.0, help="the live trainer's default")
+    p.add_argument(
+        "--joins-at-s",
+        type=_join_times,
+        default=(),
+        help="virtual seconds at which the last replicas join the pool, e.g. 60 (the last one at 60 s)",
+    )
+
+
+def _join_times(text: str) -> tuple[float, ...]:
+    try:
+        times = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"join times are seconds, got {text!r}") from None
+    if not times or min(times) < 0:
+        raise argparse.ArgumentTypeError("give one or more join times >= 0")
+    return times
 
 
 def _positive(text: str) -> float:
@@ -524,6 +540,7 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         limit=args.limit,
         scrape_interval_s=args.scrape_interval_ms / 1e3,
         retrain_interval_s=args.retrain_interval_s,
+        joins_at_s=args.joins_at_s,
     )
     try:
         compare.run(settings, args.out)

@@ -40,6 +40,8 @@ class CompareSettings:
     limit: int | None = None
     scrape_interval_s: float = 0.05
     retrain_interval_s: float = 10.0
+    joins_at_s: tuple[float, ...] = ()
+    """When the last replicas join the pool (``FleetConfig.joins_at_s``)."""
 
 
 def resolve_routers(spec: str) -> tuple[str, ...]:
@@ -57,6 +59,7 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
         scrape_interval_s=settings.scrape_interval_s,
         retrain_interval_s=settings.retrain_interval_s,
         seed=settings.seed,
+        joins_at_s=settings.joins_at_s,
     )
     runs: list[dict[str, Any]] = []
     described: dict[str, str] = {}

@@ -74,19 +74,23 @@ def _mape(pairs: list[tuple[float, float]]) -> float | None:
 
 
 def _by_profile(result: FleetResult, done: Sequence[SimulatedRequest]) -> dict[str, dict[str, Any]]:
-    """Per replica profile: its share of the completed requests, and its TTFT and prediction
-    error (what tells whether a mixed pool's slow replicas got a fair share, and were learned)."""
+    """Per replica profile: its share of the completed requests, its TTFT, and the prediction
+    error on it, overall and over its first 200 predicted requests and the rest (whether a mixed
+    pool's slow replicas got a fair share, and how soon they were learned)."""
     groups: dict[str, list[SimulatedRequest]] = {name: [] for name in result.replica_profiles}
     for record in done:
         groups[result.replica_profiles[record.replica]].append(record)
     summary = {}
     for name, records in groups.items():
-        predicted = [r for r in records if r.predicted_ttft_ms is not None]
+        predicted = [r for r in sorted(records, key=lambda r: r.arrival) if r.predicted_ttft_ms is not None]
+        pairs = [(r.predicted_ttft_ms / 1e3, r.ttft) for r in predicted]  # type: ignore[operator, misc]
         summary[name] = {
             "replicas": result.replica_profiles.count(name),
             "share": len(records) / len(done) if done else None,
             "ttft_ms": _percentiles([r.ttft for r in records if r.ttft is not None], 1e3),
-            "predictor_ttft_mape": _mape([(r.predicted_ttft_ms / 1e3, r.ttft) for r in predicted]),  # type: ignore[operator, misc]
+            "predictor_ttft_mape": _mape(pairs),
+            "predictor_ttft_mape_first_200": _mape(pairs[:200]),
+            "predictor_ttft_mape_after_200": _mape(pairs[200:]),
         }
     return summary
 

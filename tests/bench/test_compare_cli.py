@@ -70,6 +70,15 @@ def test_compare_runs_a_mixed_pool_and_reports_each_profiles_share(tmp_path: Pat
     ]
     shares = {name: row["share"] for name, row in data["runs"][0]["by_profile"].items()}
     assert sum(shares.values()) == pytest.approx(1.0) and len(shares) == 2
+    assert {"predictor_ttft_mape_first_200", "predictor_ttft_mape_after_200"} <= set(
+        data["runs"][0]["by_profile"]["llama-3.1-8b-h100"]
+    )
+    main([*argv, "--profile", pool, "--joins-at-s", "100,100"])  # both A100s join after the last arrival
+    late = json.loads((out / "compare-session-trace.json").read_text())["runs"][0]["by_profile"]
+    assert (
+        late["llama-3.1-8b-h100"]["share"] == 1.0
+        and late["llama-3.1-8b-a100+max_num_seqs=64"]["share"] == 0.0
+    )
     assert (
         "llama-3.1-8b-a100+max_num_seqs=64** (2 replicas)" in (out / "compare-session-trace.md").read_text()
     )
@@ -77,6 +86,8 @@ def test_compare_runs_a_mixed_pool_and_reports_each_profiles_share(tmp_path: Pat
         main([*argv, "--profile", pool, "--replicas", "4"])
     with pytest.raises(SystemExit):
         main([*argv, "--profile", "llama-3.1-8b-h100:2,nope:1"])
+    with pytest.raises(SystemExit):  # someone must be there from the start
+        main([*argv, "--profile", pool, "--joins-at-s", "1,1,1"])
 
 
 def test_the_mixed_benchmarks_pools_load_and_differ_in_speed_and_config() -> None:
