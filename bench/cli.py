@@ -33,6 +33,8 @@ sync-failures  two active-active EPPs: one killed under load (FailOpen, FailClos
 compare    one workload replayed through several routers on the fleet simulator
            (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
+mixed      ``compare`` on two mixed pools (2 fast + 2 engines 2.5x slower; 1 H100 + 3 smaller
+           engines), agentic and Mooncake, every router and the oracle, rate scales 0.5/0.7/0.9
 sync-sweep K EPP replicas x sync delay on the fleet simulator: what replica sync is worth
            (``sync-sweep --router-replicas 1,2,4,8 --sync-delays-ms 0,50,500,none``; see
            bench/sync_sweep.py)
@@ -75,7 +77,8 @@ from bench import (
     tokenize_bench,
 )
 from bench.fleet_workloads import workload_names
-from sim.engine import available_profiles
+from sim.engine import ProfileError, available_profiles
+from sim.engine.pool import check_pool, pool_size
 from sim.fleet import router_names
 
 FLEET_DEFAULTS = (
@@ -108,6 +111,35 @@ def run_fleet_defaults(out_dir: Path) -> None:
         compare.run(settings, out_dir)
 
 
+MIXED_POOLS = {
+    "2fast-2slow": "llama-3.1-8b-h100:2,llama-3.1-8b-h100+slowdown=2.5:2",
+    "1large-3small": "llama-3.1-8b-h100:1,llama-3.1-8b-a100+num_gpu_blocks=8000+max_num_seqs=64:3",
+}
+"""The mixed pools of ``llm-epp-bench mixed``: two H100s beside two engines 2.5 times slower; one
+H100 beside three A100s with a quarter of its KV cache and 64 batch slots (L4-class memory)."""
+
+MIXED_WORKLOADS = (("agentic-weka", 16), ("mooncake-conversation-spread", 600))
+"""Workload and limit (sessions, requests) of each ``mixed`` run."""
+
+MIXED_RATE_SCALES = (0.5, 0.7, 0.9)
+
+
+def run_mixed_pools(out_dir: Path) -> None:
+    """Every router and the oracle on each mixed pool and workload, at three rate scales; one
+    ``compare`` report per pool and workload, in a folder named after the pool."""
+    for label, pool in MIXED_POOLS.items():
+        for workload, limit in MIXED_WORKLOADS:
+            settings = compare.CompareSettings(
+                workload,
+                tuple(router_names()),
+                replicas=pool_size(pool) or 0,
+                rate_scales=MIXED_RATE_SCALES,
+                profile=pool,
+                limit=limit,
+            )
+            compare.run(settings, out_dir / label)
+
+
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
     "stack": stack_overhead.run,
@@ -125,6 +157,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "sync-failures": sync_failures.run,
     "tls": tls_cost.run,
     "fleet": run_fleet_defaults,
+    "mixed": run_mixed_pools,
 }
 
 
@@ -145,16 +178,42 @@ def _scales(text: str) -> tuple[float, ...]:
     return scales
 
 
+def _pool(text: str) -> str:
+    """A pool spec (``sim.engine.pool``): ``NAME`` or ``NAME[+KEY=VALUE...]:COUNT,...``."""
+    try:
+        check_pool(text)
+    except ProfileError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (profiles: {', '.join(available_profiles())})") from None
+    return text
+
+
+POOL_HELP = (
+    "engine profile, or a mixed pool NAME[+KEY=VALUE...]:COUNT,... (KEY among max_num_seqs, "
+    "max_num_batched_tokens, num_gpu_blocks, slowdown), e.g. llama-3.1-8b-h100:2,llama-3.1-8b-a100:2"
+)
+
+
+def _replica_count(parser: argparse.ArgumentParser, profile: str, replicas: int | None, default: int) -> int:
+    """``--replicas``, or a mixed pool's size (the two must agree when both are given)."""
+    size = pool_size(profile)
+    if size is not None and replicas is not None and replicas != size:
+        parser.error(f"--replicas {replicas} disagrees with the {size} replicas of --profile {profile}")
+    count = size or replicas or default
+    if count < 1:
+        parser.error("--replicas must be >= 1")
+    return count
+
+
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = _add_subcommand(sub, "compare", "replay one workload through several routers (fleet simulator)")
     p.add_argument("--workload", required=True, help=f"one of: {', '.join(workload_names())}")
     p.add_argument(
         "--routers", default="all", help=f"comma-separated names or 'all' ({', '.join(router_names())})"
     )
-    p.add_argument("--replicas", type=int, default=8)
+    p.add_argument("--replicas", type=int, default=None, help="default 8, or a mixed pool's size")
     p.add_argument("--rate-scales", type=_scales, default=(1.0,), help="e.g. 0.5,1,2,4 (past saturation)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profile", default="llama-3.1-8b-h100", choices=available_profiles())
+    p.add_argument("--profile", type=_pool, default="llama-3.1-8b-h100", help=POOL_HELP)
     p.add_argument("--limit", type=int, default=None, help="first N requests / sessions / RL steps")
     p.add_argument("--scrape-interval-ms", type=float, default=50.0)
     p.add_argument("--retrain-interval-s", type=float, default=10.0, help="the live trainer's default")
@@ -165,6 +224,22 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         help="also run each router on token counts estimated from the text (no tokenizer; "
         "docs/tokenizer.md), for text of these bytes a token, e.g. 3,4,5",
     )
+    p.add_argument(
+        "--joins-at-s",
+        type=_join_times,
+        default=(),
+        help="virtual seconds at which the last replicas join the pool, e.g. 60 (the last one at 60 s)",
+    )
+
+
+def _join_times(text: str) -> tuple[float, ...]:
+    try:
+        times = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"join times are seconds, got {text!r}") from None
+    if not times or min(times) < 0:
+        raise argparse.ArgumentTypeError("give one or more join times >= 0")
+    return times
 
 
 def _positive(text: str) -> float:
@@ -189,8 +264,8 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=_positive, default=150.0, help="seconds in which requests are sent")
     p.add_argument("--limit", type=int, default=None, help="first N sessions / requests of the workload")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profile", default="default", help="simulated engine profile, name or YAML path")
-    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--profile", type=_pool, default="default", help=POOL_HELP + " (or a YAML path)")
+    p.add_argument("--replicas", type=int, default=None, help="default 4, or a mixed pool's size")
     p.add_argument("--predictors", type=int, default=2, help="for the configs that predict latency")
     p.add_argument(
         "--side-by-side", action="store_true", help="run the configs at the same time, each on its own stack"
@@ -257,7 +332,9 @@ def _add_sync_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seeds", type=_seeds, default=defaults.seeds, help="comma-separated seeds; cells average over them"
     )
-    p.add_argument("--profile", default=defaults.profile, choices=available_profiles())
+    p.add_argument(
+        "--profile", type=_pool, default=defaults.profile, help=POOL_HELP + "; a mixed pool sets ENGINES"
+    )
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -382,8 +459,9 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     configs = tuple(name.strip() for name in args.configs.split(",") if name.strip())
     if not configs:
         parser.error("--configs names no config")
-    if args.replicas < 1 or args.predictors < 1 or args.rounds < 1:
-        parser.error("--replicas, --predictors and --rounds must be >= 1")
+    replicas = _replica_count(parser, args.profile, args.replicas, 4)
+    if args.predictors < 1 or args.rounds < 1:
+        parser.error("--predictors and --rounds must be >= 1")
     if args.virtual and (unknown := [c for c in configs if c not in router_names()]):
         parser.error(f"--virtual takes the fleet simulator's router names, not {', '.join(unknown)}")
     settings = live_replay.ReplaySettings(
@@ -394,7 +472,7 @@ def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         limit=args.limit,
         seed=args.seed,
         profile=args.profile,
-        replicas=args.replicas,
+        replicas=replicas,
         predictors=args.predictors,
         side_by_side=args.side_by_side,
         rounds=args.rounds,
@@ -457,12 +535,12 @@ def _sync_failures(_parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     routers = compare.resolve_routers(args.routers)
     unknown = [name for name in routers if name not in router_names() and not Path(name).is_file()]
-    if unknown or args.replicas < 1:
-        parser.error(f"unknown routers {unknown}" if unknown else "--replicas must be >= 1")
+    if unknown:
+        parser.error(f"unknown routers {unknown}")
     settings = compare.CompareSettings(
         workload=args.workload,
         routers=routers,
-        replicas=args.replicas,
+        replicas=_replica_count(parser, args.profile, args.replicas, 8),
         rate_scales=args.rate_scales,
         seed=args.seed,
         profile=args.profile,
@@ -470,6 +548,7 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         scrape_interval_s=args.scrape_interval_ms / 1e3,
         retrain_interval_s=args.retrain_interval_s,
         estimated_tokens=args.estimated_tokens,
+        joins_at_s=args.joins_at_s,
     )
     try:
         compare.run(settings, args.out)

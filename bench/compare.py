@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench.fleet_metrics import load_cv_series, summarize
 from bench.fleet_workloads import WorkloadOptions, build_workload
 from bench.report import cell, machine, markdown_table, save_figure, style_latency_cdfs, write_results
-from sim.engine import load_profile
+from sim.engine.pool import describe_pool, pool_profiles
 from sim.fleet import FleetConfig, FleetResult, FleetSimulator, make_router, router_names
 
 
@@ -44,6 +44,8 @@ class CompareSettings:
     estimated_tokens: tuple[float, ...] = ()
     """Also run every router on token counts estimated from the text (an EPP without the model's
     tokenizer), once per bytes-a-token of the text given here; labelled ``ROUTER~estB``."""
+    joins_at_s: tuple[float, ...] = ()
+    """When the last replicas join the pool (``FleetConfig.joins_at_s``)."""
 
 
 def variants(settings: CompareSettings) -> list[tuple[str, str, float | None]]:
@@ -63,13 +65,14 @@ def resolve_routers(spec: str) -> tuple[str, ...]:
 
 
 def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
-    profile = load_profile(settings.profile)
+    profiles = pool_profiles(settings.profile, settings.replicas)
     config = FleetConfig(
         replicas=settings.replicas,
         profile=settings.profile,
         scrape_interval_s=settings.scrape_interval_s,
         retrain_interval_s=settings.retrain_interval_s,
         seed=settings.seed,
+        joins_at_s=settings.joins_at_s,
     )
     runs: list[dict[str, Any]] = []
     described: dict[str, str] = {}
@@ -88,7 +91,7 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
                 scale=scale,
                 seed=settings.seed,
                 limit=settings.limit,
-                max_model_len=profile.engine.max_model_len,
+                max_model_len=min(profile.engine.max_model_len for profile in profiles),
             )
             workload = build_workload(settings.workload, options)
             described[f"{scale:g}"] = workload.description
@@ -117,7 +120,8 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
             "params_by_rate_scale": parameters,
         },
         "slo": {"ttft_ms": workload.slo_ttft_ms, "tpot_ms": workload.slo_tpot_ms},
-        "profile": {"name": profile.name, "description": profile.description, "source": profile.source},
+        "profile": describe_pool(profiles)[0],
+        "pool": describe_pool(profiles),
         "machine": machine(),
         "runs": runs,
     }
@@ -175,12 +179,15 @@ def table_rows(runs: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str
 
 
 def _markdown(data: dict[str, Any], settings: CompareSettings, plots: list[str]) -> str:
-    profile, workload, slo = data["profile"], data["workload"], data["slo"]
-    lines = [
-        f"# Router comparison: {workload['name']}",
-        "",
-        f"- Engine profile: **{profile['name']}** ({settings.replicas} replicas). {profile['description']}",
-        f"- Profile source: {profile['source']}",
+    workload, slo = data["workload"], data["slo"]
+    lines = [f"# Router comparison: {workload['name']}", ""]
+    for profile in data["pool"]:
+        lines += [
+            f"- Engine profile: **{profile['name']}** ({profile['replicas']} replicas). "
+            f"{profile['description']}",
+            f"- Profile source: {profile['source']}",
+        ]
+    lines += [
         f"- Seed {settings.seed} (workload, router RNGs, predictor training); rate scales "
         f"{', '.join(f'{s:g}' for s in settings.rate_scales)}; metrics scraped every "
         f"{settings.scrape_interval_s * 1e3:g} ms; predictor retrained every {settings.retrain_interval_s:g} "

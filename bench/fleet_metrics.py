@@ -73,6 +73,28 @@ def _mape(pairs: list[tuple[float, float]]) -> float | None:
     return float(np.mean([abs(predicted - actual) / actual for predicted, actual in pairs]))
 
 
+def _by_profile(result: FleetResult, done: Sequence[SimulatedRequest]) -> dict[str, dict[str, Any]]:
+    """Per replica profile: its share of the completed requests, its TTFT, and the prediction
+    error on it, overall and over its first 200 predicted requests and the rest (whether a mixed
+    pool's slow replicas got a fair share, and how soon they were learned)."""
+    groups: dict[str, list[SimulatedRequest]] = {name: [] for name in result.replica_profiles}
+    for record in done:
+        groups[result.replica_profiles[record.replica]].append(record)
+    summary = {}
+    for name, records in groups.items():
+        predicted = [r for r in sorted(records, key=lambda r: r.arrival) if r.predicted_ttft_ms is not None]
+        pairs = [(r.predicted_ttft_ms / 1e3, r.ttft) for r in predicted]  # type: ignore[operator, misc]
+        summary[name] = {
+            "replicas": result.replica_profiles.count(name),
+            "share": len(records) / len(done) if done else None,
+            "ttft_ms": _percentiles([r.ttft for r in records if r.ttft is not None], 1e3),
+            "predictor_ttft_mape": _mape(pairs),
+            "predictor_ttft_mape_first_200": _mape(pairs[:200]),
+            "predictor_ttft_mape_after_200": _mape(pairs[200:]),
+        }
+    return summary
+
+
 def summarize(result: FleetResult, workload: Workload) -> dict[str, Any]:
     records = result.records
     done = [r for r in records if r.completed]
@@ -114,6 +136,7 @@ def summarize(result: FleetResult, workload: Workload) -> dict[str, Any]:
             [(r.predicted_tpot_ms / 1e3, r.tpot) for r in predicted if r.tpot is not None]  # type: ignore[operator]
         ),
         "predicted_requests": len(predicted),
+        "by_profile": _by_profile(result, done),
         "retrains": result.retrains,
         "decision_us": {
             "mean": float(np.mean(decisions)) * 1e6 if decisions else None,

@@ -70,7 +70,7 @@ from bench.report import cell, machine, markdown_table, save_figure, style_laten
 from epp.configs import config_path
 from epp.scheduling.config import EndpointPickerConfig
 from epp.tokenization import ModelTokenizer
-from sim.engine import load_profile
+from sim.engine.pool import describe_pool, pool_profiles
 from sim.fleet import FleetConfig, FleetSimulator, SimulatedRequest, make_router
 from sim.fleet.workload import Workload
 from sim.stack import LocalStack, StackConfig, StackPorts
@@ -539,7 +539,9 @@ def summarize(
 def build(settings: ReplaySettings) -> tuple[Workload, list[PlannedSession]]:
     """The workload at the settings' scale, seed and limit, and as chat prompts its sessions that
     start within the duration."""
-    window = load_profile(settings.profile).engine.max_model_len
+    window = min(
+        profile.engine.max_model_len for profile in pool_profiles(settings.profile, settings.replicas)
+    )
     options = WorkloadOptions(
         scale=settings.rate_scale, seed=settings.seed, limit=settings.limit, max_model_len=window
     )
@@ -574,7 +576,7 @@ def run(
                     run_config(config, sessions, workload, settings, progress, round_)
                     for config in settings.configs
                 ]
-    profile = load_profile(settings.profile)
+    engines = describe_pool(pool_profiles(settings.profile, settings.replicas))
     data = {
         "benchmark": "replay",
         "settings": asdict(settings),
@@ -585,7 +587,8 @@ def run(
             "sessions_within_duration": len(sessions),
         },
         "slo": {"ttft_ms": workload.slo_ttft_ms, "tpot_ms": workload.slo_tpot_ms},
-        "profile": {"name": profile.name, "description": profile.description},
+        "profile": {"name": settings.profile, "description": " ".join(p["description"] for p in engines)},
+        "pool": engines,
         "machine": machine(),
         "results": results,
     }

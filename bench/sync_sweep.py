@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench.fleet_metrics import summarize
 from bench.fleet_workloads import WorkloadOptions, build_workload
 from bench.report import cell, machine, markdown_table, save_figure, write_results
-from sim.engine import load_profile
+from sim.engine.pool import describe_pool, pool_profiles, pool_size
 from sim.fleet import FleetConfig, FleetSimulator, make_router
 
 GOAL_REPLICAS, GOAL_DELAY_S, GOAL_TOLERANCE = 4, 0.05, 0.03
@@ -80,13 +80,14 @@ def _cases(settings: SweepSettings) -> list[tuple[int, float | None]]:
 
 
 def run(settings: SweepSettings, out_dir: Path) -> dict[str, Any]:
-    profile = load_profile(settings.profile)
     cases = _cases(settings)
     runs: list[dict[str, Any]] = []
     workloads: dict[str, dict[str, Any]] = {}
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns) as progress:
         for spec in settings.workloads:
+            engines = pool_size(settings.profile) or spec.engines  # a mixed pool sets its size
+            profiles = pool_profiles(settings.profile, engines)
             task = progress.add_task(
                 spec.name, total=len(settings.seeds) * len(settings.routers) * len(cases)
             )
@@ -95,12 +96,14 @@ def run(settings: SweepSettings, out_dir: Path) -> dict[str, Any]:
                     scale=spec.rate_scale,
                     seed=seed,
                     limit=spec.limit,
-                    max_model_len=profile.engine.max_model_len,
+                    max_model_len=min(profile.engine.max_model_len for profile in profiles),
                 )
                 workload = build_workload(spec.name, options)
-                workloads.setdefault(spec.name, {**asdict(spec), "description": workload.description})
+                workloads.setdefault(
+                    spec.name, {**asdict(spec), "engines": engines, "description": workload.description}
+                )
                 config = FleetConfig(
-                    replicas=spec.engines,
+                    replicas=engines,
                     profile=settings.profile,
                     scrape_interval_s=settings.scrape_interval_s,
                     retrain_interval_s=settings.retrain_interval_s,
@@ -134,7 +137,7 @@ def run(settings: SweepSettings, out_dir: Path) -> dict[str, Any]:
         "benchmark": "sync-sweep",
         "settings": asdict(settings),
         "workloads": workloads,
-        "profile": {"name": profile.name, "description": profile.description, "source": profile.source},
+        "pool": describe_pool(profiles),
         "machine": machine(),
         "runs": runs,
         "goal": goal_verdicts(runs),
@@ -276,11 +279,10 @@ def table_rows(table: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[st
 
 
 def _markdown(data: dict[str, Any], settings: SweepSettings, plot: str) -> str:
-    profile = data["profile"]
     lines = [
         "# What replica sync is worth: K EPP replicas × sync delay",
         "",
-        f"- Engine profile: **{profile['name']}**. {profile['description']}",
+        *(f"- Engine profile: **{profile['name']}** {profile['description']}" for profile in data["pool"]),
         f"- K EPP replicas take requests round-robin (as Envoy spreads ext_proc streams); each has its "
         "own pipeline state and applies what its peers publish (per-endpoint token-load totals and "
         "running TPOT SLOs, prefix-index inserts) through `epp.sync.state` after the sync delay; "

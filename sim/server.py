@@ -50,6 +50,7 @@ from starlette.responses import JSONResponse, Response
 from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
 from sim.driver import EngineDriver
 from sim.engine import Engine, EngineConfigError, Profile, ProfileError, RequestOutput, load_profile
+from sim.engine.pool import load_variant
 from sim.host_cpu import HostCpu
 from sim.kv_events import KVEventPublisher, KVEventsConfig
 from sim.metrics import EngineMetricsExporter
@@ -120,7 +121,7 @@ class SimulatedVllm:
 
     def __init__(self, settings: ServerSettings, model: ServedModel | None = None, index: int = 0) -> None:
         self.settings = settings
-        self.profile: Profile = load_profile(settings.profile)
+        self.profile: Profile = load_variant(settings.profile)
         overrides = dict(settings.engine_overrides)
         kv_events = settings.kv_events.for_replica(index)
         if kv_events.publishes:
@@ -351,7 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model's root in /v1/models, as vLLM reports what it serves: a Hugging Face repository "
         "id to stand for a model from the Hub (default: --model-dir)",
     )
-    parser.add_argument("--profile", default="default", help="shipped profile name or path to a profile YAML")
+    parser.add_argument(
+        "--profile",
+        default="default",
+        help="shipped profile name or path to a profile YAML, with any +KEY=VALUE (sim.engine.pool)",
+    )
     for name in ENGINE_OVERRIDES:
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=int, default=None, help="overrides the profile"

@@ -39,6 +39,8 @@ from epp.envoy_config import (
 from epp.requestcontrol.completion_log import ResponseMetering
 from epp.tokenization import TINY_MODEL_DIR
 from sim.certs import LocalPki, write_local_pki
+from sim.engine import ProfileError
+from sim.engine.pool import pool_profiles, pool_size, pool_variants
 from sim.nats_server import start_nats_server
 from sim.processes import (
     BIN,
@@ -90,6 +92,7 @@ class StackConfig:
     engine: Literal["sim", "vllm"] = "sim"
     ports: StackPorts = field(default_factory=StackPorts)
     sim_profile: str = "default"
+    """The simulated engines' pool (``sim.engine.pool``): one profile, or ``NAME:COUNT,...``."""
     sim_args: Sequence[str] = ()
     epp_config: str | None = None
     """EndpointPickerConfig name or path; default: ``predicted-latency`` with predictors, else
@@ -241,7 +244,7 @@ class LocalStack:
             "--model-dir",
             str(self.config.model_dir),
             "--profile",
-            self.config.sim_profile,
+            pool_variants(self.config.sim_profile, self.config.replicas)[index],
             *self.config.sim_args,
         ]
         if self.config.kv_events:
@@ -477,7 +480,12 @@ def main(argv: list[str] | None = None) -> None:
             port_flag(port.name), type=int, default=port.default, dest=port.name, metavar="PORT",
             help=f"default: {port.default}",
         )  # fmt: skip
-    parser.add_argument("--sim-profile", default="default", help="simulated engine profile")
+    parser.add_argument(
+        "--sim-profile",
+        default="default",
+        help="simulated engine profile, or a mixed pool NAME[+KEY=VALUE...]:COUNT,... whose counts set "
+        "--replicas (e.g. default:2,default+slowdown=2.5:2; see sim/engine/pool.py)",
+    )
     parser.add_argument(
         "--config",
         default=None,
@@ -518,7 +526,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.epp_replicas < 1:
         parser.error("--epp-replicas must be at least 1")
-    replicas = args.replicas or (2 if args.engine == "vllm" else 4)
+    try:
+        replicas = args.replicas or pool_size(args.sim_profile) or (2 if args.engine == "vllm" else 4)
+        if args.engine == "sim":
+            pool_profiles(args.sim_profile, replicas)
+    except ProfileError as exc:
+        parser.error(str(exc))
     ports = StackPorts(**{port.name: getattr(args, port.name) for port in dataclasses.fields(StackPorts)})
     stack = LocalStack(
         StackConfig(

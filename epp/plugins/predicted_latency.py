@@ -23,6 +23,10 @@ driftMapeThreshold                 0.5      rolling MAPE above which the model d
                                             (0: never); see ``epp.latency.drift``
 driftRecoverMapeThreshold          0.3      rolling MAPE at or below which drift ends
 driftWindow                        100      requests the rolling error is taken over
+endpointCorrection                 false    correct each endpoint's predictions by its own
+                                            samples (``epp.latency.correction``)
+correctionHalfLife                 20       predicted requests of an endpoint after which a
+                                            correction has moved half way to its bias
 =================================  =======  ===============================================
 
 TTFT headroom is ``SLO × buffer − prediction`` (``−prediction`` with no SLO, so the lowest
@@ -41,6 +45,10 @@ still trains the model. In the live replay of agentic-weka sessions (rate scale 
 was 78% of the requests, each of which otherwise waited for a round trip (p50 6 ms, p99 80 ms on
 the shared 2-core machine) whose answer no plugin used.
 
+With ``endpointCorrection``, each endpoint's predictions are the model's times a factor learned
+from that endpoint's own completed requests (``epp.latency.correction``): the model cannot tell a
+slow accelerator from a fast one at the same load, and no label is needed to learn it.
+
 Each completed request's chosen prediction and actuals feed the drift monitor (``drift``). While
 the model drifts, predictions go to ``DRIFTED_PREDICTIONS`` instead, the reason is ``drift``,
 and the predictor is asked once to retrain.
@@ -54,6 +62,7 @@ from typing import Any
 
 from pydantic import Field
 
+from epp.latency.correction import EndpointCorrections
 from epp.latency.drift import DriftMonitor, DriftRule
 from epp.latency.predictions import (
     DRIFTED_PREDICTIONS,
@@ -63,6 +72,7 @@ from epp.latency.predictions import (
     EndpointPrediction,
     LatencyPredictions,
     LatencyPredictor,
+    Prediction,
     PredictionUnavailable,
 )
 from epp.load.token_load import NO_LOAD, EndpointLoad
@@ -70,6 +80,7 @@ from epp.scheduling.config import ConfigError
 from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import (
     CycleState,
+    DataKey,
     DataProducer,
     Plugin,
     PluginContext,
@@ -93,6 +104,12 @@ class PredictedLatencyParameters(PluginParameters):
     drift_mape_threshold: float = Field(default=0.5, ge=0.0, alias="driftMapeThreshold")
     drift_recover_mape_threshold: float = Field(default=0.3, gt=0.0, alias="driftRecoverMapeThreshold")
     drift_window: int = Field(default=100, ge=5, le=100_000, alias="driftWindow")
+    endpoint_correction: bool = Field(default=False, alias="endpointCorrection")
+    correction_half_life: float = Field(default=20.0, gt=0, le=100_000, alias="correctionHalfLife")
+
+
+RAW_PREDICTIONS: DataKey[dict[str, Prediction]] = DataKey("latency-predictions-uncorrected")
+"""The model's own predictions, before each endpoint's correction (with ``endpointCorrection``)."""
 
 
 def feature_row(
@@ -134,6 +151,9 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         self.drift = DriftMonitor(
             DriftRule(params.drift_mape_threshold, params.drift_recover_mape_threshold, params.drift_window)
         )
+        self.corrections = (
+            EndpointCorrections(params.correction_half_life) if params.endpoint_correction else None
+        )
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState):
         match = state.get(PREFIX_MATCH)
@@ -172,6 +192,8 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         except PredictionUnavailable as exc:
             state.put(PREDICTION_FALLBACK, exc.reason)
             return
+        if self.corrections is not None:
+            predictions = self._corrected(list(rows), predictions, state)
         buffer = self.params.slo_buffer_factor
         ttft_slo, tpot_slo = request.slo_ttft_ms, request.slo_tpot_ms
         tpot_applies = self.params.streaming_mode and request.stream
@@ -191,6 +213,31 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
             state.put(PREDICTION_FALLBACK, "drift")
             return
         state.put(LATENCY_PREDICTIONS, made)
+
+    def _corrected(
+        self, names: list[str], predictions: Sequence[Prediction], state: CycleState
+    ) -> list[Prediction]:
+        """Each endpoint's prediction times its correction; the raw ones kept to learn from."""
+        corrections = self.corrections
+        assert corrections is not None
+        state.put(RAW_PREDICTIONS, dict(zip(names, predictions, strict=True)))
+        return [
+            Prediction(
+                p.ttft_ms * corrections.factor(name, "ttft"),
+                p.tpot_ms * corrections.factor(name, "tpot"),
+                p.model_version,
+            )
+            for name, p in zip(names, predictions, strict=True)
+        ]
+
+    def _learn_correction(self, endpoint: str, state: CycleState, samples: list[TrainingSampleDict]) -> None:
+        raw = state.get(RAW_PREDICTIONS)
+        predicted = raw.get(endpoint) if raw is not None else None
+        if self.corrections is None or predicted is None:
+            return
+        for sample in samples:
+            self.corrections.observe(endpoint, "ttft", predicted.ttft_ms, sample["actual_ttft_ms"])
+            self.corrections.observe(endpoint, "tpot", predicted.tpot_ms, sample["actual_tpot_ms"])
 
     @property
     def running_tpot_slos(self) -> dict[str, dict[Any, float]]:
@@ -215,6 +262,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         samples = self._samples(row, outcome)
         self.predictor.add_training(samples)
         self._measure_error(result.endpoint.name, state, samples)
+        self._learn_correction(result.endpoint.name, state, samples)
 
     def _measure_error(self, endpoint: str, state: CycleState, samples: list[dict[str, Any]]) -> None:
         """Feed the drift monitor the chosen endpoint's predictions against the actuals the

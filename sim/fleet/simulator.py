@@ -35,6 +35,7 @@ from epp.flowcontrol.types import Outcome
 from epp.latency.drift import DriftEvent
 from epp.scheduling.types import ApiKind, LLMRequest
 from sim.engine import EngineRequest, Profile, RequestOutput, RequestRejectedError, load_profile
+from sim.engine.pool import pool_profiles
 from sim.fleet.estimated import TokenText
 from sim.fleet.flow_gate import FleetFlowGate, shed_reason
 from sim.fleet.prompts import PromptBuilder, turn_key
@@ -47,7 +48,7 @@ _ARRIVAL, _ENGINE_ADD, _SAMPLE, _RETRAIN, _FLOW, _SWITCH = 0, 1, 2, 3, 4, 5
 
 @dataclass(frozen=True, slots=True)
 class ProfileSwitch:
-    """At ``at_s`` every engine's step costs become ``profile``'s (default: the fleet's own)
+    """At ``at_s`` every engine's step costs become ``profile``'s (default: each engine's own)
     times ``slowdown``: the engines change speed mid-run, and the latency model goes stale."""
 
     at_s: float
@@ -59,6 +60,8 @@ class ProfileSwitch:
 class FleetConfig:
     replicas: int = 4
     profile: str = "llama-3.1-8b-h100"
+    """The pool (``sim.engine.pool``): a profile every replica runs, or ``NAME:COUNT,...`` whose
+    counts sum to ``replicas``."""
     scrape_interval_s: float = 0.05
     sample_interval_s: float = 0.5
     retrain_interval_s: float = 10.0
@@ -67,6 +70,9 @@ class FleetConfig:
     estimated_bytes_per_token: float | None = None
     """Route on token ids estimated from the prompts' text, as an EPP without the model's
     tokenizer does, for text of this many bytes a token (``sim.fleet.estimated``); None: exact."""
+    joins_at_s: tuple[float, ...] = ()
+    """When the last ``len(joins_at_s)`` replicas join the pool, in order (virtual seconds); until
+    then the router is not offered them (a replica scaled out into a warm pool)."""
 
 
 @dataclass(slots=True)
@@ -113,6 +119,7 @@ class SimulatedRequest:
 class FleetResult:
     router: str
     profile: Profile
+    """The first replica's profile (every replica's in a homogeneous pool)."""
     config: FleetConfig
     records: list[SimulatedRequest]
     sample_times: list[float]
@@ -128,6 +135,8 @@ class FleetResult:
     retrains: int
     drift_events: list[DriftEvent] = field(default_factory=list)
     """When the router's latency model started and stopped drifting (virtual seconds)."""
+    replica_profiles: list[str] = field(default_factory=list)
+    """Each replica's profile name (with its overrides), by replica index."""
 
 
 @dataclass(slots=True)
@@ -162,10 +171,13 @@ class FleetSimulator:
     ) -> None:
         self.workload = workload
         self.config = config
-        self.profile = load_profile(config.profile)
+        self.profiles = pool_profiles(config.profile, config.replicas)
+        if len(config.joins_at_s) >= config.replicas:
+            raise ValueError("joins_at_s: at least one replica must be there from the start")
+        self.profile = self.profiles[0]
         self.now = 0.0
         self.router = router_factory(lambda: self.now)
-        self.replicas = [Replica(index, self.profile) for index in range(config.replicas)]
+        self.replicas = [Replica(index, profile) for index, profile in enumerate(self.profiles)]
         self.prompts = PromptBuilder(self.profile.engine.block_size, workload.hash_block_tokens)
         estimated = config.estimated_bytes_per_token
         self._router_ids: Callable[[list[int]], list[int]] | None = (
@@ -255,6 +267,7 @@ class FleetSimulator:
             wall_s=time.perf_counter() - started,
             retrains=retrains,
             drift_events=self.router.drift_events(),
+            replica_profiles=[profile.name for profile in self.profiles],
         )
 
     # ------------------------------------------------------------------ time
@@ -302,10 +315,9 @@ class FleetSimulator:
         self.now = until
 
     def _switch(self, switch: ProfileSwitch) -> None:
-        profile = load_profile(switch.profile) if switch.profile else self.profile
-        cost = profile.cost.scaled(switch.slowdown)
+        named = load_profile(switch.profile) if switch.profile else None
         for replica in self.replicas:
-            replica.engine.cost_model = cost
+            replica.engine.cost_model = (named or replica.profile).cost.scaled(switch.slowdown)
 
     def _collect(self, when: float, replica: Replica, output: RequestOutput) -> None:
         self._lifecycle.append((when, replica.index, len(self._lifecycle), output))
@@ -368,7 +380,7 @@ class FleetSimulator:
             self._report_progress()
         started = time.perf_counter()
         try:
-            replica = router.route(call, self.replicas, now)
+            replica = router.route(call, self._joined(now), now)
         except RoutingRejected as refusal:
             record.decision_s = time.perf_counter() - started
             self._reject(record, state, refusal.reason)
@@ -384,12 +396,19 @@ class FleetSimulator:
         )
         flight = _InFlight(record, call, replica, state, engine_request)
         self._in_flight[request_id] = flight
-        delay = self.profile.frontend.delay(len(tokens), replica.engine.num_running)
+        delay = replica.profile.frontend.delay(len(tokens), replica.engine.num_running)
         if delay > 0:
             replica.arriving[request_id] = engine_request
             self._push(now + delay, _ENGINE_ADD, flight)
         else:
             self._enter_engine(flight)
+
+    def _joined(self, now: float) -> list[Replica]:
+        joins = self.config.joins_at_s
+        if not joins:
+            return self.replicas
+        first_late = len(self.replicas) - len(joins)
+        return [r for r in self.replicas if r.index < first_late or joins[r.index - first_late] <= now]
 
     def _enter_engine(self, flight: _InFlight) -> None:
         now = self.now

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from bench.cli import MIXED_POOLS, main
+from sim.engine.pool import pool_profiles, pool_size
 
 
 def test_compare_writes_json_markdown_and_plots(tmp_path: Path) -> None:
@@ -70,3 +71,51 @@ def test_compare_runs_each_router_on_estimated_counts_too(tmp_path: Path) -> Non
     assert [r["router"] for r in data["runs"]] == ["gie-default", "gie-default~est3", "gie-default~est4"]
     assert all(r["completed"] == 4 for r in data["runs"])
     assert "| gie-default~est3 |" in (out / "compare-session-trace.md").read_text()
+
+
+def test_compare_runs_a_mixed_pool_and_reports_each_profiles_share(tmp_path: Path) -> None:
+    trace = tmp_path / "tiny.jsonl"
+    rows = [
+        {"session_id": f"s{i}", "arrival_s": i * 0.1, "input_tokens": 2000, "output_tokens": 20}
+        for i in range(8)
+    ]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    pool = "llama-3.1-8b-h100:1,llama-3.1-8b-a100+max_num_seqs=64:2"
+    argv = ["compare", "--workload", f"session-trace:{trace}", "--routers", "random", "--out", str(out)]
+    main([*argv, "--profile", pool])
+    data = json.loads((out / "compare-session-trace.json").read_text())
+    assert data["settings"]["replicas"] == 3
+    assert [(p["name"], p["replicas"]) for p in data["pool"]] == [
+        ("llama-3.1-8b-h100", 1),
+        ("llama-3.1-8b-a100+max_num_seqs=64", 2),
+    ]
+    shares = {name: row["share"] for name, row in data["runs"][0]["by_profile"].items()}
+    assert sum(shares.values()) == pytest.approx(1.0) and len(shares) == 2
+    assert {"predictor_ttft_mape_first_200", "predictor_ttft_mape_after_200"} <= set(
+        data["runs"][0]["by_profile"]["llama-3.1-8b-h100"]
+    )
+    main([*argv, "--profile", pool, "--joins-at-s", "100,100"])  # both A100s join after the last arrival
+    late = json.loads((out / "compare-session-trace.json").read_text())["runs"][0]["by_profile"]
+    assert (
+        late["llama-3.1-8b-h100"]["share"] == 1.0
+        and late["llama-3.1-8b-a100+max_num_seqs=64"]["share"] == 0.0
+    )
+    assert (
+        "llama-3.1-8b-a100+max_num_seqs=64** (2 replicas)" in (out / "compare-session-trace.md").read_text()
+    )
+    with pytest.raises(SystemExit):  # the pool has 3 replicas
+        main([*argv, "--profile", pool, "--replicas", "4"])
+    with pytest.raises(SystemExit):
+        main([*argv, "--profile", "llama-3.1-8b-h100:2,nope:1"])
+    with pytest.raises(SystemExit):  # someone must be there from the start
+        main([*argv, "--profile", pool, "--joins-at-s", "1,1,1"])
+
+
+def test_the_mixed_benchmarks_pools_load_and_differ_in_speed_and_config() -> None:
+    for pool in MIXED_POOLS.values():
+        profiles = pool_profiles(pool, pool_size(pool) or 0)
+        assert len(profiles) == 4 and len({p.name for p in profiles}) == 2
+        assert profiles[-1].cost.step_time(0, 0, 8, 8000, 0.1) > 2 * profiles[0].cost.step_time(
+            0, 0, 8, 8000, 0.1
+        )

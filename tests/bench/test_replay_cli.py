@@ -15,6 +15,8 @@ from bench.cli import main
         (["--configs", "gie-default,nope"], "no config named 'nope'"),
         (["--workload", "nope"], "unknown workload 'nope'"),
         (["--profile", "nope"], "unknown profile 'nope'"),
+        (["--profile", "default:2,instant:x"], "is not NAME:COUNT"),
+        (["--profile", "default:2,instant:2", "--replicas", "3"], "disagrees with the 4 replicas"),
         (["--rate-scale", "0"], "expected a positive number"),
         (["--configs", ","], "--configs names no config"),
         (["--rounds", "0"], "--rounds must be >= 1"),

@@ -79,6 +79,23 @@ def test_sync_sweep_replays_mooncake_with_spread_arrivals(
     assert [(r["router_replicas"], r["completed"]) for r in data["runs"]] == [(1, 60), (2, 60)]
 
 
+def test_sync_sweep_takes_its_engines_from_a_mixed_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(traces, "TRACES_DIR", SLICES)
+    out = tmp_path / "out"
+    pool = "llama-3.1-8b-h100:1,llama-3.1-8b-a100:2"
+    arguments = ["--workloads", "mooncake-conversation-spread:1:2:30", "--routers", "gie-default"]
+    main(["sync-sweep", *arguments, "--router-replicas", "1", "--profile", pool, "--out", str(out)])
+    data = json.loads((out / "sync-sweep.json").read_text())
+    assert data["workloads"]["mooncake-conversation-spread"]["engines"] == 3
+    assert [(p["name"], p["replicas"]) for p in data["pool"]] == [
+        ("llama-3.1-8b-h100", 1),
+        ("llama-3.1-8b-a100", 2),
+    ]
+    assert set(data["runs"][0]["by_profile"]) == {"llama-3.1-8b-h100", "llama-3.1-8b-a100"}
+
+
 @pytest.mark.parametrize(
     "arguments",
     [
@@ -91,6 +108,8 @@ def test_sync_sweep_replays_mooncake_with_spread_arrivals(
         ["--router-replicas", "0"],
         ["--seeds", "1,1"],
         ["--seeds", "x"],
+        ["--profile", "llama-3.1-8b-h100:2,nope:2"],
+        ["--profile", "llama-3.1-8b-h100+slowdown=0"],
     ],
 )
 def test_sync_sweep_refuses_bad_options(tmp_path: Path, arguments: list[str]) -> None:

@@ -85,3 +85,27 @@ def test_oracle_beats_random_when_overloaded() -> None:
     oracle, random_ = means("oracle"), means("random")
     assert oracle[0] < 0.95 * random_[0]
     assert oracle[1] < 0.8 * random_[1]
+
+
+def test_a_mixed_pool_runs_each_replica_on_its_own_profile() -> None:
+    """One H100 beside one engine three times slower: the same lone requests take about three
+    times as long to prefill there; the oracle, knowing it, sends every lone request to the fast one."""
+    sessions = [Session(f"r{i}", 5.0 * i, (Turn(4000, 2),)) for i in range(12)]
+    workload = Workload("lone", sessions)
+    pool = "llama-3.1-8b-h100:1,llama-3.1-8b-h100+slowdown=3:1"
+    spread = _run("random", workload, replicas=2, profile=pool)
+    assert spread.replica_profiles == ["llama-3.1-8b-h100", "llama-3.1-8b-h100+slowdown=3"]
+    ttft = {index: [r.ttft for r in spread.records if r.replica == index] for index in (0, 1)}
+    assert ttft[0] and ttft[1]
+    assert min(ttft[1]) > 2.5 * max(ttft[0])
+    assert {r.replica for r in _run("oracle", workload, replicas=2, profile=pool).records} == {0}
+
+
+def test_a_late_replica_is_offered_only_after_it_joins() -> None:
+    sessions = [Session(f"r{i}", 0.5 * i, (Turn(500, 5),)) for i in range(40)]
+    result = _run("least-request", Workload("join", sessions), replicas=3, joins_at_s=(10.0,))
+    late = [r.arrival for r in result.records if r.replica == 2]
+    assert late and min(late) >= 10.0
+    assert any(r.replica != 2 for r in result.records if r.arrival >= 10.0)
+    with pytest.raises(ValueError, match="from the start"):
+        _run("random", Workload("join", sessions), replicas=1, joins_at_s=(1.0,))

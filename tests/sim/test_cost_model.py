@@ -86,12 +86,18 @@ def test_frontend_delay() -> None:
 
 def test_shipped_profiles() -> None:
     assert available_profiles() == [
-        "deepseek-v3-h200", "default", "instant", "llama-3.1-8b-h100", "tiny-cpu", "tiny-cpu-amx",
+        "deepseek-v3-h200", "default", "instant", "llama-3.1-8b-a100", "llama-3.1-8b-h100", "tiny-cpu",
+        "tiny-cpu-amx",
     ]  # fmt: skip
     assert fitted_cpu_classes() == {"tiny-cpu": ["amx"]}
     instant = load_profile("instant")
     assert instant.cost.step_time(8192, 0, 1024, 10**6, 1.0) < 0.001
     assert "overhead" in instant.description
+    h100, a100 = load_profile("llama-3.1-8b-h100"), load_profile("llama-3.1-8b-a100")
+    assert a100.engine == h100.engine and "A100-80" in a100.source
+    # BLIS's fits: the A100 about 2.8-3x slower, prefill-heavy and decode-heavy steps alike
+    for step in ((8192, 0, 0, 0, 0.0), (0, 0, 256, 10**5, 0.5)):
+        assert 2.7 < a100.cost.step_time(*step) / h100.cost.step_time(*step) < 3.1
 
 
 @pytest.mark.parametrize("isa", fitted_cpu_classes()["tiny-cpu"])
@@ -158,7 +164,9 @@ def test_loads_a_profile_by_path(tmp_path: Path) -> None:
 
 def test_unknown_profile_names_the_shipped_ones() -> None:
     with pytest.raises(
-        ProfileError, match=r"deepseek-v3-h200, default, instant, llama-3\.1-8b-h100, tiny-cpu, tiny-cpu-amx"
+        ProfileError,
+        match=r"deepseek-v3-h200, default, instant, llama-3\.1-8b-a100, llama-3\.1-8b-h100, tiny-cpu, "
+        r"tiny-cpu-amx",
     ):
         load_profile("no-such-profile")
     with pytest.raises(ProfileError, match="does not exist"):

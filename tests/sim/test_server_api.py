@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from sim.engine import load_profile
 from sim.openai_serving import ServedModel
 from sim.server import ServerSettings, create_app
 from tests.openai_wire import shape, sse_payloads
@@ -342,6 +343,15 @@ async def test_app_factory_serves_in_process() -> None:
         assert response.json()["usage"]["completion_tokens"] == 4
     assert replica.engine.counters.generation_tokens == 4
     assert replica.engine.config.max_model_len == replica.profile.engine.max_model_len
+    await replica.driver.stop()
+
+
+async def test_a_server_runs_a_profile_variant_of_a_mixed_pool() -> None:
+    app = create_app(ServerSettings(profile="default+slowdown=2.5+max_num_seqs=8"))
+    replica = app.state.replica
+    base = load_profile("default")
+    assert replica.engine.config.max_num_seqs == 8
+    assert replica.engine.cost_model == base.cost.scaled(2.5)
     await replica.driver.stop()
 
 
