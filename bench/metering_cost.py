@@ -86,6 +86,12 @@ def _prompt(number: int, words: int) -> str:
     return f"Request {number}. Tell me about routers. {filler}"
 
 
+def _chat(tokens: int, prompt: str, stream: bool) -> dict[str, Any]:
+    """A chat request for an answer of exactly ``tokens`` tokens."""
+    messages = [{"role": "user", "content": prompt}]
+    return {"model": "tiny", "messages": messages, "max_tokens": tokens, "stream": stream, "ignore_eos": True}
+
+
 def _stream(
     client: httpx.Client,
     url: str,
@@ -94,14 +100,7 @@ def _stream(
     headers: dict[str, str] | None = None,
 ) -> int:
     """One streamed chat answer of ``tokens`` tokens, read whole; returns its SSE data lines."""
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": tokens,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    with client.stream("POST", url, json=body, headers=headers) as response:
+    with client.stream("POST", url, json=_chat(tokens, prompt, True), headers=headers) as response:
         response.raise_for_status()
         return sum(line.startswith("data: ") for line in response.iter_lines())
 
@@ -114,13 +113,7 @@ def _plain(
     headers: dict[str, str] | None = None,
 ) -> int:
     """One non-streamed chat answer of ``tokens`` tokens; returns its completion tokens."""
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": tokens,
-        "ignore_eos": True,
-    }
-    response = client.post(url, json=body, headers=headers)
+    response = client.post(url, json=_chat(tokens, prompt, False), headers=headers)
     response.raise_for_status()
     return int(response.json()["usage"]["completion_tokens"])
 
