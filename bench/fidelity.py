@@ -50,7 +50,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from rich.progress import Progress
 
-from bench.cpu_contention import runqueue_wait_s, wait_until_idle
+from bench.cpu_contention import oncpu_s, runqueue_wait_s, wait_until_idle
 from bench.profile_fit import (
     FrontendFit,
     StepFit,
@@ -208,10 +208,16 @@ scheduled, ITL between a request's tokens, all engine-core timestamps); the step
 simulator's own (how late its event loop started each step; vLLM has none)."""
 
 
-def engine_clock(gained: Samples, ttft_mean_ms: float) -> dict[str, Any]:
+SIM_BUSY = "llm_epp_sim_engine_busy_seconds_total"
+
+
+def engine_clock(gained: Samples, ttft_mean_ms: float, engine_cpu_s: float) -> dict[str, Any]:
     """What a server's own metrics say one replay cost: means of ``ENGINE_HISTOGRAMS`` (None where
-    it has none), steps and tokens per step, and the front end's share of the client's mean TTFT
-    (what is neither queueing nor prefill: HTTP, tokenisation, streaming)."""
+    it has none), steps and tokens per step, the front end's share of the client's mean TTFT
+    (what is neither queueing nor prefill: HTTP, tokenisation, streaming), and the engine's busy
+    seconds: the simulator's modelled step time where it counts it, else ``engine_cpu_s`` (the time
+    vLLM's engine-core thread ran on a CPU, which other work on the machine does not inflate as it
+    does wall time)."""
     clock: dict[str, Any] = {}
     for key, name in ENGINE_HISTOGRAMS.items():
         count = total(gained, f"{name}_count")
@@ -223,6 +229,8 @@ def engine_clock(gained: Samples, ttft_mean_ms: float) -> dict[str, Any]:
     )
     engine_ms = (clock["queue_ms"] or 0.0) + (clock["prefill_ms"] or 0.0)
     clock["frontend_ms"] = round(ttft_mean_ms - engine_ms, 3)
+    busy = total(gained, SIM_BUSY) if any(name == SIM_BUSY for name, _ in gained) else engine_cpu_s
+    clock["busy_s"] = round(busy, 3)
     return clock
 
 
@@ -255,15 +263,16 @@ def _replay_arm(server: RunningServer, items: list[WorkItem], advance: Callable[
     load generator, slowing the engine down)."""
     busy = wait_until_idle()
     load, wait = os.getloadavg()[0], runqueue_wait_s(server.engine_pid)
-    before = scrape(f"{server.url}/metrics")
+    before, cpu = scrape(f"{server.url}/metrics"), oncpu_s(server.engine_pid)
     result = asyncio.run(replay(server.url, items, advance))
+    cpu = oncpu_s(server.engine_pid) - cpu
     if result.errors:
         raise RuntimeError(f"{len(result.errors)} of {len(items)} requests failed, e.g. {result.errors[0]}")
     summary = _summary(result)
     gained = _metrics_after(server, before, len(items))
     return {
         **summary,
-        "engine_clock": engine_clock(gained, summary["ttft_mean_ms"]),
+        "engine_clock": engine_clock(gained, summary["ttft_mean_ms"], cpu),
         "cpu_busy_before_pct": round(100 * busy, 1),
         "load_average": [load, os.getloadavg()[0]],
         "engine_cpu_wait_pct": round(
@@ -444,7 +453,8 @@ def markdown_report(data: dict[str, Any]) -> str:
             table,
             "Each server's own clock over each replay (its /metrics; means; `frontend` is the client's "
             "mean TTFT less the engine's queue and prefill time; `step lag`: how late the simulator's "
-            "event loop started its steps):",
+            "event loop started its steps; `engine busy`: vLLM's engine-core thread's time on a CPU, "
+            "the simulator's modelled step time):",
             clock_table(data["levels"]),
             loads,
             "## The profile's fit, as its header records it",
@@ -464,6 +474,7 @@ def clock_table(levels: list[dict[str, Any]]) -> str:
         "itl_ms": "ITL ms",
         "frontend_ms": "frontend ms",
         "step_lag_ms": "step lag ms",
+        "busy_s": "engine busy s",
     }
     rows = []
     for level in levels:
