@@ -186,7 +186,10 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) 
 
 
 def step_cost_model(coefficients: Sequence[float]) -> StepCostModel:
-    """The cost model of coefficients in ``STEP_TERMS`` order (decode floor 0: ``base`` is the floor)."""
+    """The cost model of coefficients in ``STEP_TERMS`` order. The decode floor is ``decode.base``,
+    which the decode polynomial (all terms ≥ 0) never goes below: it changes no step time, and keeps
+    a profile valid where the shared ``base`` came out 0 (noisy probes can move the fixed cost of a
+    step between the shared and the decode base)."""
     c = dict(zip(STEP_TERMS, coefficients, strict=True))
     return StepCostModel(
         prefill=PrefillTerms(
@@ -198,6 +201,7 @@ def step_cost_model(coefficients: Sequence[float]) -> StepCostModel:
             base=c["decode.base"],
             per_seq=c["decode.per_seq"],
             per_context_token=c["decode.per_context_token"],
+            min=c["decode.base"],
         ),
         base=c["base"],
     )
@@ -229,7 +233,7 @@ def fit_steps(steps: Sequence[StepSample]) -> StepFit:
     coefficients, inliers = _trimmed_fit(design / measured[:, None], np.ones(len(steps)))
     reports = term_reports(STEP_TERMS, design, np.zeros(len(steps)), measured, coefficients)
     cost = step_cost_model(coefficients)
-    if cost.base <= 0:
+    if cost.base + cost.decode.base <= 0:
         raise FitError("the fit found no fixed cost per step; the samples cannot be engine steps")
     residuals = {
         kind: _residuals(

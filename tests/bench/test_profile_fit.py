@@ -3,6 +3,7 @@ reports each term's confidence and residual, so a bad fit or a wrong model shape
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -244,3 +245,28 @@ def test_the_coefficient_table_has_a_row_per_term_with_its_group() -> None:
     assert rows[0].startswith("| step_time_ms.base | 2.")
     assert any(row.startswith("| frontend_ms.per_running_request |") for row in rows)
     assert all(row.count("|") == 9 for row in rows)
+
+
+def test_a_fixed_cost_that_lands_in_the_decode_base_still_gives_a_valid_profile(tmp_path: Path) -> None:
+    # The same steps as the probe's, timed by a model whose fixed decode cost is not shared.
+    shifted = StepCostModel(
+        PrefillTerms(base=2.5, per_token=0.009, per_context_token=1.5e-5),
+        DecodeTerms(base=2.5, per_seq=0.05, per_context_token=2e-5),
+    )
+
+    def timed(s: StepSample) -> StepSample:
+        ms = 1000 * shifted.step_time(
+            s.num_prefill_tokens, s.prefill_context_tokens, s.num_decode_seqs, s.decode_context_tokens, 0.0
+        )
+        return dataclasses.replace(s, ms=ms)
+
+    samples = [timed(s) for s in synthetic_steps(noise=0.0)]
+    fit = fit_steps(samples)
+    assert fit.cost.base == pytest.approx(0.0, abs=1e-6)
+    assert fit.cost.decode.min == fit.cost.decode.base == pytest.approx(2.5, rel=1e-4)
+    path = tmp_path / "p.yaml"
+    text = render_profile(
+        fit.cost, TRUE_FRONTEND, EngineConfig(), name="p", description="d", source="s", header=[]
+    )
+    path.write_text(text)
+    assert load_profile(path).cost.decode.min == pytest.approx(2.5, rel=1e-3)
