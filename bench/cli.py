@@ -20,6 +20,8 @@ capacity   each unit cost measured here (request, metered chunk, access-log entr
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
            (``predictor --throughput-only``: one model, its serving cost only)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
+published  the llama-3.1-8b-h100 profile's TTFT/TPOT against a published vLLM measurement of
+           the same model on one H100 (virtual time; see bench/published_check.py)
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
 oversized  the EPP's CPU to refuse a 10 MiB prompt over the context (in process, through Envoy)
 tokenize   parse + tokenize + block hashes of a 26k-token chat turn, first seen and extending a
@@ -68,6 +70,7 @@ from bench import (
     overhead,
     oversized_prompt,
     predictor_bench,
+    published_check,
     stack_overhead,
     sync_apply,
     sync_bench,
@@ -149,6 +152,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "capacity": capacity.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,
+    "published": published_check.run,
     "kv-index": kv_index_bench.run,
     "oversized": oversized_prompt.run,
     "tokenize": tokenize_bench.run,

@@ -17,6 +17,11 @@ from pathlib import Path
 PROC = Path("/proc")
 
 
+def oncpu_s(pid: int) -> float:
+    """Seconds the process's main thread has spent running on a CPU (its schedstat)."""
+    return int((PROC / str(pid) / "schedstat").read_text().split()[0]) / 1e9
+
+
 def runqueue_wait_s(pid: int) -> float:
     """Seconds the main thread of ``pid`` has been runnable but not running, since it started."""
     return int((PROC / str(pid) / "schedstat").read_text().split()[1]) / 1e9

@@ -19,6 +19,13 @@ also on the command line (``python -m bench.fidelity fit|run``):
   the same on a slower CPU. Writes ``fidelity.json``, ``fidelity.md`` and ``fidelity.png``
   (CDFs), naming the CPU model and class. ~4 min (~5.5 with a fit).
 
+Beside the table the report gives each arm's own clock over each replay (``engine_clock``: the
+``vllm:`` histograms of /metrics, which the simulator exports under the same names: queue time,
+prefill time, inter-token latency, steps and tokens per step, and the simulator's step lag), so
+a gap shows whether the step model, the scheduling or the front end is off; and the profile's
+fitted terms with their confidence and per-term residuals (``profile_fit.coefficient_lines``, kept
+in the profile's header).
+
 Both servers run on this machine, as does the load generator; the load average is recorded with
 every measurement, since other work on a small machine slows real vLLM but not the simulator.
 """
@@ -30,6 +37,7 @@ import asyncio
 import dataclasses
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,9 +50,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 from rich.progress import Progress
 
-from bench.cpu_contention import runqueue_wait_s, wait_until_idle
-from bench.profile_fit import FrontendFit, StepFit, fit_frontend, fit_steps, render_profile, residual_lines
+from bench.cpu_contention import oncpu_s, runqueue_wait_s, wait_until_idle
+from bench.profile_fit import (
+    FrontendFit,
+    StepFit,
+    coefficient_lines,
+    fit_frontend,
+    fit_steps,
+    render_profile,
+    residual_lines,
+)
 from bench.profile_probe import ProbePlan, frontend_samples, measure_sim, measure_vllm
+from bench.prometheus_samples import Samples, delta, scrape, total
 from bench.report import machine, markdown_table, write_results
 from bench.servers import RunningServer, sim_server, vllm_server
 from bench.workload import Replay, WorkItem, poisson_workload, replay
@@ -97,6 +114,7 @@ def fit(
         f"Samples: {len(real.requests)} prefill and mixed steps, {len(real.decode_steps)} decode steps "
         f"({real.dropped} measurements dropped: preempted, or too long without a CPU).",
         *residual_lines(steps, frontend),
+        *coefficient_lines(steps, frontend),
     ]
     profile_path.write_text(profile_text(steps.cost, frontend.terms, engine, cpu, header))
     load_profile(profile_path)  # the written file must load
@@ -178,12 +196,51 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     return {f"p{q}": round(float(np.percentile(values, q)) * 1000, 2) for q in (50, 90)}
 
 
+ENGINE_HISTOGRAMS = {
+    "queue_ms": "vllm:request_queue_time_seconds",
+    "prefill_ms": "vllm:request_prefill_time_seconds",
+    "itl_ms": "vllm:inter_token_latency_seconds",
+    "step_lag_ms": "llm_epp_sim_step_lag_seconds",
+}
+"""Means read off a server's /metrics over a replay. vLLM times the first three in its engine
+core process (``vllm/v1/metrics/stats.py``: queue = scheduled − queued, prefill = first token −
+scheduled, ITL between a request's tokens, all engine-core timestamps); the step lag is the
+simulator's own (how late its event loop started each step; vLLM has none)."""
+
+
+SIM_BUSY = "llm_epp_sim_engine_busy_seconds_total"
+
+
+def engine_clock(gained: Samples, ttft_mean_ms: float, engine_cpu_s: float) -> dict[str, Any]:
+    """What a server's own metrics say one replay cost: means of ``ENGINE_HISTOGRAMS`` (None where
+    it has none), steps and tokens per step, the front end's share of the client's mean TTFT
+    (what is neither queueing nor prefill: HTTP, tokenisation, streaming), and the engine's busy
+    seconds: the simulator's modelled step time where it counts it, else ``engine_cpu_s`` (the time
+    vLLM's engine-core thread ran on a CPU, which other work on the machine does not inflate as it
+    does wall time)."""
+    clock: dict[str, Any] = {}
+    for key, name in ENGINE_HISTOGRAMS.items():
+        count = total(gained, f"{name}_count")
+        clock[key] = round(1000 * total(gained, f"{name}_sum") / count, 3) if count else None
+    steps = total(gained, "vllm:iteration_tokens_total_count")
+    clock["steps"] = int(steps)
+    clock["tokens_per_step"] = (
+        round(total(gained, "vllm:iteration_tokens_total_sum") / steps, 1) if steps else None
+    )
+    engine_ms = (clock["queue_ms"] or 0.0) + (clock["prefill_ms"] or 0.0)
+    clock["frontend_ms"] = round(ttft_mean_ms - engine_ms, 3)
+    busy = total(gained, SIM_BUSY) if any(name == SIM_BUSY for name, _ in gained) else engine_cpu_s
+    clock["busy_s"] = round(busy, 3)
+    return clock
+
+
 def _summary(result: Replay) -> dict[str, Any]:
     ttft = [c.ttft_s for c in result.completions]
     tpot = [c.tpot_s for c in result.completions if c.tpot_s is not None]
     return {
         "requests": len(result.completions),
         "duration_s": round(result.duration_s, 1),
+        "ttft_mean_ms": round(1000 * float(np.mean(ttft)), 3),
         "ttft_ms": _percentiles(ttft),
         "tpot_ms": _percentiles(tpot),
         "ttft_s": [round(v, 5) for v in ttft],
@@ -206,17 +263,34 @@ def _replay_arm(server: RunningServer, items: list[WorkItem], advance: Callable[
     load generator, slowing the engine down)."""
     busy = wait_until_idle()
     load, wait = os.getloadavg()[0], runqueue_wait_s(server.engine_pid)
+    before, cpu = scrape(f"{server.url}/metrics"), oncpu_s(server.engine_pid)
     result = asyncio.run(replay(server.url, items, advance))
+    cpu = oncpu_s(server.engine_pid) - cpu
     if result.errors:
         raise RuntimeError(f"{len(result.errors)} of {len(items)} requests failed, e.g. {result.errors[0]}")
+    summary = _summary(result)
+    gained = _metrics_after(server, before, len(items))
     return {
-        **_summary(result),
+        **summary,
+        "engine_clock": engine_clock(gained, summary["ttft_mean_ms"], cpu),
         "cpu_busy_before_pct": round(100 * busy, 1),
         "load_average": [load, os.getloadavg()[0]],
         "engine_cpu_wait_pct": round(
             100 * (runqueue_wait_s(server.engine_pid) - wait) / result.duration_s, 1
         ),
     }
+
+
+def _metrics_after(server: RunningServer, before: Samples, requests: int, timeout_s: float = 3.0) -> Samples:
+    """What /metrics gained since ``before``, once it counts all ``requests`` (vLLM records a
+    finished request just after streaming it) or the timeout passed."""
+    deadline = time.monotonic() + timeout_s
+    name = "vllm:request_prefill_time_seconds_count"
+    while True:
+        gained = delta(before, scrape(f"{server.url}/metrics"))
+        if total(gained, name) >= requests or time.monotonic() > deadline:
+            return gained
+        time.sleep(0.05)
 
 
 CAPACITY_REQUESTS = 48
@@ -377,10 +451,67 @@ def markdown_report(data: dict[str, Any]) -> str:
             f"{st['seconds_per_level']:g} s per level, streamed. TTFT: to the first token's event; TPOT: "
             "first to last token over the tokens between, per request.",
             table,
+            "Each server's own clock over each replay (its /metrics; means; `frontend` is the client's "
+            "mean TTFT less the engine's queue and prefill time; `step lag`: how late the simulator's "
+            "event loop started its steps; `engine busy`: vLLM's engine-core thread's time on a CPU, "
+            "the simulator's modelled step time):",
+            clock_table(data["levels"]),
             loads,
+            "## The profile's fit, as its header records it",
+            *fit_record_markdown(profile.get("fit_record", [])),
             "![CDFs](fidelity.png)",
         ]
     )
+
+
+def clock_table(levels: list[dict[str, Any]]) -> str:
+    """``engine_clock`` of both arms at every level, one row per arm."""
+    columns = {
+        "steps": "steps",
+        "tokens_per_step": "tokens/step",
+        "queue_ms": "queue ms",
+        "prefill_ms": "prefill ms",
+        "itl_ms": "ITL ms",
+        "frontend_ms": "frontend ms",
+        "step_lag_ms": "step lag ms",
+        "busy_s": "engine busy s",
+    }
+    rows = []
+    for level in levels:
+        for arm in ARMS:
+            clock = level[arm]["engine_clock"]
+            rows.append([level["level"], arm, *("–" if clock[c] is None else clock[c] for c in columns)])
+    return markdown_table(["load", "server", *columns.values()], rows)
+
+
+def fit_record(path: Path) -> list[str]:
+    """The comment lines a profile file starts with (``fit`` writes its provenance, residuals and
+    fitted terms there), without the comment marks."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[2:] if line.startswith("# ") else line[1:])
+    return lines
+
+
+def fit_record_markdown(record: list[str]) -> list[str]:
+    """A profile's header as Markdown: its prose in a text block, its table of terms as a table."""
+    if not record:
+        return ["(The profile has no fit record: it was not fitted by `bench.fidelity fit`.)"]
+    prose = [line for line in record if not line.startswith("|")]
+    table = [line for line in record if line.startswith("|")]
+    return ["```text\n" + "\n".join(prose) + "\n```", *(["\n".join(table)] if table else [])]
+
+
+def profile_file(chosen: Path | str, cpu: HostCpu) -> Path:
+    """The file of the profile ``choose_profile`` picked (a path, the family name or a shipped name)."""
+    if isinstance(chosen, Path):
+        return chosen
+    if chosen == PROFILE_FAMILY:
+        return profile_path_for(cpu)
+    shipped = PROFILES_DIR / f"{chosen}.yaml"
+    return shipped if shipped.is_file() else Path(chosen)
 
 
 def choose_profile(
@@ -426,6 +557,7 @@ def run(out_dir: Path, settings: FidelitySettings | None = None) -> dict[str, An
         "engine": asdict(profile.engine),
         "step_time_ms": asdict(profile.cost),
         "frontend_ms": asdict(profile.frontend),
+        "fit_record": fit_record(profile_file(chosen, cpu)),
     }
     write_results(out_dir, "fidelity", data, markdown_report(data))
     _plot(data["levels"], profile.name, out_dir / "fidelity.png")

@@ -12,6 +12,14 @@ Two fits, in this order (``bench.profile_probe`` measures what each needs):
 Both minimise squared *relative* error (a 3 ms step matters as much as a 60 ms one), with every
 term non-negative (Lawson–Hanson NNLS) as profiles require; samples far off a first fit are left
 out of the second (``OUTLIER_MADS``).
+
+Each fit also reports every term's confidence and residual (``TermReport``): a bootstrap over the
+samples (refitting ``BOOTSTRAP_RESAMPLES`` resamples, outlier trimming included) gives the term's
+standard error and 90% interval, and the samples the term applies to give its median share of
+the modelled time, how far the model misses them, and the trend of the signed miss as the term's
+column grows. A term whose interval reaches far either side of its value, whose samples the
+model misses by much more than the others, or whose trend is far from 0, is one the probes do
+not pin down or the model does not have the right shape for.
 """
 
 from __future__ import annotations
@@ -38,6 +46,12 @@ STEP_TERMS = (
 """The step-time terms fitted, in column order. Dynamo's ``per_token_sq`` and the KV-usage terms
 are left at 0: the attention terms (``per_context_token``) describe the same cost physically."""
 
+
+FRONTEND_TERMS = ("base", "per_prompt_token", "per_running_request")
+"""The frontend terms fitted, in column order."""
+
+BOOTSTRAP_RESAMPLES = 200
+BOOTSTRAP_SEED = 0
 
 OUTLIER_MADS = 4.0
 OUTLIER_FLOOR = 0.25
@@ -95,12 +109,37 @@ class Residuals:
 
 
 @dataclass(frozen=True, slots=True)
+class TermReport:
+    """One fitted term: its value with a bootstrap confidence, and how well the model fits the
+    samples the term applies to (those whose column for it is not 0)."""
+
+    term: str
+    value: float
+    std_error: float
+    """Standard deviation of the term over the bootstrap refits."""
+    low: float
+    high: float
+    """The 5th and 95th percentiles of the term over the bootstrap refits."""
+    samples: int
+    share_pct: float
+    """Median share of the modelled value that this term contributes, over its samples (%)."""
+    residuals: Residuals | None
+    """|model − measured| / measured over its samples; None where it applies to none."""
+    trend_pct: float | None = None
+    """Mean signed error (model − measured) / measured of the samples where the term's column is
+    above its median, less that of the rest (%): positive where the model charges too much for
+    the term's growth, negative where too little; None for a column that does not vary."""
+
+
+@dataclass(frozen=True, slots=True)
 class StepFit:
     cost: StepCostModel
     residuals: dict[str, Residuals]
     """Per step kind, over all samples, outliers included."""
     outliers: int
     """Samples left out of the final fit (see ``OUTLIER_MADS``)."""
+    terms: tuple[TermReport, ...] = ()
+    """Per term of ``STEP_TERMS``, in that order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +148,8 @@ class FrontendFit:
     residuals: Residuals
     """Of the TTFT the simulator would have with the delay, over all samples."""
     outliers: int
+    reports: tuple[TermReport, ...] = ()
+    """Per term of ``FRONTEND_TERMS``, in that order."""
 
 
 def nonnegative_least_squares(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
@@ -145,7 +186,10 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) 
 
 
 def step_cost_model(coefficients: Sequence[float]) -> StepCostModel:
-    """The cost model of coefficients in ``STEP_TERMS`` order (decode floor 0: ``base`` is the floor)."""
+    """The cost model of coefficients in ``STEP_TERMS`` order. The decode floor is ``decode.base``,
+    which the decode polynomial (all terms ≥ 0) never goes below: it changes no step time, and keeps
+    a profile valid where the shared ``base`` came out 0 (noisy probes can move the fixed cost of a
+    step between the shared and the decode base)."""
     c = dict(zip(STEP_TERMS, coefficients, strict=True))
     return StepCostModel(
         prefill=PrefillTerms(
@@ -157,6 +201,7 @@ def step_cost_model(coefficients: Sequence[float]) -> StepCostModel:
             base=c["decode.base"],
             per_seq=c["decode.per_seq"],
             per_context_token=c["decode.per_context_token"],
+            min=c["decode.base"],
         ),
         base=c["base"],
     )
@@ -186,8 +231,9 @@ def fit_steps(steps: Sequence[StepSample]) -> StepFit:
         raise FitError("step samples must have positive durations")
     design = np.array([s.features() for s in steps])
     coefficients, inliers = _trimmed_fit(design / measured[:, None], np.ones(len(steps)))
+    reports = term_reports(STEP_TERMS, design, np.zeros(len(steps)), measured, coefficients)
     cost = step_cost_model(coefficients)
-    if cost.base <= 0:
+    if cost.base + cost.decode.base <= 0:
         raise FitError("the fit found no fixed cost per step; the samples cannot be engine steps")
     residuals = {
         kind: _residuals(
@@ -195,7 +241,7 @@ def fit_steps(steps: Sequence[StepSample]) -> StepFit:
         )
         for kind in sorted({s.kind for s in steps})
     }
-    return StepFit(cost, residuals, int((~inliers).sum()))
+    return StepFit(cost, residuals, int((~inliers).sum()), reports)
 
 
 def fit_frontend(samples: Sequence[FrontendSample]) -> FrontendFit:
@@ -204,11 +250,58 @@ def fit_frontend(samples: Sequence[FrontendSample]) -> FrontendFit:
         raise FitError(f"{len(samples)} frontend samples are too few for 3 terms")
     ttft = np.array([s.ttft_ms for s in samples])
     design = np.array([[1.0, s.prompt_tokens, s.running] for s in samples])
-    gap = np.array([s.ttft_ms - s.sim_ttft_ms for s in samples])
-    (base, per_prompt_token, per_running_request), inliers = _trimmed_fit(design / ttft[:, None], gap / ttft)
-    terms = FrontendTerms(float(base), float(per_prompt_token), float(per_running_request))
+    sim_ttft = np.array([s.sim_ttft_ms for s in samples])
+    coefficients, inliers = _trimmed_fit(design / ttft[:, None], (ttft - sim_ttft) / ttft)
+    reports = term_reports(FRONTEND_TERMS, design, sim_ttft, ttft, coefficients)
+    terms = FrontendTerms(*(float(c) for c in coefficients))
     predicted = [s.sim_ttft_ms + 1000 * terms.delay(s.prompt_tokens, s.running) for s in samples]
-    return FrontendFit(terms, _residuals(predicted, list(ttft)), int((~inliers).sum()))
+    return FrontendFit(terms, _residuals(predicted, list(ttft)), int((~inliers).sum()), reports)
+
+
+def term_reports(
+    names: Sequence[str],
+    design: np.ndarray,
+    offset: np.ndarray,
+    measured: np.ndarray,
+    coefficients: np.ndarray,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[TermReport, ...]:
+    """Confidence and residual of each term of a fit of ``measured ≈ offset + design·x`` (relative
+    error, as ``_trimmed_fit``) whose result is ``coefficients``: the fit is repeated on
+    ``resamples`` bootstrap resamples of the rows (same seed, same intervals)."""
+    a, b = design / measured[:, None], (measured - offset) / measured
+    rng = np.random.default_rng(seed)
+    refits = np.array(
+        [_trimmed_fit(a[rows], b[rows])[0] for rows in rng.integers(0, len(b), size=(resamples, len(b)))]
+    )
+    contributions = design * coefficients
+    predicted = offset + contributions.sum(axis=1)
+    reports = []
+    for j, name in enumerate(names):
+        rows = design[:, j] != 0
+        share = contributions[rows, j] / np.where(predicted[rows] == 0, 1.0, predicted[rows])
+        reports.append(
+            TermReport(
+                term=name,
+                value=float(coefficients[j]),
+                std_error=float(refits[:, j].std()),
+                low=float(np.percentile(refits[:, j], 5)),
+                high=float(np.percentile(refits[:, j], 95)),
+                samples=int(rows.sum()),
+                share_pct=round(100 * float(np.median(share)), 1) if rows.any() else 0.0,
+                residuals=_residuals(predicted[rows], measured[rows]) if rows.any() else None,
+                trend_pct=_trend(design[rows, j], (predicted[rows] - measured[rows]) / measured[rows]),
+            )
+        )
+    return tuple(reports)
+
+
+def _trend(column: np.ndarray, signed_errors: np.ndarray) -> float | None:
+    high = column > np.median(column)
+    if not high.any() or high.all():
+        return None
+    return round(100 * float(signed_errors[high].mean() - signed_errors[~high].mean()), 1)
 
 
 def _trimmed_fit(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -288,6 +381,28 @@ def residual_lines(steps: StepFit, frontend: FrontendFit) -> list[str]:
             for kind, r in groups.items()
         ),
     ]
+
+
+def coefficient_lines(steps: StepFit, frontend: FrontendFit) -> list[str]:
+    """Every fitted term with its bootstrap confidence and the residual over its samples, as a
+    Markdown table (one line per row), for a profile's header and the fidelity report."""
+    rows = [("step_time_ms", report) for report in steps.terms]
+    rows += [("frontend_ms", report) for report in frontend.reports]
+    lines = [
+        f"Fitted terms ({BOOTSTRAP_RESAMPLES} bootstrap refits; residual over the samples each term "
+        "applies to):",
+        "| term | value | std. error | 90% interval | samples | median share | residual median / p90 "
+        "| trend |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for group, r in rows:
+        residual = f"{r.residuals.median_pct}% / {r.residuals.p90_pct}%" if r.residuals else "–"
+        trend = "–" if r.trend_pct is None else f"{r.trend_pct:+.1f}%"
+        lines.append(
+            f"| {group}.{r.term} | {r.value:.4g} | {r.std_error:.2g} | {r.low:.3g} – {r.high:.3g} "
+            f"| {r.samples} | {r.share_pct}% | {residual} | {trend} |"
+        )
+    return lines
 
 
 def _number(value: float) -> str:

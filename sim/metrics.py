@@ -4,9 +4,11 @@ Counted as vLLM counts them: prompt tokens when a request's first token comes ou
 included); prefix-cache queries and hits in tokens at first admission; ``iteration_tokens_total``
 once per step that produced tokens, as the prompt tokens computed for requests that produced their
 first token plus the tokens generated. Aborted requests do not count as successes (vLLM does not
-record client aborts either). Gauges are read from the engine when scraped. One histogram is the
+record client aborts either). Gauges are read from the engine when scraped. Two metrics are the
 simulator's own, not vLLM's: ``llm_epp_sim_step_lag_seconds``, how late each engine step started
-(``EngineDriver``), so that a replica starved of CPU is seen as such.
+(``EngineDriver``), so that a replica starved of CPU is seen as such; and
+``llm_epp_sim_engine_busy_seconds_total``, the modelled duration of all steps, to compare with
+the CPU time of vLLM's engine-core thread over the same work.
 
 The router scrapes every 50 ms, and rendering a registry costs about 5 µs a line, so the
 metrics live in two registries: gauges and counters (~60 lines, ~0.25 ms) are rendered on every
@@ -183,7 +185,7 @@ class EngineMetricsExporter:
             for source in ("local_compute", "local_cache_hit", "external_kv_transfer")
         )
         # Each counter mirrors a cumulative engine count; record_step adds what changed.
-        self._mirrored_counters: list[tuple[Counter, Callable[[EngineCounters], int]]] = [
+        self._mirrored_counters: list[tuple[Counter, Callable[[EngineCounters], float]]] = [
             (
                 counter(
                     "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
@@ -212,8 +214,12 @@ class EngineMetricsExporter:
                 counter("vllm:generation_tokens", "Number of generation tokens processed."),
                 attrgetter("generation_tokens"),
             ),
+            (
+                counter("llm_epp_sim_engine_busy_seconds", "Modelled duration of all engine steps."),
+                attrgetter("busy_seconds"),
+            ),
         ]
-        self._synced = [0] * len(self._mirrored_counters)
+        self._synced: list[float] = [0] * len(self._mirrored_counters)
         success = family(
             "vllm:request_success", "Count of successfully processed requests.", "finished_reason"
         )

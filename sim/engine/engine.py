@@ -88,6 +88,8 @@ class EngineCounters:
     num_steps: int = 0
     scheduled_tokens: int = 0
     """Tokens actually computed by all steps (prefill chunks and decodes)."""
+    busy_seconds: float = 0.0
+    """Modelled duration of all steps (the simulator's own; vLLM has no such count)."""
 
 
 class Engine:
@@ -325,6 +327,7 @@ class Engine:
         counters = self.counters
         counters.num_steps += steps
         counters.scheduled_tokens += n * steps
+        counters.busy_seconds += end - now
         counters.generation_tokens += n * steps
         return end, steps
 
@@ -440,6 +443,7 @@ class Engine:
         )
         self.counters.num_steps += 1
         self.counters.scheduled_tokens += num_prefill_tokens + num_decode_seqs
+        self.counters.busy_seconds += duration
         self._step_in_flight = True
         return ScheduledStep(
             start_time=now,

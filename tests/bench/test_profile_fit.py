@@ -1,7 +1,9 @@
-"""Fitting a profile: recovers known step and frontend terms, ignores stretched samples, loads back."""
+"""Fitting a profile: recovers known step and frontend terms, ignores stretched samples, loads back;
+reports each term's confidence and residual, so a bad fit or a wrong model shape shows."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -9,15 +11,19 @@ import numpy as np
 import pytest
 
 from bench.profile_fit import (
+    FRONTEND_TERMS,
+    STEP_TERMS,
     FitError,
     FrontendSample,
     StepSample,
+    coefficient_lines,
     fit_frontend,
     fit_steps,
     lone_prefill,
     nonnegative_least_squares,
     render_profile,
     residual_lines,
+    term_reports,
 )
 from sim.engine import DecodeTerms, EngineConfig, FrontendTerms, PrefillTerms, StepCostModel, load_profile
 from sim.engine.cost_model import chunk_context_tokens
@@ -189,3 +195,78 @@ def test_too_few_or_unusable_samples_are_refused() -> None:
     negative = [StepSample(s.kind, 0, 0, s.num_decode_seqs, 0, -1.0) for s in synthetic_steps(noise=0.0)]
     with pytest.raises(FitError, match="positive durations"):
         fit_steps(negative)
+
+
+TRUE_STEP_TERMS = dict(zip(STEP_TERMS, (2.5, 0.5, 0.009, 1.5e-5, 0.0, 0.05, 2e-5), strict=True))
+
+
+def test_every_term_reports_its_confidence_and_exact_samples_pin_every_term_down() -> None:
+    steps, frontend = fit_steps(synthetic_steps(noise=0.0)), fit_frontend(synthetic_frontend())
+    assert [r.term for r in steps.terms] == list(STEP_TERMS)
+    assert [r.term for r in frontend.reports] == list(FRONTEND_TERMS)
+    for report in steps.terms:
+        true = TRUE_STEP_TERMS[report.term]
+        assert report.low - 1e-9 <= true <= report.high + 1e-9
+        assert report.std_error <= 1e-3 * max(true, 1e-3)
+        assert report.residuals is not None and report.residuals.max_pct < 0.1
+        assert report.trend_pct is None or abs(report.trend_pct) < 0.1
+    per_seq = steps.terms[STEP_TERMS.index("decode.per_seq")]
+    assert per_seq.samples == 24 and 0 < per_seq.share_pct < 100
+
+
+def test_noise_widens_every_interval_and_the_true_terms_stay_within_three_standard_errors() -> None:
+    quiet, noisy = fit_steps(synthetic_steps(noise=0.02)), fit_steps(synthetic_steps(noise=0.2))
+    for calm, loud in zip(quiet.terms, noisy.terms, strict=True):
+        if TRUE_STEP_TERMS[calm.term] > 0:
+            assert loud.std_error > calm.std_error
+    for report in (r for r in noisy.terms if TRUE_STEP_TERMS[r.term] > 0):
+        assert abs(report.value - TRUE_STEP_TERMS[report.term]) <= 3 * report.std_error
+
+
+def test_a_term_the_model_overcharges_shows_as_a_positive_trend_and_undercharges_as_a_negative() -> None:
+    samples = synthetic_steps(noise=0.0)
+    design = np.array([s.features() for s in samples])
+    measured = np.array([s.ms for s in samples])
+    per_seq = STEP_TERMS.index("decode.per_seq")
+    for factor, sign in ((3.0, 1), (0.0, -1)):
+        wrong = np.array(list(TRUE_STEP_TERMS.values()))
+        wrong[per_seq] *= factor
+        reports = term_reports(STEP_TERMS, design, np.zeros(len(samples)), measured, wrong, resamples=20)
+        trend = reports[per_seq].trend_pct
+        assert trend is not None and sign * trend > 5
+        # Samples without decode sequences are untouched by the wrong term.
+        assert reports[STEP_TERMS.index("prefill.per_token")].residuals.median_pct < 0.1
+
+
+def test_the_coefficient_table_has_a_row_per_term_with_its_group() -> None:
+    lines = coefficient_lines(fit_steps(synthetic_steps(noise=0.05)), fit_frontend(synthetic_frontend(0.05)))
+    rows = [line for line in lines if line.startswith("| step_time_ms.") or line.startswith("| frontend_ms.")]
+    assert len(rows) == len(STEP_TERMS) + len(FRONTEND_TERMS)
+    assert rows[0].startswith("| step_time_ms.base | 2.")
+    assert any(row.startswith("| frontend_ms.per_running_request |") for row in rows)
+    assert all(row.count("|") == 9 for row in rows)
+
+
+def test_a_fixed_cost_that_lands_in_the_decode_base_still_gives_a_valid_profile(tmp_path: Path) -> None:
+    # The same steps as the probe's, timed by a model whose fixed decode cost is not shared.
+    shifted = StepCostModel(
+        PrefillTerms(base=2.5, per_token=0.009, per_context_token=1.5e-5),
+        DecodeTerms(base=2.5, per_seq=0.05, per_context_token=2e-5),
+    )
+
+    def timed(s: StepSample) -> StepSample:
+        ms = 1000 * shifted.step_time(
+            s.num_prefill_tokens, s.prefill_context_tokens, s.num_decode_seqs, s.decode_context_tokens, 0.0
+        )
+        return dataclasses.replace(s, ms=ms)
+
+    samples = [timed(s) for s in synthetic_steps(noise=0.0)]
+    fit = fit_steps(samples)
+    assert fit.cost.base == pytest.approx(0.0, abs=1e-6)
+    assert fit.cost.decode.min == fit.cost.decode.base == pytest.approx(2.5, rel=1e-4)
+    path = tmp_path / "p.yaml"
+    text = render_profile(
+        fit.cost, TRUE_FRONTEND, EngineConfig(), name="p", description="d", source="s", header=[]
+    )
+    path.write_text(text)
+    assert load_profile(path).cost.decode.min == pytest.approx(2.5, rel=1e-3)

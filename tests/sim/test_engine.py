@@ -217,6 +217,15 @@ def test_step_duration_comes_from_the_cost_model() -> None:
     assert decode.end_time == pytest.approx(prefill.end_time + decode.duration)
 
 
+def test_the_engine_counts_the_modelled_time_of_all_its_steps() -> None:
+    run = EngineRun(make_engine(num_gpu_blocks=20))
+    for i in range(4):
+        run.add(EngineRequest(f"r{i}", prompt(5 + 9 * i, start=50 * i), 7))
+    run.run()
+    assert run.engine.counters.busy_seconds == pytest.approx(sum(s.duration for s in run.steps), rel=1e-12)
+    assert run.engine.counters.busy_seconds > 0
+
+
 def test_prefill_attention_counts_each_chunk_against_its_context() -> None:
     # Priced per attended pair only, so a step's duration in µs is its attention work.
     cost = StepCostModel(PrefillTerms(per_context_token=0.001), DecodeTerms(min=1.0))

@@ -1,4 +1,5 @@
-"""``llm_epp_sim_step_lag_seconds``: how late the simulated engine's steps start."""
+"""``llm_epp_sim_step_lag_seconds``: how late the simulated engine's steps start; and
+``llm_epp_sim_engine_busy_seconds_total``: how long they were modelled to take."""
 
 from __future__ import annotations
 
@@ -38,6 +39,16 @@ async def test_every_step_of_a_served_request_is_counted(served_model: ServedMod
     assert lag[f"{LAG}_count"] == steps
     assert lag[f"{LAG}_bucket+Inf"] == 5
     assert lag[f"{LAG}_sum"] >= 0
+
+
+async def test_the_modelled_busy_time_of_served_steps_is_exported(served_model: ServedModel) -> None:
+    async with running_replica(served_model) as (replica, url), httpx.AsyncClient(base_url=url) as http:
+        response = await http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 5})
+        assert response.status_code == 200
+        text = (await http.get("/metrics")).text
+    [busy] = samples(text, "llm_epp_sim_engine_busy_seconds").values()
+    assert busy > 0
+    assert busy == replica.engine.counters.busy_seconds
 
 
 async def test_a_blocked_event_loop_shows_as_step_lag() -> None:
