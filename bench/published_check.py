@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.report import write_results
-from sim.engine import Engine, EngineRequest, Profile, load_profile
+from sim.engine import EngineRequest, Profile, load_profile
+from sim.engine.offline import distinct_prompt, serve_offline
 from sim.engine.profile import PROFILES_DIR
 
 MEASUREMENTS_DIR = PROFILES_DIR / "measurements"
@@ -92,29 +93,19 @@ def served_as(profile: Profile, measurement: Measurement) -> Profile:
 
 def predict(profile: Profile, point: Point) -> Comparison:
     """The profile's mean TTFT and median TPOT for the point's batch, sent all at once."""
-    engine = Engine(profile.engine, profile.cost, range(1000, 2000))
-    arrivals = sorted(
-        (profile.frontend.delay(tokens, 0), index)
+    requests = {
+        index: EngineRequest(f"r{index}", distinct_prompt(index, max(1, tokens)), max(1, out))
         for index, (tokens, out) in enumerate(zip(point.input_lens, point.output_lens, strict=True))
-        if out > 0
+    }
+    # The published prompts share no prefix to speak of: distinct token ids per request.
+    serve_offline(
+        profile,
+        [
+            (profile.frontend.delay(tokens, 0), requests[index])
+            for index, (tokens, out) in enumerate(zip(point.input_lens, point.output_lens, strict=True))
+            if out > 0
+        ],
     )
-    requests = {}
-    for index, (tokens, out) in enumerate(zip(point.input_lens, point.output_lens, strict=True)):
-        # Distinct token ids per request: the published prompts share no prefix to speak of.
-        prompt = [10_000 + (index * 4096 + t) % 100_000 for t in range(max(1, tokens))]
-        requests[index] = EngineRequest(f"r{index}", prompt, max(1, out))
-    now = 0.0
-    while arrivals or engine.has_unfinished_requests():
-        # Requests that arrived while a step ran join at the next schedule, as in vLLM.
-        if arrivals and (arrivals[0][0] <= now or not engine.has_unfinished_requests()):
-            now = max(now, arrivals[0][0])
-            engine.add_request(requests[arrivals.pop(0)[1]], now)
-            continue
-        step = engine.schedule(now)
-        if step is None:
-            raise RuntimeError(f"the engine of {profile.name} cannot serve {point.name}")
-        now = step.end_time
-        engine.finish_step(step, now)
     ttfts, tpots = [], []
     for index, out in enumerate(point.output_lens):
         if out == 0:

@@ -19,17 +19,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sim.engine import Engine, EngineRequest, Profile, load_profile
+from bench.profile_fit import STEP_TERMS
+from sim.engine import EngineRequest, Profile, load_profile
+from sim.engine.offline import distinct_prompt, serve_offline
 
-TERMS = (
-    "base",
-    "prefill.base",
-    "prefill.per_token",
-    "prefill.per_context_token",
-    "decode.base",
-    "decode.per_seq",
-    "decode.per_context_token",
-)
+TERMS = STEP_TERMS
 DEFAULT_RATES = (2.9, 7.7, 13.5)
 """Requests per second of the three levels of issue 28's run (0.15, 0.4, 0.7 of 19.3 req/s)."""
 
@@ -65,27 +59,17 @@ def without(profile: Profile, term: str) -> Profile:
 def replay(profile: Profile, requests: Sequence[Request]) -> tuple[float, float]:
     """TTFT p50 and TPOT p50 (ms) of ``requests`` on one simulated engine, in virtual time, with
     the profile's front-end delay (no other request running, as at light load)."""
-    engine = Engine(profile.engine, profile.cost, range(1000, 2000))
-    pending = sorted(
-        (r.arrival_s + profile.frontend.delay(r.prompt_tokens, 0), i) for i, r in enumerate(requests)
-    )
     served = [
-        EngineRequest(
-            f"r{i}", [10_000 + (i * 4096 + t) % 100_000 for t in range(r.prompt_tokens)], r.output_tokens
-        )
+        EngineRequest(f"r{i}", distinct_prompt(i, r.prompt_tokens), r.output_tokens)
         for i, r in enumerate(requests)
     ]
-    now = 0.0
-    while pending or engine.has_unfinished_requests():
-        if pending and (pending[0][0] <= now or not engine.has_unfinished_requests()):
-            now = max(now, pending[0][0])
-            engine.add_request(served[pending.pop(0)[1]], now)
-            continue
-        step = engine.schedule(now)
-        if step is None:
-            raise RuntimeError(f"the engine of {profile.name} cannot serve the workload")
-        now = step.end_time
-        engine.finish_step(step, now)
+    serve_offline(
+        profile,
+        [
+            (r.arrival_s + profile.frontend.delay(r.prompt_tokens, 0), s)
+            for r, s in zip(requests, served, strict=True)
+        ],
+    )
     ttft = [s.first_token_time - r.arrival_s for r, s in zip(requests, served, strict=True)]
     tpot = [
         (s.finish_time - s.first_token_time) / (r.output_tokens - 1)
