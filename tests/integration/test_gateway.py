@@ -218,9 +218,11 @@ def test_a_streamed_answer_crosses_ext_proc_to_its_first_token_and_is_counted_fr
     assert metric_sum(stack.epp_metrics_url, tokens) - counted == pytest.approx(40, rel=0.25)
     after = _ext_proc_counts(stack)
     delta = {name: after[name] - before[name] for name in after}
-    # The request's three and the first token's chunk, and the few Envoy had sent on meanwhile:
-    # the other chunks go by without the EPP.
-    assert 4 <= delta["stream_msgs_sent"] <= 8 and delta["stream_msgs_received"] == 4, delta
+    # The EPP answers the request's three and the first token's chunk; Envoy may have sent on a
+    # few more chunks before it read the EPP's close (how many depends on timing: up to 10 seen),
+    # but not the whole answer's 42: the rest go by without the EPP.
+    whole = 3 + len(events) + 2  # request, every chunk, the role chunk and [DONE]
+    assert 4 <= delta["stream_msgs_sent"] < whole / 2 and delta["stream_msgs_received"] == 4, delta
 
 
 def test_streamed_answers_the_sdk_hangs_up_on_at_done_are_metered_in_full(
