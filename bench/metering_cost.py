@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -86,36 +86,31 @@ def _prompt(number: int, words: int) -> str:
     return f"Request {number}. Tell me about routers. {filler}"
 
 
-def _chat(tokens: int, prompt: str, stream: bool) -> dict[str, Any]:
-    """A chat request for an answer of exactly ``tokens`` tokens."""
-    messages = [{"role": "user", "content": prompt}]
-    return {"model": "tiny", "messages": messages, "max_tokens": tokens, "stream": stream, "ignore_eos": True}
-
-
-def _stream(
+def _answer(
     client: httpx.Client,
     url: str,
     tokens: int,
     prompt: str = "Tell me about routers.",
     headers: dict[str, str] | None = None,
+    *,
+    stream: bool = True,
 ) -> int:
-    """One streamed chat answer of ``tokens`` tokens, read whole; returns its SSE data lines."""
-    with client.stream("POST", url, json=_chat(tokens, prompt, True), headers=headers) as response:
+    """One chat answer of exactly ``tokens`` tokens: streamed and read whole (returns its SSE data
+    lines), or not (returns its completion tokens)."""
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tokens,
+        "stream": stream,
+        "ignore_eos": True,
+    }
+    if not stream:
+        response = client.post(url, json=body, headers=headers)
+        response.raise_for_status()
+        return int(response.json()["usage"]["completion_tokens"])
+    with client.stream("POST", url, json=body, headers=headers) as response:
         response.raise_for_status()
         return sum(line.startswith("data: ") for line in response.iter_lines())
-
-
-def _plain(
-    client: httpx.Client,
-    url: str,
-    tokens: int,
-    prompt: str = "Tell me about routers.",
-    headers: dict[str, str] | None = None,
-) -> int:
-    """One non-streamed chat answer of ``tokens`` tokens; returns its completion tokens."""
-    response = client.post(url, json=_chat(tokens, prompt, False), headers=headers)
-    response.raise_for_status()
-    return int(response.json()["usage"]["completion_tokens"])
 
 
 def newest_mape(samples: Samples) -> dict[str, float]:
@@ -142,7 +137,7 @@ def _accuracy(stack: LocalStack, url: str, settings: MeteringCostSettings) -> di
     concurrency = settings.accuracy_concurrency
     limits = httpx.Limits(max_connections=concurrency)
     with httpx.Client(timeout=120, limits=limits) as client, ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(lambda p: _stream(client, url, *p), plan))
+        list(pool.map(lambda p: _answer(client, url, *p), plan))
     time.sleep(1.0)  # the last access-log entries
     samples = scrape(metrics_url)
     counted = total(samples, OUTPUT_TOKENS) - counted_before
@@ -160,10 +155,10 @@ def _cell(
     tokens: int,
     settings: MeteringCostSettings,
     idle_rate: float,
-    answer: Callable[..., int] = _stream,
+    stream: bool = True,
 ) -> dict:
-    """``settings.requests`` answers of ``tokens`` tokens, each by ``answer`` (streamed, or
-    not), paced evenly; the EPP's CPU per request net of ``idle_rate``, and Envoy's."""
+    """``settings.requests`` answers of ``tokens`` tokens (streamed, or not), paced evenly; the
+    EPP's CPU per request net of ``idle_rate``, and Envoy's."""
     assert stack.epp is not None and stack.envoy is not None
     epp, envoy = stack.epp.process.pid, stack.envoy.process.pid
     gap = settings.arrival_span_s / settings.requests
@@ -171,7 +166,14 @@ def _cell(
     def paced(i: int) -> int:
         time.sleep(max(0.0, started + i * gap - time.monotonic()))
         slo = settings.slo_every > 0 and i % settings.slo_every == 0
-        return answer(client, url, tokens, _prompt(i, settings.prompt_words), SLO_HEADERS if slo else None)
+        return _answer(
+            client,
+            url,
+            tokens,
+            _prompt(i, settings.prompt_words),
+            SLO_HEADERS if slo else None,
+            stream=stream,
+        )
 
     with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=settings.requests)) as client:
         epp_before, envoy_before, started = task_cpu_seconds(epp), task_cpu_seconds(envoy), time.monotonic()
@@ -217,14 +219,14 @@ def measure(mode: str, settings: MeteringCostSettings) -> dict[str, Any]:
         url = f"{stack.gateway_url}/v1/chat/completions"
         with httpx.Client(timeout=60) as client:  # warm-up, and the model's calibration streams
             for _ in range(CALIBRATION_STREAMS + 2):
-                _stream(client, url, 32)
+                _answer(client, url, 32)
         time.sleep(1.0)
         before = task_cpu_seconds(stack.epp.process.pid)
         time.sleep(settings.idle_s)
         idle_rate = (task_cpu_seconds(stack.epp.process.pid) - before) / settings.idle_s
         cells = [_cell(stack, url, n, settings, idle_rate) for n in settings.output_tokens]
         plain = (
-            _cell(stack, url, settings.plain_tokens, settings, idle_rate, _plain)
+            _cell(stack, url, settings.plain_tokens, settings, idle_rate, stream=False)
             if settings.plain_tokens
             else None
         )

@@ -250,7 +250,7 @@ class Director:
         routed = record.routed
         if self.metering.mode != "first-token" or routed is None:
             return False
-        if routed.request.stream or self.debug_headers(record):
+        if routed.request.stream or routed.request.debug:
             return False
         record.hand_off = True
         return True
