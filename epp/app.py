@@ -56,8 +56,10 @@ from epp.scheduling.framework import PluginContext
 from epp.scheduling.observers import LifecycleObserver
 from epp.settings import TOKENIZER_HELP, EppSettings
 from epp.sync.hook import attach_replica_sync, sync_targets
+from epp.sync.messages import Capability
 from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport, connect_options, default_replica_id
+from epp.sync.scrape_share import STALE_AFTER_TICKS, ScrapeShare
 from epp.sync.state import ReplicaSyncState, SyncTuning
 from epp.tls import server_credentials
 from epp.tokenization import TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
@@ -261,10 +263,23 @@ class EppApp:
                 heartbeat_interval_s=s.sync_heartbeat_interval_s,
                 peer_timeout_s=s.sync_peer_timeout_s,
             ),
+            capabilities=Capability.SHARES_SCRAPES if s.sync_share_scrapes else Capability.NONE,
         )
         attach_replica_sync(self.lifecycle, state)
+        share = None
+        if s.sync_share_scrapes:
+            share = ScrapeShare(
+                state, self.store, clock=self.clock, stale_after_s=STALE_AFTER_TICKS * s.scrape_interval_s
+            )
+            self.scraper.share = share
+            state.on_peer_requests = self.scraper.on_peer_requests
         metrics = SyncMetrics(
-            self.registry, s.pool_name, self.store, state, find_token_load(self.pipeline.plugins.values())
+            self.registry,
+            s.pool_name,
+            self.store,
+            state,
+            find_token_load(self.pipeline.plugins.values()),
+            share,
         )
         return NatsSyncTransport(
             state,
@@ -273,6 +288,8 @@ class EppApp:
             connect_options=connect_options(s),
             snapshot_timeout_s=s.sync_snapshot_timeout_s,
             metrics=metrics,
+            scrape_share=share,
+            scrape_batch_s=s.scrape_interval_s,
         )
 
     async def start(self) -> None:

@@ -203,6 +203,12 @@ class EppSettings(BaseModel):
         50.0, gt=0, le=10_000, description="endpoints whose decode progress changed are published this often"
     )
     sync_snapshot_timeout_s: float = Field(1.0, gt=0, le=60, description="wait for a peer's snapshot")
+    sync_share_scrapes: bool = Field(
+        True,
+        description="with sync: each engine's /metrics is scraped by one replica (chosen by rendezvous "
+        "hash among the replicas that share), which publishes it to the others; a replica scrapes an "
+        "engine itself while the shared view is stale (owner gone, NATS down)",
+    )
     sync_nats_user: str | None = Field(None, description="NATS user (with --sync-nats-password-file)")
     sync_nats_password_file: Path | None = Field(
         None, description=f"file holding the NATS password (or set {SYNC_PASSWORD_ENV})"

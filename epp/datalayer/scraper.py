@@ -34,6 +34,21 @@ of the EPP's CPU; aiohttp's ~480 µs, twice this one's). A body equal to the end
 The same task reads the engine's context length from its ``/v1/models`` once it is healthy,
 again every ``models_refresh_s`` (an engine restarted in place may serve another), and every
 ``models_retry_s`` while it cannot be read.
+
+**Shared scrapes** (:class:`SharedScrapes`, ``epp.sync.scrape_share``; synced replicas with
+``--sync-share-scrapes``): each endpoint has one owner among the replicas. The owner scrapes it
+as above and hands every result over to be published; it counts the endpoint busy also while a
+peer has requests there, and a peer routing or ending one there wakes its poller
+(:meth:`MetricsScraper.on_peer_requests`) as a request of its own would. Another replica skips
+the endpoint while the owner's published view of it is fresh, and scrapes it itself (a fallback)
+once it is not: until the owner's next scrape was due, plus ``stale_after_s``, 150 ms. An engine
+that stalls leaves a non-owner's scheduling when the owner's failure arrives, or by its own
+fallback scrape, so within the bounds above plus ``stale_after_s``: about ``interval + timeout +
+0.15 s`` busy, ``idle_interval + timeout + 0.15 s`` idle. A request this replica routes to an
+endpoint it does not own is not scraped here: the owner hears of it through sync (its totals go
+out within 5 ms) and scrapes it, so the first figures taken after it arrive up to a fast tick
+(the owner's batching) later than a scrape of one's own would. :meth:`MetricsScraper.hurry`
+hurries only the endpoints this replica scrapes. ``/v1/models`` is read by every replica.
 """
 
 from __future__ import annotations
@@ -41,7 +56,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
+from typing import Protocol
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.engine_metrics import MetricsParseError, parse_engine_metrics
@@ -55,6 +72,26 @@ log = logging.getLogger(__name__)
 METRICS_PATH = "/metrics"
 MIN_WAIT_S = 0.01
 """The shortest a scrape is given, so that one is always tried before a verdict."""
+
+
+class SharedScrapes(Protocol):
+    """Scrape sharing among synced replicas, as the scraper sees it (``epp.sync.scrape_share``)."""
+
+    def shared_until(self, endpoint: str, now: float) -> float:
+        """Until when another replica's published view of ``endpoint`` stands in for a scrape
+        (before ``now``: scrape it now)."""
+        ...
+
+    def scraped(self, endpoint: str, result: EngineMetrics | str, period_s: float) -> None:
+        """This replica scraped ``endpoint`` (the figures, or why it left scheduling) and scrapes
+        it again in ``period_s``."""
+        ...
+
+    def peer_busy(self, endpoint: str) -> bool:
+        """Whether a peer replica has requests in flight on ``endpoint``."""
+        ...
+
+    def forget(self, endpoint: str) -> None: ...
 
 
 class _Poller:
@@ -135,6 +172,8 @@ class MetricsScraper(LifecycleObserver):
         self._pollers: dict[str, _Poller] = {}
         self._last: dict[str, tuple[bytes, EngineMetrics]] = {}
         """Each endpoint's last parsed scrape: its body and figures."""
+        self.share: SharedScrapes | None = None
+        """Scrape sharing with peer replicas (None: this replica scrapes every endpoint)."""
 
     def start(self) -> None:
         self.store.subscribe(on_added=self._start_endpoint, on_removed=self._stop_endpoint)
@@ -149,19 +188,25 @@ class MetricsScraper(LifecycleObserver):
     def _stop_endpoint(self, endpoint: Endpoint) -> None:
         poller = self._pollers.pop(endpoint.name, None)
         self._last.pop(endpoint.name, None)
+        if self.share is not None:
+            self.share.forget(endpoint.name)
         if poller is not None:
             poller.close()
 
     async def _poll(self, endpoint: Endpoint, poller: _Poller) -> None:
+        name = endpoint.name
         models_due = self.clock()
         while True:
-            started = poller.started = self.clock()
-            await self.scrape_once(endpoint.name, poller.client)
-            if started >= models_due and self.store.is_healthy(endpoint.name):
-                learned = await self.read_max_model_len(endpoint.name, poller.client)
+            started = self.clock()
+            shared_until = self.share.shared_until(name, started) if self.share is not None else -math.inf
+            if started >= shared_until:
+                poller.started = started
+                await self.scrape_once(name, poller.client)
+            if started >= models_due and self.store.is_healthy(name):
+                learned = await self.read_max_model_len(name, poller.client)
                 models_due = started + (self.models_refresh_s if learned else self.models_retry_s)
-            period = self.period(endpoint.name, self.clock())
-            await poller.sleep(max(0.0, started + period - self.clock()))
+            due = shared_until if started < shared_until else started + self.period(name, self.clock())
+            await poller.sleep(max(0.0, due - self.clock()))
 
     def period(self, name: str, now: float) -> float:
         """The time from one scrape of ``name`` to the next: ``interval`` while it is busy (see
@@ -175,6 +220,7 @@ class MetricsScraper(LifecycleObserver):
             or _engine_busy(state.metrics)
             or now < poller.busy_until
             or not self.store.is_healthy(name)
+            or (self.share is not None and self.share.peer_busy(name))
         )
         return self.interval if busy else self.idle_interval
 
@@ -206,6 +252,11 @@ class MetricsScraper(LifecycleObserver):
     def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
         self._active(routed.endpoint_name, outcome.finished_at)
 
+    def on_peer_requests(self, name: str) -> None:
+        """A peer replica routed a request to ``name`` or saw one end there (scrape sharing):
+        busy for ``linger_s``, as for a request of this replica's own."""
+        self._active(name, self.clock())
+
     async def scrape_once(self, name: str, client: KeepAliveGet) -> None:
         # A healthy endpoint's scrape may take until it has shown no life for ``timeout``,
         # counted as if it had been asked on the fast tick: an idle one was last asked up to an
@@ -228,11 +279,17 @@ class MetricsScraper(LifecycleObserver):
             self._failed(name, str(exc) or type(exc).__name__)
             return
         self.store.record_scrape(name, metrics)
+        self._share(name, metrics)
 
     def _failed(self, name: str, why: str) -> None:
         if self.store.is_healthy(name):
             log.warning("endpoint %s unhealthy: %s", name, why)
         self.store.record_failure(name, why)
+        self._share(name, why)
+
+    def _share(self, name: str, result: EngineMetrics | str) -> None:
+        if self.share is not None:
+            self.share.scraped(name, result, self.period(name, self.clock()))
 
     def _parse(self, name: str, body: bytes) -> EngineMetrics:
         """The scrape's figures, stamped now; a body equal to the endpoint's last one (an idle

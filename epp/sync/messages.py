@@ -28,17 +28,31 @@ Bodies:
   each without the leading kind, and the most recent blocks of its approximate prefix index (its
   own inserts and its peers'), each ``[endpoint, block_size, hashes]``, oldest first (bounded,
   ``SyncTuning.snapshot_prefix_blocks``).
-* HEARTBEAT, SNAPSHOT_REQUEST: empty.
+* HEARTBEAT: ``[capabilities]``, a bit set of what the sender does (:class:`Capability`);
+  an empty body, as replicas before scrape sharing send, has none. Readers take the first item
+  if it is an int and ignore the rest, so later versions may append; readers before scrape
+  sharing never looked at a heartbeat's body.
+* SNAPSHOT_REQUEST: empty.
+* SCRAPES (only on the scrapes subject, ``epp.sync.nats_transport``, which replicas before scrape
+  sharing do not subscribe to; ``seq`` is 0): a list of the sender's latest scrapes of endpoints
+  it owns (``epp.sync.scrape_share``), each ``[endpoint, age_s, period_s, result]``: ``age_s``
+  seconds since the scrape's answer (or failure), as of ``sent_at`` (so the clocks need not
+  agree), ``period_s`` the sender's wait before its next scrape of it, and ``result`` either the
+  figures ``[waiting, running, kv_cache_usage, block_size | None, num_gpu_blocks | None]`` or a
+  str, why the endpoint is out of scheduling (the scrape failed).
 
 Version 4 is the only one (versions 1–3 sent one delta per step of each request: routed, first
 token, progress, released); a message of any other version is refused whole (:class:`SchemaError`).
+Scrape sharing added the heartbeat's capabilities and SCRAPES within version 4: a replica before
+it reads the new heartbeat (it ignores the body), never receives SCRAPES, and announces no
+capability, so it owns no endpoint and every endpoint keeps being scraped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, IntFlag
 from typing import Any
 
 import msgpack
@@ -52,6 +66,15 @@ class MessageKind(IntEnum):
     HEARTBEAT = 2
     SNAPSHOT = 3
     SNAPSHOT_REQUEST = 4
+    SCRAPES = 5
+
+
+class Capability(IntFlag):
+    """What a replica announces in its heartbeat."""
+
+    NONE = 0
+    SHARES_SCRAPES = 1
+    """It scrapes the endpoints it owns and publishes SCRAPES, and skips others' while theirs are fresh."""
 
 
 class DeltaKind(IntEnum):
@@ -131,6 +154,18 @@ def decode(data: bytes) -> SyncMessage:
     ):
         raise SchemaError("malformed", "a message with bad envelope field types")
     return SyncMessage(MessageKind(kind), replica, incarnation, seq, float(sent_at), body)
+
+
+_KNOWN_CAPABILITIES = sum(Capability)
+
+
+def heartbeat_capabilities(body: Sequence[Any]) -> Capability:
+    """The capabilities a HEARTBEAT's body announces (none when it is empty or unreadable);
+    bits this version does not know are dropped."""
+    first = body[0] if body else None
+    if type(first) is not int:
+        return Capability.NONE
+    return Capability(first & _KNOWN_CAPABILITIES)
 
 
 def pack_hashes(hashes: Sequence[int]) -> bytes:

@@ -17,7 +17,14 @@ llm_epp_sync_snapshots_total{outcome}             snapshots requested, installed
 llm_epp_sync_peers_alive                          peers heard from within the timeout
 llm_epp_sync_peers_expired_total                  peers dropped after going silent
 llm_epp_endpoint_remote_token_share{name, pod}    peers' share of the endpoint's tokens in flight
+llm_epp_sync_scrapes_published_total              endpoint scrapes published (of those this replica owns)
+llm_epp_sync_scrapes_applied_total                peers' endpoint scrapes applied here instead of scraping
+llm_epp_sync_scrapes_fallback_total               scrapes of endpoints a peer owns (its view was stale)
+llm_epp_sync_scrapes_dropped_total{reason}        peers' endpoint scrapes not applied (or ours not sent)
+llm_epp_sync_scrapes_owned                        endpoints this replica owns (scrapes and publishes)
 ================================================  ======================================================
+
+The ``scrapes`` series are there with scrape sharing on (``epp.sync.scrape_share``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.plugins.token_load import TokenLoadProducer
+from epp.sync.scrape_share import ScrapeShare
 from epp.sync.state import ReplicaSyncState
 
 REMOTE_TOKEN_SHARE = "llm_epp_endpoint_remote_token_share"
@@ -39,9 +47,15 @@ LAG_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 
 
 class _SyncCollector(Collector):
     def __init__(
-        self, pool: str, store: EndpointStore, state: ReplicaSyncState, token_load: TokenLoadProducer | None
+        self,
+        pool: str,
+        store: EndpointStore,
+        state: ReplicaSyncState,
+        token_load: TokenLoadProducer | None,
+        share: ScrapeShare | None,
     ) -> None:
         self.pool, self.store, self.state, self.token_load = pool, store, state, token_load
+        self.share = share
 
     def collect(self) -> Iterator[Metric]:
         stats = self.state.stats
@@ -71,6 +85,34 @@ class _SyncCollector(Collector):
         )
         if self.token_load is not None:
             yield self._remote_share(self.token_load)
+        if self.share is not None:
+            yield from self._scrapes(self.share)
+
+    def _scrapes(self, share: ScrapeShare) -> Iterator[Metric]:
+        stats = share.stats
+        for name, help_text, count in (
+            (
+                "published",
+                "Endpoint scrapes this replica published to its peers (it owns them)",
+                stats.published,
+            ),
+            ("applied", "Peers' endpoint scrapes applied here instead of scraping", stats.applied),
+            ("fallback", "Scrapes of endpoints a peer owns whose shared view was stale", stats.fallback),
+        ):
+            yield CounterMetricFamily(f"llm_epp_sync_scrapes_{name}", help_text, count)
+        dropped = CounterMetricFamily(
+            "llm_epp_sync_scrapes_dropped",
+            "Peers' endpoint scrapes not applied, or this replica's not sent",
+            labels=["reason"],
+        )
+        for reason, count in sorted(stats.dropped.items()):
+            dropped.add_metric([reason], count)
+        yield dropped
+        yield GaugeMetricFamily(
+            "llm_epp_sync_scrapes_owned",
+            "Endpoints this replica owns: it scrapes them and publishes what it reads",
+            sum(share.owns(s.name) for s in self.store.all()),
+        )
 
     def _remote_share(self, producer: TokenLoadProducer) -> GaugeMetricFamily:
         share = GaugeMetricFamily(
@@ -93,6 +135,7 @@ class SyncMetrics:
         store: EndpointStore,
         state: ReplicaSyncState,
         token_load: TokenLoadProducer | None,
+        share: ScrapeShare | None = None,
     ) -> None:
         self.connected = Gauge(
             "llm_epp_sync_connected", "1 while connected to the sync NATS", registry=registry
@@ -103,4 +146,4 @@ class SyncMetrics:
             buckets=LAG_BUCKETS,
             registry=registry,
         )
-        registry.register(_SyncCollector(pool, store, state, token_load))
+        registry.register(_SyncCollector(pool, store, state, token_load, share))

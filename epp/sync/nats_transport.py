@@ -8,6 +8,10 @@ Subjects, for sync pool P under the prefix X (``--sync-subject-prefix``, default
                             (NATS keeps one publisher's order; nats-py runs each subscription's
                             callbacks one at a time).
 ``X.P.snapshot.<replica>``  request/reply: that replica answers with its own bookings.
+``X.P.scrapes``             with scrape sharing (``epp.sync.scrape_share``): every replica's
+                            SCRAPES, the latest scrapes of the endpoints it owns, at most one
+                            message per ``scrape_batch_s`` (the fast scrape tick). Replicas
+                            before scrape sharing do not subscribe to it.
 ==========================  ==================================================================
 
 Nothing on the request path waits for NATS: the pipeline hook only queues deltas in the state,
@@ -37,6 +41,7 @@ from nats.errors import Error as NatsError
 from epp.settings import SYNC_PASSWORD_ENV, SYNC_TOKEN_ENV, EppSettings
 from epp.sync.messages import MessageKind
 from epp.sync.metrics import SyncMetrics
+from epp.sync.scrape_share import ScrapeShare
 from epp.sync.state import ReplicaSyncState
 
 log = logging.getLogger(__name__)
@@ -89,11 +94,17 @@ class NatsSyncTransport:
         connect_options: Mapping[str, Any] | None = None,
         snapshot_timeout_s: float = 1.0,
         metrics: SyncMetrics | None = None,
+        scrape_share: ScrapeShare | None = None,
+        scrape_batch_s: float = 0.05,
     ) -> None:
-        """``subject_root`` is ``X.P`` (see the module); ``connect_options`` go to ``nats.connect``."""
+        """``subject_root`` is ``X.P`` (see the module); ``connect_options`` go to ``nats.connect``.
+        With ``scrape_share``, its messages go out on ``X.P.scrapes``, at most every ``scrape_batch_s``."""
         self.state = state
         self.servers = servers
         self.events_subject = f"{subject_root}.events"
+        self.scrapes_subject = f"{subject_root}.scrapes"
+        self.scrape_share = scrape_share
+        self.scrape_batch_s = scrape_batch_s
         self._snapshot_root = f"{subject_root}.snapshot"
         self.connect_options = dict(connect_options or {})
         self.snapshot_timeout_s = snapshot_timeout_s
@@ -102,6 +113,7 @@ class NatsSyncTransport:
         self._closing = False
         self._nc = Client()
         self._wake = asyncio.Event()
+        self._scrapes_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._asks: set[asyncio.Task[None]] = set()
 
@@ -116,6 +128,8 @@ class NatsSyncTransport:
         """Start connecting in the background (this returns at once, whether NATS is up or not)."""
         self.state.connection_lost()  # until connected: expire no one
         self.state.on_pending = self._wake.set
+        if self.scrape_share is not None:
+            self.scrape_share.on_pending = self._scrapes_wake.set
         self._spawn(self._run(), "sync-nats")
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
@@ -139,12 +153,16 @@ class NatsSyncTransport:
         )
         await self._nc.subscribe(self.events_subject, cb=self._on_event)
         await self._nc.subscribe(self.snapshot_subject(self.state.replica_id), cb=self._on_snapshot_request)
+        if self.scrape_share is not None:
+            await self._nc.subscribe(self.scrapes_subject, cb=self._on_scrapes)
         await self._nc.flush()
         log.info("sync: connected to NATS as %s on %s", self.state.replica_id, self.events_subject)
         await self._on_connected()
         self._spawn(self._publish_loop(), "sync-publish")
         self._spawn(self._tick_loop(), "sync-tick")
         self._spawn(self._heartbeat_loop(), "sync-heartbeat")
+        if self.scrape_share is not None:
+            self._spawn(self._scrapes_loop(self.scrape_share), "sync-scrapes")
 
     async def _on_connected(self) -> None:
         self.state.connection_restored()
@@ -188,6 +206,29 @@ class NatsSyncTransport:
         except NatsError as exc:
             self.state.unsent(data)
             await self._on_error(exc)
+
+    async def _scrapes_loop(self, share: ScrapeShare) -> None:
+        while True:
+            await self._scrapes_wake.wait()
+            self._scrapes_wake.clear()
+            data = share.take_message()
+            if data is None:
+                continue
+            if not self._nc.is_connected:
+                share.unsent(data)
+                continue
+            try:
+                await self._nc.publish(self.scrapes_subject, data)
+            except NatsError as exc:
+                share.unsent(data)
+                await self._on_error(exc)
+            # Results that come meanwhile wait for the next take: one message a tick, each
+            # endpoint in it once, however many replicas and endpoints.
+            await asyncio.sleep(self.scrape_batch_s)
+
+    async def _on_scrapes(self, msg: Msg) -> None:
+        assert self.scrape_share is not None
+        self.scrape_share.receive(msg.data)
 
     async def _tick_loop(self) -> None:
         while True:

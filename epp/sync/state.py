@@ -88,6 +88,7 @@ from typing import Any, NamedTuple
 from epp.load.peer_totals import TAIL_ROW_BYTES, Counts, PeerTotals, pack_tail_row
 from epp.load.token_load import TokenLoadTracker
 from epp.sync.messages import (
+    Capability,
     DeltaKind,
     MessageKind,
     SchemaError,
@@ -95,6 +96,7 @@ from epp.sync.messages import (
     decode,
     delta_name,
     encode,
+    heartbeat_capabilities,
     pack_hashes,
     unpack_hashes,
 )
@@ -189,6 +191,8 @@ class _Peer:
     """The awaited snapshot was handed to the transport to request."""
     slo_key: tuple[str, int] = ("peer", -1)
     """The peer's key among the bookings of the running TPOT SLOs."""
+    capabilities: Capability = Capability.NONE
+    """What its latest heartbeat announced (none until one came)."""
 
     def __post_init__(self) -> None:
         self.slo_key = ("peer", self.index)
@@ -204,23 +208,28 @@ class ReplicaSyncState:
         wall_clock: Callable[[], float] | None = None,
         tuning: SyncTuning | None = None,
         incarnation: int | None = None,
+        capabilities: Capability = Capability.NONE,
     ) -> None:
         """``clock`` times heartbeats (monotonic seconds); ``wall_clock`` stamps messages for the
         lag (seconds since the epoch; default ``clock``). ``incarnation`` tells this process's life
         from an earlier one under the same ``replica_id``; a later life must have a larger one
-        (default: ``wall_clock()`` in microseconds)."""
+        (default: ``wall_clock()`` in microseconds). ``capabilities`` go out in every heartbeat."""
         self.replica_id = replica_id
         self.targets = targets
         self.clock = clock
         self.wall_clock = wall_clock or clock
         self.tuning = tuning or SyncTuning()
         self.incarnation = incarnation if incarnation is not None else int(self.wall_clock() * 1e6)
+        self.capabilities = capabilities
         self.stats = SyncStats()
         self.on_pending: Callable[[], None] | None = None
         """Called when the outbox goes from empty to not empty (the transport's wake-up)."""
         self.on_peer_freed: Callable[[], None] | None = None
         """Called when a peer published fewer requests or less prefill on an endpoint than before
         (its load went down: flow control's wake-up)."""
+        self.on_peer_requests: Callable[[str], None] | None = None
+        """Called with an endpoint where a peer published another number of requests than before
+        (it routed there or saw one end: the scraper's wake-up, as for this replica's own)."""
         self.connected = True
         self._seq = 0
         self._own: dict[int, _Own] = {}
@@ -242,6 +251,8 @@ class ReplicaSyncState:
         self._next_peer_index = 0
         self._snapshots_wanted = False
         self._logged: set[str] = set()
+        self._sharers: dict[Capability, frozenset[str]] = {}
+        """Per capability, the live peers that announce it (cleared when peers or theirs change)."""
 
     # ---- outbound: this replica's own bookings -------------------------------------------
 
@@ -396,8 +407,9 @@ class ReplicaSyncState:
         )
 
     def heartbeat(self) -> bytes:
-        """A HEARTBEAT carrying our latest ``seq`` (send it after :meth:`take_messages`'s messages)."""
-        return self._envelope(MessageKind.HEARTBEAT, [])
+        """A HEARTBEAT carrying our latest ``seq`` and our capabilities (send it after
+        :meth:`take_messages`'s messages)."""
+        return self._envelope(MessageKind.HEARTBEAT, [int(self.capabilities)])
 
     def snapshot(self) -> bytes:
         """A SNAPSHOT of our totals on every endpoint where we have bookings, as of now (which
@@ -446,8 +458,8 @@ class ReplicaSyncState:
                     f"another replica also calls itself {self.replica_id!r}: give each a unique --replica-id",
                 )
             return None
-        if message.kind == MessageKind.SNAPSHOT_REQUEST:
-            self._refuse("malformed", "a snapshot request sent on the events subject")
+        if message.kind in (MessageKind.SNAPSHOT_REQUEST, MessageKind.SCRAPES):
+            self._refuse("malformed", f"a {message.kind.name} message sent on the events subject")
             return None
         peer = self._peer_for(message)
         if peer is None:
@@ -456,6 +468,7 @@ class ReplicaSyncState:
         if message.kind == MessageKind.DELTAS:
             self._on_deltas(peer, message)
         elif message.kind == MessageKind.HEARTBEAT:
+            self._announced(peer, heartbeat_capabilities(message.body))
             if peer.kept is None and message.seq > peer.last_seq:
                 self._gap(peer)
         elif not self._install(peer, message):
@@ -489,6 +502,7 @@ class ReplicaSyncState:
             peer = _Peer(message.replica, message.incarnation, self._next_peer_index, self.clock())
             self._next_peer_index += 1
             self._peers[message.replica] = peer
+            self._sharers.clear()
             # We have seen this incarnation from its very first delta only if this is it.
             from_start = (message.kind == MessageKind.DELTAS and message.seq == 1) or (
                 message.kind == MessageKind.HEARTBEAT and message.seq == 0
@@ -587,6 +601,8 @@ class ReplicaSyncState:
             self._set_tpot_slo(peer, endpoint, None if slo is None or not requests else float(slo))
         if before is not None and (requests < before[0] or prefill < before[1]):
             self._peer_freed()
+        if requests != (before[0] if before is not None else 0) and self.on_peer_requests is not None:
+            self.on_peer_requests(endpoint)
         return None
 
     def _set_tpot_slo(self, peer: _Peer, endpoint: str, slo: float | None) -> None:
@@ -628,6 +644,12 @@ class ReplicaSyncState:
     def _drop(self, peer: _Peer) -> None:
         self._clear(peer)
         del self._peers[peer.replica]
+        self._sharers.clear()
+
+    def _announced(self, peer: _Peer, capabilities: Capability) -> None:
+        if capabilities != peer.capabilities:
+            peer.capabilities = capabilities
+            self._sharers.clear()
 
     # ---- peers' lives ---------------------------------------------------------------------
 
@@ -687,6 +709,20 @@ class ReplicaSyncState:
     def peer_count(self) -> int:
         """How many peers were heard from within their timeout."""
         return len(self._peers)
+
+    def peers_with(self, capability: Capability) -> frozenset[str]:
+        """The live peers whose latest heartbeat announced ``capability`` (kept until a peer
+        comes, goes or announces otherwise: the scraper asks on every tick)."""
+        found = self._sharers.get(capability)
+        if found is None:
+            found = self._sharers[capability] = frozenset(
+                p.replica for p in self._peers.values() if capability in p.capabilities
+            )
+        return found
+
+    def peer_requests(self, endpoint: str) -> int:
+        """The requests the live peers last published as in flight on ``endpoint``."""
+        return sum(counts[0] for p in self._peers.values() if (counts := p.totals.get(endpoint)))
 
     @property
     def has_peers(self) -> bool:
