@@ -30,6 +30,9 @@ sync       active-active EPPs: sync lag through real NATS at 100 and 1,000 reque
            and CPU per request through Envoy with one EPP process and with two
 sync-apply a replica's CPU for applying 3 peers' sync (100 endpoints) at 100, 1,000 and
            10,000 requests/s pool-wide (in process, virtual time)
+scrape-share  each of K = 1, 2, 4 synced EPPs' CPU scraping 100 stub engines on the fast tick,
+           with scrape sharing and without; a shared figure's apply cost (in process; ~2 min;
+           see bench/scrape_share_cost.py)
 sync-failures  two active-active EPPs: one killed under load (FailOpen, FailClose), a
            cancellation soak, NATS stopped for 10 s under load; failures and recovery times
 compare    one workload replayed through several routers on the fleet simulator
@@ -71,6 +74,7 @@ from bench import (
     oversized_prompt,
     predictor_bench,
     published_check,
+    scrape_share_cost,
     stack_overhead,
     sync_apply,
     sync_bench,
@@ -158,6 +162,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "tokenize": tokenize_bench.run,
     "sync": sync_bench.run,
     "sync-apply": sync_apply.run,
+    "scrape-share": scrape_share_cost.run,
     "sync-failures": sync_failures.run,
     "tls": tls_cost.run,
     "fleet": run_fleet_defaults,

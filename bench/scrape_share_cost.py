@@ -1,0 +1,227 @@
+"""``llm-epp-bench scrape-share``: each synced replica's scrape CPU with scrape sharing, against K.
+
+**Live.** ``endpoints`` stub engines (one Envoy, ``bench.stub_engine``, answering the real 55 KB
+vLLM 0.32 scrape, as in ``bench.idle_cost``), a nats-server, and K EPP processes synced through it
+(``--sync-nats-url``), every endpoint on the fast tick (``--idle-scrape-interval-s 0.05``), no
+traffic: what each replica spends on the pool's metrics. Per K and arm (scrape sharing on, and
+off for K > 1), once every replica has heard all its peers and ``settle_s`` passed, each EPP's CPU
+(all its threads, ``/proc``) is read over ``idle_s``, with its scrapes (the stub engines' are not
+told apart, so ``llm_epp_sync_scrapes_published_total`` counts the owner's) and the shared figures
+it applied. The load average before each reading goes in the results.
+
+**In process.** A receiver's CPU per shared endpoint figure: an owner's SCRAPES messages of 1 and
+of ``endpoints`` endpoints, applied by another replica's :class:`~epp.sync.scrape_share.ScrapeShare`
+to its store; the second less the first, per endpoint, is a figure's cost (what
+``bench.capacity`` takes as ``share_apply_us``), the first less that a message's.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.idle_cost import VLLM_SCRAPE, ms_per_s
+from bench.prometheus_samples import Samples, scrape
+from bench.report import machine, markdown_table, write_results
+from bench.stack_overhead import task_cpu_seconds
+from bench.stub_engine import stub_engine_bootstrap
+from epp.datalayer.endpoints import EndpointStore
+from epp.scheduling.types import Endpoint, EngineMetrics
+from epp.sync.messages import Capability
+from epp.sync.scrape_share import ScrapeShare
+from epp.sync.state import ReplicaSyncState, SyncTargets
+from epp.tokenization import TINY_MODEL_DIR
+from sim.nats_server import start_nats_server
+from sim.processes import Component, free_port, start_envoy, start_epp, wait_until, write_endpoints_file
+
+FAST_TICK = ("--idle-scrape-interval-s", "0.05")
+
+
+@dataclass
+class ScrapeShareSettings:
+    replicas: tuple[int, ...] = (1, 2, 4)
+    endpoints: int = 100
+    idle_s: float = 10.0
+    settle_s: float = 3.0
+    apply_messages: int = 200
+
+
+def _value(samples: Samples, name: str) -> float:
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+def _measure(k: int, share: bool, settings: ScrapeShareSettings, workdir: Path) -> dict[str, Any]:
+    """K synced EPPs over the stub engines: each one's CPU and scrape counts over ``idle_s``."""
+    ports = [free_port() for _ in range(settings.endpoints)]
+    nats_port = free_port()
+    components: list[Component] = []
+    try:
+        bootstrap = stub_engine_bootstrap(ports, VLLM_SCRAPE.read_text())
+        components.append(start_envoy("stub-engines", bootstrap, workdir, concurrency=1))
+        components.append(start_nats_server(workdir, nats_port))
+        endpoints_file = write_endpoints_file(workdir / "endpoints.yaml", [("127.0.0.1", p) for p in ports])
+        epps: list[tuple[Component, str]] = []
+        for i in range(k):
+            metrics_port = free_port()
+            epp = start_epp(
+                workdir,
+                endpoints_file,
+                grpc_port=free_port(),
+                health_port=free_port(),
+                metrics_port=metrics_port,
+                expected_endpoints=settings.endpoints,
+                tokenizer_dir=TINY_MODEL_DIR,
+                name=f"epp-{i}",
+                extra_args=[
+                    "--log-level",
+                    "WARNING",
+                    *FAST_TICK,
+                    "--sync-nats-url",
+                    f"nats://127.0.0.1:{nats_port}",
+                    "--replica-id",
+                    f"epp-{i}",
+                    "--sync-share-scrapes" if share else "--no-sync-share-scrapes",
+                ],
+            )
+            components.append(epp)
+            epps.append((epp, f"http://127.0.0.1:{metrics_port}/metrics"))
+        for epp, url in epps:
+            wait_until(epp, lambda u=url: _value(scrape(u), "llm_epp_sync_peers_alive") == k - 1)
+        time.sleep(settings.settle_s)
+        load_1m = os.getloadavg()[0]
+        before = [(task_cpu_seconds(epp.process.pid), scrape(url)) for epp, url in epps]
+        started = time.monotonic()
+        time.sleep(settings.idle_s)
+        wall = time.monotonic() - started
+        per_replica = []
+        for (epp, url), (cpu, samples) in zip(epps, before, strict=True):
+            after = scrape(url)
+
+            def rate(name: str, a: Samples = after, b: Samples = samples) -> float:
+                return round((_value(a, name) - _value(b, name)) / wall, 1)
+
+            per_replica.append(
+                {
+                    "ms_per_s": round(ms_per_s(cpu, task_cpu_seconds(epp.process.pid), wall), 1),
+                    "published_per_s": rate("llm_epp_sync_scrapes_published_total"),
+                    "applied_per_s": rate("llm_epp_sync_scrapes_applied_total"),
+                    "fallback_per_s": rate("llm_epp_sync_scrapes_fallback_total"),
+                    "dropped_per_s": rate("llm_epp_sync_scrapes_dropped_total"),
+                    "owned": _value(after, "llm_epp_sync_scrapes_owned"),
+                }
+            )
+    finally:
+        for component in reversed(components):
+            component.stop()
+    cpu = [r["ms_per_s"] for r in per_replica]
+    return {
+        "replicas": k,
+        "share": share,
+        "endpoints": settings.endpoints,
+        "mean_ms_per_s": round(sum(cpu) / k, 1),
+        "total_ms_per_s": round(sum(cpu), 1),
+        "per_replica": per_replica,
+        "load_1m_before": round(load_1m, 2),
+    }
+
+
+def _apply_us(endpoints: int, per_message: int, messages: int) -> float:
+    """CPU µs per message for a replica to apply ``messages`` SCRAPES of ``per_message`` endpoints."""
+    names = [f"10.0.{i // 250}.{i % 250}:8000" for i in range(endpoints)]
+    replicas = []
+    for name in ("owner", "receiver"):
+        state = ReplicaSyncState(
+            name, SyncTargets(), clock=time.monotonic, incarnation=1, capabilities=Capability.SHARES_SCRAPES
+        )
+        store = EndpointStore()
+        store.replace([Endpoint(n, n.split(":")[0], 8000) for n in names])
+        replicas.append(ScrapeShare(state, store, clock=time.monotonic, stale_after_s=0.15))
+    owner, receiver = replicas  # the owner has heard no peer: it owns every endpoint
+    wire = []
+    for i in range(messages):
+        for name in names[:per_message]:
+            figures = EngineMetrics(i % 7, i % 13, 0.5, 16, 40_000, updated_at=time.monotonic())
+            owner.scraped(name, figures, 0.05)
+        data = owner.take_message()
+        assert data is not None
+        wire.append(data)
+    started = time.thread_time()
+    for data in wire:
+        assert receiver.receive(data) == per_message
+    return (time.thread_time() - started) / messages * 1e6
+
+
+def measure_share_apply_us(endpoints: int, messages: int) -> dict[str, float]:
+    """CPU µs to apply a SCRAPES message of one endpoint and one of all ``endpoints``; the second
+    less the first, per endpoint, is a shared figure's; the first less that, a message's."""
+    one = _apply_us(endpoints, 1, messages)
+    every = _apply_us(endpoints, endpoints, messages)
+    figure = (every - one) / (endpoints - 1)
+    return {
+        "one_endpoint_us": one,
+        "every_endpoint_us": every,
+        "figure_us": figure,
+        "message_us": one - figure,
+    }
+
+
+def _markdown(data: dict[str, Any]) -> str:
+    s = data["settings"]
+    rows = [
+        [
+            r["replicas"],
+            "on" if r["share"] else "off",
+            f"{r['mean_ms_per_s']:.1f}",
+            " / ".join(f"{p['ms_per_s']:.0f}" for p in r["per_replica"]),
+            " / ".join(f"{p['published_per_s']:.0f}" for p in r["per_replica"]),
+            " / ".join(f"{p['applied_per_s']:.0f}" for p in r["per_replica"]),
+            " / ".join(f"{p['fallback_per_s']:.1f}" for p in r["per_replica"]),
+            f"{r['load_1m_before']:.2f}",
+        ]
+        for r in data["results"]
+    ]
+    a = data["apply"]
+    return "\n\n".join(
+        [
+            "# Scrape sharing: each replica's scrape CPU against the replica count",
+            f"{s['endpoints']} stub engines (55 KB vLLM scrape) on the 50 ms tick, no traffic, K EPPs "
+            f"synced through nats-server; each EPP's CPU over {s['idle_s']:g} s after {s['settle_s']:g} s. "
+            f"Machine: {data['machine']['cpus']} CPUs, {data['machine']['date']}.",
+            markdown_table(
+                [
+                    "K",
+                    "sharing",
+                    "EPP CPU per replica, mean (ms/s)",
+                    "each replica (ms/s)",
+                    "published figures/s",
+                    "applied figures/s",
+                    "fallback scrapes/s",
+                    "load average (1 min) before",
+                ],
+                rows,
+            ),
+            f"Applying shared figures, in process: {a['figure_us']:.2f} µs per endpoint figure, "
+            f"{a['message_us']:.1f} µs per message besides ({a['every_endpoint_us']:.0f} µs for a message "
+            f"of all {s['endpoints']}).",
+        ]
+    )
+
+
+def run(out_dir: Path, settings: ScrapeShareSettings | None = None) -> dict[str, Any]:
+    settings = settings or ScrapeShareSettings()
+    apply = measure_share_apply_us(settings.endpoints, settings.apply_messages)
+    print(f"apply: {apply}", flush=True)
+    results = []
+    arms = [(k, True) for k in settings.replicas] + [(k, False) for k in settings.replicas if k > 1]
+    for k, share in arms:
+        with tempfile.TemporaryDirectory(prefix="llm-epp-scrape-share-") as workdir:
+            measured = _measure(k, share, settings, Path(workdir))
+        results.append(measured)
+        print(f"K={k}, sharing {'on' if share else 'off'}: {measured}", flush=True)
+    data = {"machine": machine(), "settings": asdict(settings), "results": results, "apply": apply}
+    write_results(out_dir, "scrape-share", data, _markdown(data))
+    return data
