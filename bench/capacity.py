@@ -47,7 +47,7 @@ from envoy.data.accesslog.v3.accesslog_pb2 import HTTPAccessLogEntry
 from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsMessage
 from rich.progress import Progress
 
-from bench import handler_cpu, metering_cost, predictor_bench
+from bench import handler_cpu, metering_cost, predictor_bench, scrape_share_cost
 from bench.idle_cost import VLLM_SCRAPE
 from bench.metering_cost import SHIPPED_SAMPLE_EVERY, MeteringCostSettings
 from bench.report import machine, markdown_table, save_figure, write_results
@@ -160,6 +160,9 @@ class UnitCosts:
     """An endpoint's totals applied."""
     row_us: float
     """A prediction row (both models)."""
+    share_apply_us: float = 0.0
+    """A peer's shared scrape of one endpoint applied (scrape sharing, ``bench.scrape_share_cost``);
+    0 in results measured before it."""
 
 
 # ---------------------------------------------------------------- sizing
@@ -498,6 +501,7 @@ def measure(s: CapacitySettings) -> tuple[UnitCosts, dict[str, Any]]:
     scrape = measure_scrape_us(s.scrape_endpoints, s.scrape_s)
     sync = measure_sync_us(s.pods, s.sync_bookings_per_endpoint, s.sync_messages)
     predictor = measure_row_us(s.predictor_requests)
+    share = scrape_share_cost.measure_share_apply_us(s.pods, s.sync_messages)
     costs = UnitCosts(
         request_us=streams["request_us"] + pool[str(s.pods)] - pool["4"],
         chunk_us=streams["chunk_us"],
@@ -506,8 +510,15 @@ def measure(s: CapacitySettings) -> tuple[UnitCosts, dict[str, Any]]:
         sync_message_us=sync["message_us"],
         sync_total_us=sync["total_us"],
         row_us=predictor["row_us"],
+        share_apply_us=share["figure_us"],
     )
-    sources = {"streams": streams, "handler_us_by_endpoints": pool, "scrape": scrape, "sync": sync}
+    sources = {
+        "streams": streams,
+        "handler_us_by_endpoints": pool,
+        "scrape": scrape,
+        "sync": sync,
+        "share_apply": share,
+    }
     return costs, {**sources, "predictor": predictor}
 
 
@@ -532,6 +543,7 @@ def _unit_rows(costs: UnitCosts, s: CapacitySettings) -> list[list[str]]:
             "–",
         ],
         ["prediction row (both models)", f"{costs.row_us:,.2f}", "–"],
+        ["shared scrape applied (one endpoint's, from its owner)", f"{costs.share_apply_us:,.2f}", "–"],
     ]
 
 

@@ -114,6 +114,11 @@ class ScrapeShare:
         sharers = self.state.peers_with(Capability.SHARES_SCRAPES)
         return self._owners.owner(endpoint, sharers | {me}) if sharers else me
 
+    @property
+    def sharing(self) -> bool:
+        """Whether a live peer shares scrapes (alone, this replica publishes nothing)."""
+        return bool(self.state.peers_with(Capability.SHARES_SCRAPES))
+
     def owns(self, endpoint: str) -> bool:
         return self.owner(endpoint) == self.state.replica_id
 
@@ -141,8 +146,9 @@ class ScrapeShare:
 
     def scraped(self, endpoint: str, result: ScrapeResult, period_s: float) -> None:
         """This replica scraped ``endpoint`` (its figures, or why it is out of scheduling) and
-        will scrape it again in ``period_s``: published with the next take if it owns it."""
-        if not self.owns(endpoint):
+        will scrape it again in ``period_s``: published with the next take if it owns it and a
+        peer shares scrapes."""
+        if not self.sharing or not self.owns(endpoint):
             return
         if not self._outbox and self.on_pending is not None:
             self.on_pending()

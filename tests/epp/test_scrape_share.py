@@ -139,6 +139,12 @@ def test_the_owner_publishes_its_scrapes_and_the_peer_applies_them_with_their_ag
     assert (a.share.stats.published, b.share.stats.applied) == (1, 1)
 
 
+def test_a_replica_alone_publishes_nothing() -> None:
+    alone = Replica("a", FakeClock())
+    alone.share.scraped("e0", EngineMetrics(updated_at=alone.clock()), 0.05)
+    assert alone.share.owns("e0") and alone.share.take_message() is None
+
+
 def test_a_failure_the_owner_saw_takes_the_endpoint_out_at_the_peer(pair: tuple[Replica, Replica]) -> None:
     a, b = pair
     mine = owned_by("a")[0]
