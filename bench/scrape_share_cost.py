@@ -32,6 +32,7 @@ from bench.stub_engine import stub_engine_bootstrap
 from epp.datalayer.endpoints import EndpointStore
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.sync.messages import Capability
+from epp.sync.scrape_owners import owner as scrape_owner
 from epp.sync.scrape_share import ScrapeShare
 from epp.sync.state import ReplicaSyncState, SyncTargets
 from epp.tokenization import TINY_MODEL_DIR
@@ -131,7 +132,9 @@ def _measure(k: int, share: bool, settings: ScrapeShareSettings, workdir: Path) 
 
 def _apply_us(endpoints: int, per_message: int, messages: int) -> float:
     """CPU µs per message for a replica to apply ``messages`` SCRAPES of ``per_message`` endpoints."""
-    names = [f"10.0.{i // 250}.{i % 250}:8000" for i in range(endpoints)]
+    # Endpoints that "owner" owns between the two (it publishes only those, and only to a peer).
+    candidates = (f"10.0.{i // 250}.{i % 250}:8000" for i in range(64 * endpoints))
+    names = [n for n in candidates if scrape_owner(n, ("owner", "receiver")) == "owner"][:endpoints]
     replicas = []
     for name in ("owner", "receiver"):
         state = ReplicaSyncState(
@@ -140,7 +143,8 @@ def _apply_us(endpoints: int, per_message: int, messages: int) -> float:
         store = EndpointStore()
         store.replace([Endpoint(n, n.split(":")[0], 8000) for n in names])
         replicas.append(ScrapeShare(state, store, clock=time.monotonic, stale_after_s=0.15))
-    owner, receiver = replicas  # the owner has heard no peer: it owns every endpoint
+    owner, receiver = replicas
+    owner.state.receive(receiver.state.heartbeat())
     wire = []
     for i in range(messages):
         for name in names[:per_message]:
