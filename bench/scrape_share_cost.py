@@ -136,19 +136,21 @@ def _apply_us(endpoints: int, per_message: int, messages: int) -> float:
     candidates = (f"10.0.{i // 250}.{i % 250}:8000" for i in range(64 * endpoints))
     names = [n for n in candidates if scrape_owner(n, ("owner", "receiver")) == "owner"][:endpoints]
     replicas = []
-    for name in ("owner", "receiver"):
+    # The owner's clock stands still, so every figure is 10 ms old and the receiver, on the real
+    # clock, finds each newer than the last.
+    for name, clock in (("owner", lambda: 0.0), ("receiver", time.monotonic)):
         state = ReplicaSyncState(
-            name, SyncTargets(), clock=time.monotonic, incarnation=1, capabilities=Capability.SHARES_SCRAPES
+            name, SyncTargets(), clock=clock, incarnation=1, capabilities=Capability.SHARES_SCRAPES
         )
         store = EndpointStore()
         store.replace([Endpoint(n, n.split(":")[0], 8000) for n in names])
-        replicas.append(ScrapeShare(state, store, clock=time.monotonic, stale_after_s=0.15))
+        replicas.append(ScrapeShare(state, store, clock=clock, stale_after_s=0.15))
     owner, receiver = replicas
     owner.state.receive(receiver.state.heartbeat())
     wire = []
     for i in range(messages):
         for name in names[:per_message]:
-            figures = EngineMetrics(i % 7, i % 13, 0.5, 16, 40_000, updated_at=time.monotonic())
+            figures = EngineMetrics(i % 7, i % 13, 0.5, 16, 40_000, updated_at=-0.01)
             owner.scraped(name, figures, 0.05)
         data = owner.take_message()
         assert data is not None

@@ -5,4 +5,6 @@
 ``epp.sync.hook``      the pipeline hook that feeds a request's lifecycle into the state
 ``epp.sync.nats``      the NATS transport adapter the live EPP runs
 ``epp.sync.metrics``   its Prometheus metrics
+``epp.sync.scrape_owners``  which replica scrapes which endpoint (rendezvous hashing)
+``epp.sync.scrape_share``   scrape sharing: publish the owned endpoints' scrapes, apply the peers'
 """

@@ -45,7 +45,10 @@ API (the live transport ``epp.sync.nats_transport`` and the fleet simulator both
 
 Introspection: ``state.peers`` (names), ``peer_bookings(name)``, ``own_bookings()``, ``stats``
 (:class:`SyncStats`). The peers' load itself is read where scoring reads it: the token-load
-producer's ``peers`` (``targets.token_load``).
+producer's ``peers`` (``targets.token_load``). For scrape sharing (``epp.sync.scrape_share``):
+``peers_with(capability)`` (the peers whose latest heartbeat announced it; ours, ``capabilities``,
+go out in every heartbeat), ``peer_requests(endpoint)``, and ``on_peer_requests(endpoint)``,
+called when a peer's request count there changed.
 
 Everything delivered is bytes in the ``epp.sync.messages`` schema, so a simulator that delays
 ``data`` by d exercises the same decode and apply code as the live EPP. Applying a TOTALS delta
