@@ -344,6 +344,11 @@ def _add_sync_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--profile", type=_pool, default=defaults.profile, help=POOL_HELP + "; a mixed pool sets ENGINES"
     )
+    p.add_argument(
+        "--share-scrapes",
+        action="store_true",
+        help="synced replicas share their scrapes: each engine's non-owners read them up to a tick late",
+    )
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -460,6 +465,7 @@ def _sync_sweep(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         sync_delays_s=args.sync_delays_ms,
         seeds=args.seeds,
         profile=args.profile,
+        share_scrapes=args.share_scrapes,
     )
     sync_sweep.run(settings, args.out)
 

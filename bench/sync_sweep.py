@@ -66,6 +66,9 @@ class SweepSettings:
     profile: str = "llama-3.1-8b-h100"
     scrape_interval_s: float = 0.05
     retrain_interval_s: float = 10.0
+    share_scrapes: bool = False
+    """Synced replicas share their scrapes (``sim.fleet.router_replicas``): each engine's
+    non-owners read its scrapes up to a fast tick and the sync delay late."""
 
 
 def delay_label(delay_s: float | None) -> str:
@@ -118,7 +121,12 @@ def run(settings: SweepSettings, out_dir: Path) -> dict[str, Any]:
                         simulator = FleetSimulator(
                             workload,
                             lambda clock, router=router, k=replicas, d=delay, seed=seed: make_router(
-                                router, clock, seed, router_replicas=k, sync_delay_s=d
+                                router,
+                                clock,
+                                seed,
+                                router_replicas=k,
+                                sync_delay_s=d,
+                                share_scrapes=settings.share_scrapes and d is not None,
                             ),
                             config,
                         )
@@ -287,7 +295,13 @@ def _markdown(data: dict[str, Any], settings: SweepSettings, plot: str) -> str:
         "own pipeline state and applies what its peers publish (per-endpoint token-load totals and "
         "running TPOT SLOs, prefix-index inserts) through `epp.sync.state` after the sync delay; "
         "'no sync': they never exchange any. All replicas read the same engine-metric scrapes "
-        f"(every {settings.scrape_interval_s * 1e3:g} ms) and share one latency predictor "
+        f"(every {settings.scrape_interval_s * 1e3:g} ms"
+        + (
+            "; shared: each engine's non-owners read them up to a tick plus the sync delay late"
+            if settings.share_scrapes
+            else ""
+        )
+        + ") and share one latency predictor "
         f"(retrained every {settings.retrain_interval_s:g} virtual s).",
         f"- Seeds {', '.join(map(str, settings.seeds))} (each another workload draw and other router "
         f"RNGs); every cell is the mean over them. Machine: {data['machine']['cpus']} CPUs, Python "

@@ -28,11 +28,13 @@ def make_router(
     *,
     router_replicas: int = 1,
     sync_delay_s: float | None = None,
+    share_scrapes: bool = False,
 ) -> Router:
     """The router called ``name``: ``oracle``, a config's name, or a config file path.
 
     With ``router_replicas`` > 1 or a ``sync_delay_s``, the config runs as that many EPP
-    replicas (``sim.fleet.router_replicas``), synced with that delay (None: never synced)."""
+    replicas (``sim.fleet.router_replicas``), synced with that delay (None: never synced),
+    sharing their scrapes if ``share_scrapes``."""
     if name == ORACLE:
         if router_replicas != 1 or sync_delay_s is not None:
             raise ValueError("the oracle is one clairvoyant router; it has no replicas to sync")
@@ -42,5 +44,11 @@ def make_router(
     if router_replicas == 1 and sync_delay_s is None:
         return flow_controlled_router(config, clock, seed, name=label)
     return ReplicatedRouter(
-        config, clock, seed, replicas=router_replicas, sync_delay_s=sync_delay_s, name=label
+        config,
+        clock,
+        seed,
+        replicas=router_replicas,
+        sync_delay_s=sync_delay_s,
+        name=label,
+        share_scrapes=share_scrapes,
     )

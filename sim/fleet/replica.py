@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
 from collections.abc import Callable
 
 from epp.scheduling.types import Endpoint, EndpointState, EngineMetrics
@@ -32,6 +34,11 @@ class Replica:
             Endpoint(name=f"replica-{index}", address="10.0.0.1", port=8000 + index),
             EngineMetrics(block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks),
         )
+        self.shared_lag_s: float | None = None
+        """With scrape sharing: how late the EPP replicas that do not own this engine read its
+        scrapes (``Router.scrape_lag_s``); the simulator then scrapes at every tick."""
+        self._scrapes: deque[EngineMetrics] = deque(maxlen=64)
+        """The recent scrapes, oldest first (with ``shared_lag_s`` only)."""
 
     @property
     def name(self) -> str:
@@ -69,6 +76,18 @@ class Replica:
         metrics.running = engine.num_running
         metrics.kv_cache_usage = engine.kv_usage
         metrics.updated_at = now
+        if self.shared_lag_s is not None:
+            self._scrapes.append(dataclasses.replace(metrics))
+
+    def shared_metrics(self, now: float) -> EngineMetrics:
+        """The gauges as an EPP replica that does not own this engine sees them at ``now``: the
+        latest scrape whose owner's message has arrived (``shared_lag_s`` after it)."""
+        assert self.shared_lag_s is not None
+        cutoff = now - self.shared_lag_s
+        for metrics in reversed(self._scrapes):
+            if metrics.updated_at <= cutoff:
+                return metrics
+        return self._scrapes[0] if self._scrapes else self.state.metrics
 
     def next_finish_bound(self) -> float:
         """A time before which no request on this engine can finish."""

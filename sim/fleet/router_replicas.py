@@ -23,7 +23,13 @@ replicas heartbeat from their start, so they know each other before a pool takes
 every replica hears each peer's first heartbeat at construction. No replica fails in the
 simulator, so there are no later heartbeats and no expiry: an idle stretch of virtual time has no
 events to carry heartbeats, and expiring on it would drop bookings no live replica would.
-Every replica reads the engine gauges of the same scrape ticks (``FleetConfig.scrape_interval_s``).
+Every replica reads the engine gauges of the same scrape ticks (``FleetConfig.scrape_interval_s``),
+unless they share scrapes (``share_scrapes``, ``epp.sync.scrape_share``): then each engine has one
+owner among the replicas (rendezvous hashing on the replicas' and engines' names, as live), which
+reads each scrape at its tick, while the others read it ``scrape_lag_s`` later: the owner's
+batching, a fixed phase within ``scrape_batch_s`` per engine (live, the owner publishes at most
+once per fast tick, and each engine's poller keeps its own phase), plus the sync delay. No replica
+fails here, so no fallback scrape happens.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from epp.sync.hook import attach_replica_sync, sync_targets
+from epp.sync.scrape_owners import owner, weight
 from epp.sync.state import ReplicaSyncState, SyncTuning
 from sim.fleet.predictor import InProcessPredictor
 from sim.fleet.replica import Replica
@@ -50,14 +57,20 @@ class ReplicatedRouter(Router):
         sync_delay_s: float | None,
         name: str | None = None,
         tuning: SyncTuning | None = None,
+        share_scrapes: bool = False,
+        scrape_batch_s: float = 0.05,
     ) -> None:
         """``replicas`` EPP replicas of ``config``; replica k's RNG is seeded ``seed + k``.
         ``sync_delay_s``: virtual seconds from a replica's publishing to its peers' applying, or
-        None for replicas that never sync."""
+        None for replicas that never sync. ``share_scrapes`` (synced replicas only): see the module."""
         if replicas < 1:
             raise ValueError("a router needs at least one replica")
         if sync_delay_s is not None and sync_delay_s < 0:
             raise ValueError("the sync delay cannot be negative")
+        if share_scrapes and sync_delay_s is None:
+            raise ValueError("replicas share scrapes over sync: give a sync delay")
+        self.share_scrapes = share_scrapes and replicas > 1
+        self.scrape_batch_s = scrape_batch_s
         self.name = name or config
         self.clock = clock
         self.sync_delay_s = sync_delay_s
@@ -102,10 +115,38 @@ class ReplicatedRouter(Router):
     def route_on(self, index: int, call: RoutingCall, replicas: Sequence[Replica], now: float) -> Replica:
         """Route ``call`` on member ``index`` (the replica its ext_proc stream went to)."""
         self.catch_up(now)
-        chosen = self.members[index].route(call, replicas, now)
+        if self.share_scrapes:
+            chosen = self._route_on_shared_scrapes(index, call, replicas, now)
+        else:
+            chosen = self.members[index].route(call, replicas, now)
         self._owner[call.request.request_id] = index
         self._publish(index, now)
         return chosen
+
+    def _route_on_shared_scrapes(
+        self, index: int, call: RoutingCall, replicas: Sequence[Replica], now: float
+    ) -> Replica:
+        """Member ``index`` routes on its own scrapes of the engines it owns and on the owners'
+        shared ones, as late as they reach it, of the others (swapped in for the decision)."""
+        me = self.sync[index].replica_id
+        live = [replica.state.metrics for replica in replicas]
+        for replica in replicas:
+            if self._scrape_owner(replica.name) != me:
+                replica.state.metrics = replica.shared_metrics(now)
+        try:
+            return self.members[index].route(call, replicas, now)
+        finally:
+            for replica, metrics in zip(replicas, live, strict=True):
+                replica.state.metrics = metrics
+
+    def _scrape_owner(self, endpoint: str) -> str:
+        return owner(endpoint, [state.replica_id for state in self.sync])
+
+    def scrape_lag_s(self, endpoint: str) -> float | None:
+        if not self.share_scrapes:
+            return None
+        phase = weight(self._scrape_owner(endpoint), endpoint) % 1_000 / 1_000
+        return phase * self.scrape_batch_s + (self.sync_delay_s or 0.0)
 
     def on_first_token(self, call: RoutingCall, now: float) -> None:
         index = self._owner[call.request.request_id]

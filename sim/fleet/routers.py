@@ -89,6 +89,11 @@ class Router:
         """Predicted (TTFT ms, TPOT ms) on the chosen endpoint, when the router predicted."""
         return None
 
+    def scrape_lag_s(self, endpoint: str) -> float | None:
+        """With scrape sharing among EPP replicas: how late the replicas that do not own
+        ``endpoint`` read its scrapes (None: every replica reads each scrape at its tick)."""
+        return None
+
     def close(self) -> None:
         """Release resources."""
 

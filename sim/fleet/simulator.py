@@ -178,6 +178,10 @@ class FleetSimulator:
         self.now = 0.0
         self.router = router_factory(lambda: self.now)
         self.replicas = [Replica(index, profile) for index, profile in enumerate(self.profiles)]
+        for replica in self.replicas:
+            replica.shared_lag_s = self.router.scrape_lag_s(replica.name)
+        self._every_tick = any(replica.shared_lag_s is not None for replica in self.replicas)
+        """Scrape sharing: replicas read older scrapes than the last, so every tick is scraped."""
         self.prompts = PromptBuilder(self.profile.engine.block_size, workload.hash_block_tokens)
         estimated = config.estimated_bytes_per_token
         self._router_ids: Callable[[list[int]], list[int]] | None = (
@@ -300,9 +304,14 @@ class FleetSimulator:
         tick = min(until, math.floor(until / interval) * interval)
         sink = self._collect
         if tick > self._scraped_at:
-            for replica in self.replicas:
-                replica.advance(tick, sink)
-                replica.scrape(tick)
+            ticks = [tick]
+            if self._every_tick and self._scraped_at > -math.inf:
+                missed = round((tick - self._scraped_at) / interval) - 1
+                ticks = [self._scraped_at + i * interval for i in range(1, missed + 1)] + ticks
+            for at in ticks:
+                for replica in self.replicas:
+                    replica.advance(at, sink)
+                    replica.scrape(at)
             self._scraped_at = tick
         for replica in self.replicas:
             replica.advance(until, sink)
