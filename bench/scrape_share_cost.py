@@ -9,6 +9,13 @@ off for K > 1), once every replica has heard all its peers and ``settle_s`` pass
 told apart, so ``llm_epp_sync_scrapes_published_total`` counts the owner's) and the shared figures
 it applied. The load average before each reading goes in the results.
 
+**One replica, in process.** The live figures above mix K EPPs, Envoy and nats-server on the
+machine's cores, and the stub engines' throughput caps what each EPP scrapes; so one replica is
+also measured alone, in process: its scraper (the EPP's, uvloop) polling the same stub engines on
+the fast tick as one of K replicas that share scrapes (it has heard K − 1 sharing peers), fed the
+peers' SCRAPES of the endpoints they own every fast tick as NATS would deliver them (built in the
+same thread, their CPU measured and taken off): its thread's CPU per second, and its scrapes.
+
 **In process.** A receiver's CPU per shared endpoint figure: an owner's SCRAPES messages of 1 and
 of ``endpoints`` endpoints, applied by another replica's :class:`~epp.sync.scrape_share.ScrapeShare`
 to its store; the second less the first, per endpoint, is a figure's cost (what
@@ -17,6 +24,7 @@ to its store; the second less the first, per endpoint, is a figure's cost (what
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import time
@@ -24,12 +32,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
 from bench.idle_cost import VLLM_SCRAPE, ms_per_s
 from bench.prometheus_samples import Samples, scrape
 from bench.report import machine, markdown_table, write_results
 from bench.stack_overhead import task_cpu_seconds
 from bench.stub_engine import stub_engine_bootstrap
 from epp.datalayer.endpoints import EndpointStore
+from epp.datalayer.http_get import KeepAliveGet
+from epp.datalayer.scraper import MetricsScraper
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.sync.messages import Capability
 from epp.sync.scrape_owners import owner as scrape_owner
@@ -130,6 +142,101 @@ def _measure(k: int, share: bool, settings: ScrapeShareSettings, workdir: Path) 
     }
 
 
+class _CountingScraper(MetricsScraper):
+    scrapes = 0
+
+    async def scrape_once(self, name: str, client: KeepAliveGet) -> None:
+        self.scrapes += 1
+        await super().scrape_once(name, client)
+
+
+def _sharing(name: str, names: list[str], peers: list[str]) -> ScrapeShare:
+    """A replica's scrape share over ``names`` that has heard ``peers`` announce sharing."""
+    state = ReplicaSyncState(
+        name, SyncTargets(), clock=time.monotonic, incarnation=1, capabilities=Capability.SHARES_SCRAPES
+    )
+    for peer in peers:
+        state.receive(
+            ReplicaSyncState(
+                peer,
+                SyncTargets(),
+                clock=time.monotonic,
+                incarnation=1,
+                capabilities=Capability.SHARES_SCRAPES,
+            ).heartbeat()
+        )
+    store = EndpointStore()
+    store.replace([Endpoint(n, "127.0.0.1", 0) for n in names])
+    return ScrapeShare(state, store, clock=time.monotonic, stale_after_s=0.15)
+
+
+async def _one_replica(k: int, ports: list[int], seconds: float) -> dict[str, float]:
+    """One of ``k`` replicas sharing scrapes of the stub engines at ``ports``, in this thread."""
+    names = [f"e{i}" for i in range(len(ports))]
+    replicas = [f"epp-{i}" for i in range(k)]
+    store = EndpointStore()
+    scraper = _CountingScraper(store, time.monotonic, interval=0.05, idle_interval=0.05)
+    share = ScrapeShare(
+        _sharing("epp-0", names, replicas[1:]).state, store, clock=time.monotonic, stale_after_s=0.15
+    )
+    scraper.share = share
+    peers = [_sharing(peer, names, [r for r in replicas if r != peer]) for peer in replicas[1:]]
+    feeding = [0.0]
+
+    async def feed() -> None:
+        """The peers' SCRAPES every fast tick, of what each owns, as fresh as the tick."""
+        while True:
+            started = time.thread_time()
+            for peer in peers:
+                for name in names:
+                    if peer.owns(name):
+                        peer.scraped(name, EngineMetrics(0, 0, 0.1, updated_at=time.monotonic()), 0.05)
+                data = peer.take_message()
+                feeding[0] += time.thread_time() - started
+                if data is not None:
+                    share.receive(data)
+                started = time.thread_time()
+            feeding[0] += time.thread_time() - started
+            await asyncio.sleep(0.05)
+
+    feeder = asyncio.create_task(feed())
+    scraper.start()
+    store.replace([Endpoint(n, "127.0.0.1", p) for n, p in zip(names, ports, strict=True)])
+    try:
+        await asyncio.sleep(2.0)
+        scrapes, applied, fed = scraper.scrapes, share.stats.applied, feeding[0]
+        cpu, wall = time.thread_time(), time.monotonic()
+        await asyncio.sleep(seconds)
+        wall = time.monotonic() - wall
+        cpu = time.thread_time() - cpu - (feeding[0] - fed)
+        return {
+            "replicas": k,
+            "ms_per_s": round(cpu * 1e3 / wall, 1),
+            "scrapes_per_s": round((scraper.scrapes - scrapes) / wall, 1),
+            "applied_per_s": round((share.stats.applied - applied) / wall, 1),
+        }
+    finally:
+        feeder.cancel()
+        await scraper.close()
+
+
+def measure_one_replica(settings: ScrapeShareSettings, workdir: Path) -> list[dict[str, float]]:
+    """:func:`_one_replica` for each K, against one set of stub engines."""
+    ports = [free_port() for _ in range(settings.endpoints)]
+    bootstrap = stub_engine_bootstrap(ports, VLLM_SCRAPE.read_text())
+    envoy = start_envoy("stub-engines", bootstrap, workdir, concurrency=1)
+    try:
+        results = []
+        for k in settings.replicas:
+            load_1m = os.getloadavg()[0]
+            measured = uvloop.run(_one_replica(k, ports, settings.idle_s))
+            results.append({**measured, "load_1m_before": round(load_1m, 2)})
+            print(f"one replica of K={k}: {results[-1]}", flush=True)
+        return results
+    finally:
+        envoy.stop()
+
+
 def _apply_us(endpoints: int, per_message: int, messages: int) -> float:
     """CPU µs per message for a replica to apply ``messages`` SCRAPES of ``per_message`` endpoints."""
     # Endpoints that "owner" owns between the two (it publishes only those, and only to a peer).
@@ -210,6 +317,27 @@ def _markdown(data: dict[str, Any]) -> str:
                 ],
                 rows,
             ),
+            "One replica in process (its thread's CPU, the peers' messages built in the same thread "
+            "and taken off):",
+            markdown_table(
+                [
+                    "K",
+                    "CPU (ms/s)",
+                    "its scrapes/s",
+                    "shared figures applied/s",
+                    "load average (1 min) before",
+                ],
+                [
+                    [
+                        r["replicas"],
+                        f"{r['ms_per_s']:.1f}",
+                        f"{r['scrapes_per_s']:.0f}",
+                        f"{r['applied_per_s']:.0f}",
+                        f"{r['load_1m_before']:.2f}",
+                    ]
+                    for r in data["one_replica"]
+                ],
+            ),
             f"Applying shared figures, in process: {a['figure_us']:.2f} µs per endpoint figure, "
             f"{a['message_us']:.1f} µs per message besides ({a['every_endpoint_us']:.0f} µs for a message "
             f"of all {s['endpoints']}).",
@@ -228,6 +356,14 @@ def run(out_dir: Path, settings: ScrapeShareSettings | None = None) -> dict[str,
             measured = _measure(k, share, settings, Path(workdir))
         results.append(measured)
         print(f"K={k}, sharing {'on' if share else 'off'}: {measured}", flush=True)
-    data = {"machine": machine(), "settings": asdict(settings), "results": results, "apply": apply}
+    with tempfile.TemporaryDirectory(prefix="llm-epp-scrape-share-") as workdir:
+        one = measure_one_replica(settings, Path(workdir))
+    data = {
+        "machine": machine(),
+        "settings": asdict(settings),
+        "results": results,
+        "one_replica": one,
+        "apply": apply,
+    }
     write_results(out_dir, "scrape-share", data, _markdown(data))
     return data

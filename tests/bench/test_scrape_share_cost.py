@@ -30,9 +30,13 @@ def test_the_report_shows_each_replica_and_the_apply_cost() -> None:
                 "load_1m_before": 1.5,
             }
         ],
+        "one_replica": [
+            {"replicas": 2, "ms_per_s": 125.0, "scrapes_per_s": 944.0, "applied_per_s": 1025.0, "load_1m_before": 3.1}
+        ],
         "apply": {"figure_us": 2.2, "message_us": 3.0, "every_endpoint_us": 223.0},
     }
     report = scrape_share_cost._markdown(data)
     assert "| 2 | on | 60.0 | 60 / 60 | 1000 / 1000 | 1000 / 1000 | 0.5 / 0.5 | 1.50 |" in report
     assert "2.20 µs per endpoint figure" in report
+    assert "| 2 | 125.0 | 944 | 1025 | 3.10 |" in report
     assert BENCHMARKS["scrape-share"] is scrape_share_cost.run
