@@ -31,7 +31,13 @@ def test_the_report_shows_each_replica_and_the_apply_cost() -> None:
             }
         ],
         "one_replica": [
-            {"replicas": 2, "ms_per_s": 125.0, "scrapes_per_s": 944.0, "applied_per_s": 1025.0, "load_1m_before": 3.1}
+            {
+                "replicas": 2,
+                "ms_per_s": 125.0,
+                "scrapes_per_s": 944.0,
+                "applied_per_s": 1025.0,
+                "load_1m_before": 3.1,
+            }
         ],
         "apply": {"figure_us": 2.2, "message_us": 3.0, "every_endpoint_us": 223.0},
     }
