@@ -13,9 +13,11 @@ streamed answer ends at its first token (the rest is the access-log entry), so t
 length does not change what it costs the EPP; the streamed chunk's own cost is
 ``bench.metering_cost``'s. For each rate: the rate achieved, the EPP's and Envoy's CPU per
 request (the EPP's net of its idle rate), and the client's p50/p99 time to the first token (a
-rate the stack did not keep up with shows there).
+rate the stack did not keep up with shows there). With ``profile``, one more pass at the last
+rate under py-spy (which slows the EPP, so it is not measured) gives where the EPP's CPU went
+(:func:`cpu_shares`).
 
-    PYTHONPATH=$PWD .venv/bin/python -m bench.request_rate [--rates 50,150] [--seconds 10]
+    PYTHONPATH=$PWD .venv/bin/python -m bench.request_rate [--rates 50,150] [--seconds 10] [--profile]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.flame_graph import flame_graph
 from bench.metering_cost import SLO_HEADERS, _prompt
 from bench.report import machine, markdown_table, write_results
 from bench.stack_overhead import task_cpu_seconds
@@ -48,6 +51,7 @@ class RequestRateSettings:
     replicas: int = 4
     predictors: int = 2
     idle_s: float = 5.0
+    profile: bool = False
     scrape_interval_s: float = 5.0
     """Scrapes are a cost per second of the pool's (``llm-epp-bench idle``, ``capacity``), not
     per request: rare here so that they weigh nothing in any cell."""
@@ -117,7 +121,76 @@ def _cell(
     }
 
 
-def measure(settings: RequestRateSettings) -> dict[str, Any]:
+SHARES = {
+    "tokenizer": lambda frames: any("epp/tokenization.py" in f or "tokenizer_cache.py" in f for f in frames),
+    "event loop, no Python frame (gRPC aio, uvloop I/O)": lambda frames: frames[-1].startswith("Runner.run "),
+    "EPP Python (parse, schedule, account, clients)": lambda frames: True,
+}
+"""Each sampled stack of the main thread goes to the first share whose test it passes."""
+
+
+def cpu_shares(raw: str) -> dict[str, float]:
+    """The share of py-spy's samples of the main thread (``raw``: collapsed stacks, each led by
+    its thread) in each of :data:`SHARES`. The threads' own shares come from the kernel
+    (:func:`_profile`): py-spy takes a thread waiting in native code (gRPC's poller, the metrics
+    server's ``select``) for a busy one."""
+    counts = dict.fromkeys(SHARES, 0)
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if "MainThread" not in frames[0]:
+            continue
+        share = next(name for name, test in SHARES.items() if test(frames))
+        counts[share] += int(count)
+    total = sum(counts.values()) or 1
+    return {name: n / total for name, n in counts.items()}
+
+
+def cpu_by_thread(pid: int) -> dict[int, float]:
+    """CPU seconds of each live thread of ``pid``, by thread id (nanosecond resolution)."""
+    seconds = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            seconds[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended between the listing and the read
+    return seconds
+
+
+def thread_names(raw: str) -> dict[int, str]:
+    """Thread id → name, from the ``thread (TID): NAME`` frames leading py-spy's raw stacks."""
+    names = {}
+    for line in raw.splitlines():
+        head = line.split(";", 1)[0]
+        if head.startswith("thread (") and "): " in head:
+            tid, name = head[len("thread (") :].split("): ", 1)
+            names[int(tid)] = name
+    return names
+
+
+def _profile(stack: LocalStack, url: str, settings: RequestRateSettings, path: Path) -> dict[str, Any]:
+    """py-spy's main-thread shares over a pass at the last rate, and each thread's share of the
+    EPP's CPU in that pass (the kernel's count; Python names its threads, the kernel does not)."""
+    assert stack.epp is not None
+    pid = stack.epp.process.pid
+    before = cpu_by_thread(pid)
+    with flame_graph(pid, path, rate=100, raw=True):
+        asyncio.run(_drive(url, settings.rates[-1], settings.seconds, settings, 10_000_000))
+    after = cpu_by_thread(pid)
+    if not path.is_file():
+        return {}
+    raw = path.read_text()
+    names = thread_names(raw)
+    used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    total = sum(used.values()) or 1.0
+    threads: dict[str, float] = {}
+    for tid, cpu in used.items():
+        name = names.get(tid, "native (gRPC core)")
+        threads[name] = threads.get(name, 0.0) + cpu / total
+    return {"main_thread": cpu_shares(raw), "threads": dict(sorted(threads.items(), key=lambda kv: -kv[1]))}
+
+
+def measure(settings: RequestRateSettings, profile_path: Path | None = None) -> dict[str, Any]:
     stack = LocalStack(
         StackConfig(
             replicas=settings.replicas,
@@ -147,7 +220,8 @@ def measure(settings: RequestRateSettings) -> dict[str, Any]:
             _cell(stack, url, rate, settings, idle_rate, first=i * 100_000)
             for i, rate in enumerate(settings.rates)
         ]
-        return {"idle_ms_per_s": idle_rate * 1e3, "cells": cells}
+        shares = _profile(stack, url, settings, profile_path) if profile_path else {}
+        return {"idle_ms_per_s": idle_rate * 1e3, "cells": cells, "cpu_shares": shares}
     finally:
         stack.stop()
 
@@ -185,8 +259,23 @@ def _markdown(data: dict[str, Any]) -> str:
                 ],
                 rows,
             ),
+            *(_profile_section(data["cpu_shares"], s["rates"][-1]) if data.get("cpu_shares") else []),
         ]
     )
+
+
+def _profile_section(shares: dict[str, Any], rate: float) -> list[str]:
+    return [
+        f"Where the EPP's CPU went in a pass at {rate:g} requests/s under py-spy (`epp-profile.txt`): "
+        "each thread's share (the kernel's count), then the main thread's by py-spy's samples.",
+        markdown_table(
+            ["thread", "share of the EPP's CPU"], [[k, f"{v:.1%}"] for k, v in shares["threads"].items()]
+        ),
+        markdown_table(
+            ["main thread", "share of its samples"],
+            [[k, f"{v:.1%}"] for k, v in shares["main_thread"].items()],
+        ),
+    ]
 
 
 def _load() -> str:
@@ -197,9 +286,9 @@ def run(out_dir: Path, settings: RequestRateSettings | None = None) -> dict[str,
     settings = settings or RequestRateSettings()
     load_before = _load()
     data: dict[str, Any] = {"machine": machine(), "settings": asdict(settings), "load_before": load_before}
-    data.update(measure(settings))
-    data["load_after"] = _load()
     out_dir.mkdir(parents=True, exist_ok=True)
+    data.update(measure(settings, out_dir / "epp-profile.txt" if settings.profile else None))
+    data["load_after"] = _load()
     write_results(out_dir, "request_rate", data, _markdown(data))
     return data
 
@@ -209,8 +298,10 @@ def main() -> None:
     parser.add_argument("--rates", default="50,150")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("results/request_rate"))
+    parser.add_argument("--profile", action="store_true", help="then a py-spy pass at the last rate")
     args = parser.parse_args()
-    settings = RequestRateSettings(rates=tuple(float(r) for r in args.rates.split(",")), seconds=args.seconds)
+    rates = tuple(float(r) for r in args.rates.split(","))
+    settings = RequestRateSettings(rates=rates, seconds=args.seconds, profile=args.profile)
     print(json.dumps(run(args.out, settings)["cells"], indent=1))
 
 

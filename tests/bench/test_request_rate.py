@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from bench import request_rate
-from bench.request_rate import RequestRateSettings, _drive
+from bench.request_rate import RequestRateSettings, _drive, cpu_shares, thread_names
 
 
 @pytest.fixture
@@ -57,8 +57,25 @@ def test_the_report_gives_each_rates_cost(tmp_path: Path, monkeypatch) -> None:
         "ttft_p99_ms": 20.0,
     }
     measured = {"idle_ms_per_s": 2.0, "cells": [{**cell, "rate": 50.0, "epp_us": 1_234.0, "requests": 500}]}
-    monkeypatch.setattr(request_rate, "measure", lambda settings: measured)
+    monkeypatch.setattr(request_rate, "measure", lambda settings, profile_path: measured)
     request_rate.run(tmp_path, RequestRateSettings(rates=(50.0,)))
     report = (tmp_path / "request_rate.md").read_text()
     assert "| 50 | 49.5 | 1234 | 900 | 0.10 | 9.0 / 20.0 |" in report
     assert json.loads((tmp_path / "request_rate.json").read_text())["cells"][0]["epp_us"] == 1_234.0
+
+
+def test_each_sampled_stack_of_the_main_thread_counts_in_the_first_share_it_belongs_to() -> None:
+    raw = "\n".join(
+        [
+            "thread (1): Thread-1 (_poll_wrapper);Thread.run (threading.py:982) 20",
+            "thread (2): MainThread;main (epp/main.py:3);Runner.run (asyncio/runners.py:118) 40",
+            "thread (2): MainThread;Runner.run (asyncio/runners.py:118);encode (epp/tokenization.py:9) 15",
+            "thread (2): MainThread;Runner.run (asyncio/runners.py:118);schedule (epp/director.py:5) 25",
+        ]
+    )
+    assert list(cpu_shares(raw).values()) == [0.1875, 0.5, 0.3125]  # the main thread's 80 samples
+
+
+def test_py_spys_thread_frames_name_the_kernels_thread_ids() -> None:
+    raw = "thread (12): MainThread;main (a.py:1) 3\nthread (13): Thread-1 (_poll_wrapper);run (b.py:2) 1\n"
+    assert thread_names(raw) == {12: "MainThread", 13: "Thread-1 (_poll_wrapper)"}
