@@ -40,8 +40,8 @@ from bench.report import machine, markdown_table, write_results
 from bench.stack_overhead import task_cpu_seconds
 from bench.stub_engine import stub_engine_bootstrap
 from epp.datalayer.endpoints import EndpointStore
-from epp.datalayer.http_get import KeepAliveGet
 from epp.datalayer.scraper import MetricsScraper
+from epp.keepalive_http import KeepAliveHttp
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.sync.messages import Capability
 from epp.sync.scrape_owners import owner as scrape_owner
@@ -145,7 +145,7 @@ def _measure(k: int, share: bool, settings: ScrapeShareSettings, workdir: Path) 
 class _CountingScraper(MetricsScraper):
     scrapes = 0
 
-    async def scrape_once(self, name: str, client: KeepAliveGet) -> None:
+    async def scrape_once(self, name: str, client: KeepAliveHttp) -> None:
         self.scrapes += 1
         await super().scrape_once(name, client)
 

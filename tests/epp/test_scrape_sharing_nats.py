@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 
 from epp.datalayer.endpoints import EndpointStore
-from epp.datalayer.http_get import KeepAliveGet
 from epp.datalayer.scraper import MetricsScraper
+from epp.keepalive_http import KeepAliveHttp
 from epp.load.peer_totals import PeerTotals
 from epp.scheduling.types import Endpoint
 from epp.sync.messages import Capability
@@ -45,7 +45,7 @@ class CountingScraper(MetricsScraper):
         super().__init__(store, time.monotonic, interval=TICK_S, timeout=TIMEOUT_S, idle_interval=TICK_S)
         self.scrapes: Counter[str] = Counter()
 
-    async def scrape_once(self, name: str, client: KeepAliveGet) -> None:
+    async def scrape_once(self, name: str, client: KeepAliveHttp) -> None:
         self.scrapes[name] += 1
         await super().scrape_once(name, client)
 
