@@ -21,6 +21,9 @@ def test_sync_flags_map_onto_the_settings() -> None:
     )  # fmt: skip
     assert settings.sync_nats_url == ["nats://a:4222", "nats://b:4222", "tls://c:4222"]
     assert (settings.replica_id, settings.sync_pool, settings.sync_peer_timeout_s) == ("epp-1", "pool_a", 1.0)
+    assert settings.sync_share_scrapes  # on by default with sync
+    off, _ = parse_args([*BASE, "--sync-nats-url", "nats://a:4222", "--no-sync-share-scrapes"])
+    assert not off.sync_share_scrapes
 
 
 def test_leader_election_and_active_active_exclude_each_other(capsys) -> None:
