@@ -20,8 +20,8 @@ transport (``epp.sync.nats_transport``) carries its messages on their own subjec
   :class:`~epp.datalayer.endpoints.EndpointStore` exactly as a local scrape would
   (``record_scrape`` stamped ``now - age``, which is also a sign of life), or the failure
   (``record_failure``), and keeps, per endpoint, until when that view is *fresh*: the scrape's
-  time plus the owner's period plus ``stale_after_s``. A figure older than the one held is
-  dropped (a fallback scrape of our own may be newer).
+  time plus the owner's period plus ``stale_after_s``. A figure older than the one held (a
+  fallback scrape of our own may be newer) is not applied, but still makes the view fresh.
 * **Skip or scrape** (:meth:`ScrapeShare.shared_until`): the scraper skips an endpoint it does
   not own while its shared view is fresh, and scrapes it itself otherwise: the owner died, is
   cut off, NATS is down, the owners are being re-chosen, or the owner's scrape of a busy engine
@@ -214,6 +214,11 @@ class ScrapeShare:
         if state is None:
             return "unknown"
         at = now - age
+        # The owner scrapes on: its view is fresh again, even when a fallback scrape of ours came
+        # after this one (else the next fallback would again be newer than the owner's next
+        # figures, and this replica would keep scraping what the owner scrapes).
+        until = at + period + self.stale_after_s
+        self._fresh_until[endpoint] = max(until, self._fresh_until.get(endpoint, -math.inf))
         if at < state.metrics.updated_at:
             return "older"
         if isinstance(result, str):
@@ -222,7 +227,6 @@ class ScrapeShare:
             self.store.record_failure(endpoint, result)
         else:
             self.store.record_scrape(endpoint, EngineMetrics(*result, updated_at=at))
-        self._fresh_until[endpoint] = at + period + self.stale_after_s
         return None
 
     def _refuse(self, reason: str, why: str) -> None:

@@ -166,6 +166,15 @@ def test_figures_older_than_those_held_are_dropped(pair: tuple[Replica, Replica]
     state = b.store.by_name(mine)
     assert state is not None and state.metrics.running == 3
     assert b.share.stats.dropped == {"older": 1}
+    # The owner scrapes on, so b need not: its view is fresh again (or b's fallback scrapes, each
+    # newer than the owner's next figures, would go on for good).
+    assert b.share.shared_until(mine, b.clock()) == pytest.approx(b.clock() - 0.5 + 0.05 + STALE_S)
+    b.clock.advance(0.3)
+    b.store.record_scrape(mine, EngineMetrics(running=4, updated_at=b.clock()))  # its next fallback
+    a.share.scraped(mine, EngineMetrics(running=1, updated_at=a.clock() - 0.02), 0.05)
+    data = a.share.take_message()
+    assert data is not None and b.share.receive(data) == 0
+    assert b.share.shared_until(mine, b.clock()) > b.clock() and b.share.stats.dropped == {"older": 2}
 
 
 def envelope(body: list[object], kind: MessageKind = MessageKind.SCRAPES, version: int = 4) -> bytes:
