@@ -12,8 +12,9 @@ own, one in ``slo_every`` with SLO headers. Under first-token metering the EPP's
 streamed answer ends at its first token (the rest is the access-log entry), so the answer's
 length does not change what it costs the EPP; the streamed chunk's own cost is
 ``bench.metering_cost``'s. For each rate: the rate achieved, the EPP's and Envoy's CPU per
-request (the EPP's net of its idle rate), and the client's p50/p99 time to the first token (a
-rate the stack did not keep up with shows there). With ``profile``, one more pass at the last
+request (the EPP's net of its idle rate), the ext_proc messages a request took each way (Envoy's
+counters), and the client's p50/p99 time to the first token (a rate the stack did not keep up
+with shows there). With ``profile``, one more pass at the last
 rate under py-spy (which slows the EPP, so it is not measured) gives where the EPP's CPU went
 (:func:`cpu_shares`).
 
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 
 from bench.flame_graph import flame_graph
 from bench.metering_cost import SLO_HEADERS, _prompt
@@ -97,16 +99,26 @@ async def _drive(
         return await asyncio.gather(*tasks)
 
 
+def ext_proc_messages(stack: LocalStack) -> dict[str, float]:
+    """Envoy's ext_proc counters: messages it sent the EPP and received from it, streams."""
+    admin = f"http://127.0.0.1:{stack.config.ports.envoy_admin}/stats"
+    pattern = r"ext_proc\.(streams_started|stream_msgs_sent|stream_msgs_received)$"
+    text = httpx.get(admin, params={"filter": pattern}, timeout=5).text
+    return {line.split(": ")[0].rsplit(".", 1)[1]: float(line.split(": ")[1]) for line in text.splitlines()}
+
+
 def _cell(
     stack: LocalStack, url: str, rate: float, settings: RequestRateSettings, idle_rate: float, first: int
 ) -> dict:
     assert stack.epp is not None and stack.envoy is not None
     epp, envoy = stack.epp.process.pid, stack.envoy.process.pid
+    messages_before = ext_proc_messages(stack)
     epp_before, envoy_before, started = task_cpu_seconds(epp), task_cpu_seconds(envoy), time.monotonic()
     ttfts = asyncio.run(_drive(url, rate, settings.seconds, settings, first))
     time.sleep(1.0)  # the last access-log batch
     wall = time.monotonic() - started
     epp_cpu, envoy_cpu = task_cpu_seconds(epp) - epp_before, task_cpu_seconds(envoy) - envoy_before
+    messages = ext_proc_messages(stack)
     requests = len(ttfts)
     ttfts.sort()
     return {
@@ -116,6 +128,9 @@ def _cell(
         "epp_us": (epp_cpu - idle_rate * wall) / requests * 1e6,
         "envoy_us": envoy_cpu / requests * 1e6,
         "epp_cores": epp_cpu / wall,
+        "messages_to_epp": (messages["stream_msgs_sent"] - messages_before["stream_msgs_sent"]) / len(ttfts),
+        "messages_from_epp": (messages["stream_msgs_received"] - messages_before["stream_msgs_received"])
+        / len(ttfts),
         "ttft_p50_ms": statistics.median(ttfts) * 1e3,
         "ttft_p99_ms": ttfts[min(requests - 1, int(0.99 * requests))] * 1e3,
     }
@@ -235,6 +250,7 @@ def _markdown(data: dict[str, Any]) -> str:
             f"{c['epp_us']:.0f}",
             f"{c['envoy_us']:.0f}",
             f"{c['epp_cores']:.2f}",
+            f"{c['messages_to_epp']:.2f} / {c['messages_from_epp']:.2f}",
             f"{c['ttft_p50_ms']:.1f} / {c['ttft_p99_ms']:.1f}",
         ]
         for c in data["cells"]
@@ -255,6 +271,7 @@ def _markdown(data: dict[str, Any]) -> str:
                     "EPP µs / request",
                     "Envoy µs / request",
                     "EPP cores",
+                    "ext_proc messages a request, to / from the EPP",
                     "TTFT p50 / p99 ms",
                 ],
                 rows,

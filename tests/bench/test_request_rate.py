@@ -53,6 +53,8 @@ def test_the_report_gives_each_rates_cost(tmp_path: Path, monkeypatch) -> None:
         "achieved_rate": 49.5,
         "envoy_us": 900.0,
         "epp_cores": 0.1,
+        "messages_to_epp": 4.2,
+        "messages_from_epp": 3.5,
         "ttft_p50_ms": 9.0,
         "ttft_p99_ms": 20.0,
     }
@@ -60,7 +62,7 @@ def test_the_report_gives_each_rates_cost(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(request_rate, "measure", lambda settings, profile_path: measured)
     request_rate.run(tmp_path, RequestRateSettings(rates=(50.0,)))
     report = (tmp_path / "request_rate.md").read_text()
-    assert "| 50 | 49.5 | 1234 | 900 | 0.10 | 9.0 / 20.0 |" in report
+    assert "| 50 | 49.5 | 1234 | 900 | 0.10 | 4.20 / 3.50 | 9.0 / 20.0 |" in report
     assert json.loads((tmp_path / "request_rate.json").read_text())["cells"][0]["epp_us"] == 1_234.0
 
 
