@@ -14,7 +14,9 @@ machine's cores, and the stub engines' throughput caps what each EPP scrapes; so
 also measured alone, in process: its scraper (the EPP's, uvloop) polling the same stub engines on
 the fast tick as one of K replicas that share scrapes (it has heard K − 1 sharing peers), fed the
 peers' SCRAPES of the endpoints they own every fast tick as NATS would deliver them (built in the
-same thread, their CPU measured and taken off): its thread's CPU per second, and its scrapes.
+same thread, their CPU measured and taken off): its thread's CPU per second, and its scrapes;
+and the same replica scraping only the engines it owns, alone: the difference is what the
+engines it does not own cost it.
 
 **In process.** A receiver's CPU per shared endpoint figure: an owner's SCRAPES messages of 1 and
 of ``endpoints`` endpoints, applied by another replica's :class:`~epp.sync.scrape_share.ScrapeShare`
@@ -227,10 +229,22 @@ def measure_one_replica(settings: ScrapeShareSettings, workdir: Path) -> list[di
     envoy = start_envoy("stub-engines", bootstrap, workdir, concurrency=1)
     try:
         results = []
+        names = [f"e{i}" for i in range(len(ports))]
         for k in settings.replicas:
+            replicas = [f"epp-{i}" for i in range(k)]
+            own = [p for n, p in zip(names, ports, strict=True) if scrape_owner(n, replicas) == "epp-0"]
             load_1m = os.getloadavg()[0]
             measured = uvloop.run(_one_replica(k, ports, settings.idle_s))
-            results.append({**measured, "load_1m_before": round(load_1m, 2)})
+            # The same replica scraping only the engines it owns, alone: what the others cost it.
+            alone = uvloop.run(_one_replica(1, own, settings.idle_s))
+            results.append(
+                {
+                    **measured,
+                    "owned": len(own),
+                    "alone_on_owned_ms_per_s": alone["ms_per_s"],
+                    "load_1m_before": round(load_1m, 2),
+                }
+            )
             print(f"one replica of K={k}: {results[-1]}", flush=True)
         return results
     finally:
@@ -325,6 +339,8 @@ def _markdown(data: dict[str, Any]) -> str:
                     "CPU (ms/s)",
                     "its scrapes/s",
                     "shared figures applied/s",
+                    "owned engines",
+                    "alone, on the owned engines only (ms/s)",
                     "load average (1 min) before",
                 ],
                 [
@@ -333,6 +349,8 @@ def _markdown(data: dict[str, Any]) -> str:
                         f"{r['ms_per_s']:.1f}",
                         f"{r['scrapes_per_s']:.0f}",
                         f"{r['applied_per_s']:.0f}",
+                        r["owned"],
+                        f"{r['alone_on_owned_ms_per_s']:.1f}",
                         f"{r['load_1m_before']:.2f}",
                     ]
                     for r in data["one_replica"]

@@ -36,6 +36,8 @@ def test_the_report_shows_each_replica_and_the_apply_cost() -> None:
                 "ms_per_s": 125.0,
                 "scrapes_per_s": 944.0,
                 "applied_per_s": 1025.0,
+                "owned": 54,
+                "alone_on_owned_ms_per_s": 110.0,
                 "load_1m_before": 3.1,
             }
         ],
@@ -44,5 +46,5 @@ def test_the_report_shows_each_replica_and_the_apply_cost() -> None:
     report = scrape_share_cost._markdown(data)
     assert "| 2 | on | 60.0 | 60 / 60 | 1000 / 1000 | 1000 / 1000 | 0.5 / 0.5 | 1.50 |" in report
     assert "2.20 µs per endpoint figure" in report
-    assert "| 2 | 125.0 | 944 | 1025 | 3.10 |" in report
+    assert "| 2 | 125.0 | 944 | 1025 | 54 | 110.0 | 3.10 |" in report
     assert BENCHMARKS["scrape-share"] is scrape_share_cost.run
