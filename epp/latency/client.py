@@ -42,6 +42,7 @@ from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from wire.latency import FeatureRowDict, TrainingSampleDict
 from wire.latency_binary import (
+    CONSTANT_MODELS_HEADER,
     FEATURE_ROWS_TYPE,
     MODEL_VERSION_HEADER,
     PREDICTIONS_TYPE,
@@ -238,8 +239,10 @@ class PredictorClient:
                     raise PredictionUnavailable("bad_response")
                 pairs = decode_predictions(await response.read())
                 version_text = response.headers.get(MODEL_VERSION_HEADER)
+                constant_text = response.headers.get(CONSTANT_MODELS_HEADER)
             version = None if version_text is None else int(version_text)
-            predictions = [Prediction(ttft, tpot, version) for ttft, tpot in pairs]
+            constant = tuple(constant_text.split(",")) if constant_text else ()
+            predictions = [Prediction(ttft, tpot, version, constant) for ttft, tpot in pairs]
             if len(predictions) != len(rows):
                 raise PredictionUnavailable("bad_response")
         except PredictionUnavailable as exc:

@@ -15,7 +15,7 @@ import xgboost as xgb
 
 from tests.support import sample_value
 from tests.trainer.running import Trainer, started
-from tests.trainer.synthetic import training_samples, uncached_sweep
+from tests.trainer.synthetic import training_samples, uncached_sweep, unexplained_tpot
 from trainer.artifacts import Manifest
 from trainer.features import FEATURE_COLUMNS, TRAINING_SAMPLE_DECODER, matrix_from_columns
 from trainer.service import TrainerService
@@ -252,11 +252,7 @@ async def test_a_tpot_model_no_better_than_a_constant_is_replaced_by_it(trainer:
     """Decoding speed that no feature explains (a light load): the trees are withheld and the
     trainer serves the median TPOT, not no TPOT model (which the predictors answer as 0)."""
     client, service = trainer
-    samples = training_samples(300, seed=1)
-    rng = np.random.default_rng(1)
-    for sample in samples:  # 20 ms, with one in ten a stall that no feature explains
-        sample["actual_tpot_ms"] = float(rng.uniform(200, 2000)) if rng.random() < 0.1 else 20.0
-    await client.post("/add_training_data_bulk", json={"entries": samples})
+    await client.post("/add_training_data_bulk", json={"entries": unexplained_tpot(300)})
     manifest = await published(service)
     text = (await client.get("/metrics")).text
     assert sample_value(text, "trainer_models_withheld_total", model="tpot") == 1
