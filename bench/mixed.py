@@ -169,15 +169,20 @@ def _figure(pools: list[dict[str, Any]], loads: Sequence[float]) -> Figure:
     figure, axes = plt.subplots(len(pools), 2, figsize=(14, 5 * len(pools)), squeeze=False)
     for row_axes, pool in zip(axes, pools, strict=True):
         routers = dict.fromkeys(r["router"] for r in pool["rows"])
-        for router in routers:
+        colours = plt.get_cmap("tab20").colors  # one per router: the default cycle has ten
+        for router, colour in zip(routers, colours * 2, strict=False):
             rows = [r for r in pool["rows"] if r["router"] == router]
             style = (
                 {"linewidth": 2.5}
                 if router in ("oracle", "predicted-latency-token-load", "gie-default")
                 else {}
             )
-            row_axes[0].plot(loads, [r["ttft_p99_ms"] for r in rows], marker="o", label=router, **style)
-            row_axes[1].plot(loads, [r["e2e_p99_s"] for r in rows], marker="o", label=router, **style)
+            row_axes[0].plot(
+                loads, [r["ttft_p99_ms"] for r in rows], marker="o", label=router, color=colour, **style
+            )
+            row_axes[1].plot(
+                loads, [r["e2e_p99_s"] for r in rows], marker="o", label=router, color=colour, **style
+            )
         for axis, title in zip(row_axes, ("TTFT p99 (ms)", "E2E p99 (s)"), strict=True):
             axis.set_title(f"{pool['label']}: {title}")
             axis.set_xlabel("load (x capacity)")
