@@ -47,15 +47,17 @@ from envoy.data.accesslog.v3.accesslog_pb2 import HTTPAccessLogEntry
 from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsMessage
 from rich.progress import Progress
 
-from bench import handler_cpu, metering_cost, predictor_bench
+from bench import handler_cpu, metering_cost, predictor_bench, request_rate
 from bench.idle_cost import VLLM_SCRAPE
 from bench.metering_cost import SHIPPED_SAMPLE_EVERY, MeteringCostSettings
 from bench.report import machine, markdown_table, save_figure, write_results
+from bench.request_rate import RequestRateSettings
 from epp.datalayer.endpoints import EndpointStore
-from epp.datalayer.http_get import KeepAliveGet
 from epp.datalayer.scraper import MetricsScraper
 from epp.extproc.access_log import log_entry
+from epp.keepalive_http import KeepAliveHttp
 from epp.load.peer_totals import PeerTotals
+from epp.requestcontrol.completion_log import MeteringSettings
 from epp.requestcontrol.director import REQUEST_ID_HEADER
 from epp.scheduling.types import Endpoint
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
@@ -132,7 +134,14 @@ class CapacitySettings:
     )
     """The live cells: ~1k-token prompts, 500-token answers; the window leaves room for a loaded
     machine; no accuracy run (what it learns is the metering bench's question, not this one's)."""
+    request_rate: RequestRateSettings = field(
+        default_factory=lambda: RequestRateSettings(rates=(50.0, 150.0))
+    )
+    """The live request cells (``bench.request_rate``): the plan takes the cost at the last
+    (highest) rate, which every replica of a plan at 1,000 QPS or more carries or exceeds."""
     handler_requests: int = 300
+    progress_streams: int = 1_000
+    progress_rounds: int = 5
     log_entries: int = 100
     log_batches: int = 50
     scrape_endpoints: int = 10
@@ -148,7 +157,8 @@ class UnitCosts:
     """CPU µs per unit, on this machine."""
 
     request_us: float
-    """A streamed request handed off at its first token, routed over ``pods`` endpoints."""
+    """A streamed request handed off at its first token, routed over ``pods`` endpoints, at the
+    highest rate measured."""
     chunk_us: float
     """A response chunk read through ext_proc (streams metered in full)."""
     log_entry_us: float
@@ -160,6 +170,8 @@ class UnitCosts:
     """An endpoint's totals applied."""
     row_us: float
     """A prediction row (both models)."""
+    progress_us: float
+    """A handed-off stream's decode progress moved on (once a second while it is in flight)."""
 
 
 # ---------------------------------------------------------------- sizing
@@ -167,8 +179,10 @@ class UnitCosts:
 
 def request_cores(costs: UnitCosts, s: CapacitySettings, qps: float) -> float:
     """EPP cores the requests take, all replicas together: each handed off at its first token,
-    one in ``sample_every`` also read chunk by chunk."""
-    return qps * (costs.request_us + costs.chunk_us * s.output_tokens / s.sample_every) / 1e6
+    its decode progress moved on once a second until it ends, one in ``sample_every`` also read
+    chunk by chunk."""
+    chunks = costs.chunk_us * s.output_tokens / s.sample_every
+    return qps * (costs.request_us + costs.progress_us * s.answer_s * ESTIMATE_HZ + chunks) / 1e6
 
 
 ESTIMATE_HZ = 1.0
@@ -274,15 +288,11 @@ def llm_d_epp_cores(qps: float, output_tokens: int) -> float:
 
 
 def measure_streams(settings: MeteringCostSettings) -> dict[str, Any]:
-    """EPP CPU µs per streamed request handed off at its first token, and per chunk read when
-    metered in full, from one live stack per metering (``bench.metering_cost``)."""
+    """EPP CPU µs per chunk read when metered in full, from one live stack per metering
+    (``bench.metering_cost``): a full stream's cost less a handed-off one's, paced alike."""
     by_mode = {mode: metering_cost.measure(mode, settings)["cells"][0] for mode in ("full", "first-token")}
     full, first = by_mode["full"], by_mode["first-token"]
-    return {
-        "cells": by_mode,
-        "request_us": first["epp_ms"] * 1e3,
-        "chunk_us": (full["epp_ms"] - first["epp_ms"]) * 1e3 / full["chunks"],
-    }
+    return {"cells": by_mode, "chunk_us": (full["epp_ms"] - first["epp_ms"]) * 1e3 / full["chunks"]}
 
 
 def measure_pool_size_us(pods: int, requests: int) -> dict[str, float]:
@@ -291,6 +301,36 @@ def measure_pool_size_us(pods: int, requests: int) -> dict[str, float]:
     return {
         str(n): handler_cpu.measure("predicted-latency", True, requests, 3, endpoints=n) for n in (4, pods)
     }
+
+
+FIRST_CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+
+
+def measure_progress_us(streams: int, rounds: int) -> float:
+    """In-process CPU µs to move one handed-off stream's decode progress on (the EPP does it for
+    every such stream once a second, ``epp.app``): ``streams`` streamed chats routed over four
+    endpoints decoding at 10 ms a token, each handed off at its first token, then ``rounds``
+    estimates of them all."""
+    metering = MeteringSettings(mode="first-token", sample_every=10**9, calibration_streams=0)
+    director = handler_cpu.make_director("predicted-latency", metering=metering)
+    for i in range(4):
+        director.decode_rates.observe(f"e{i}", 0.01)
+    wires = [handler_cpu.streamed_chat_wire(i, FIRST_CHUNK) for i in range(streams)]
+
+    async def hand_off() -> None:
+        for wire in wires:
+            await handler_cpu._send(director, wire)
+
+    asyncio.run(hand_off())
+    handed_off = director.metrics.handed_off.collect()[0].samples[0].value
+    assert handed_off >= streams - 1, f"{handed_off:g} of {streams} streams handed off"
+    cpu = 0.0
+    for _ in range(rounds):
+        time.sleep(0.05)  # five tokens on at 10 ms each: every stream has moved
+        started = time.process_time()
+        director.estimate_progress()
+        cpu += time.process_time() - started
+    return cpu / (rounds * streams) * 1e6
 
 
 def access_log_batch(count: int, start: int = 0) -> bytes:
@@ -399,7 +439,7 @@ class _CountingScraper(MetricsScraper):
 
     scrapes = 0
 
-    async def scrape_once(self, name: str, client: KeepAliveGet) -> None:
+    async def scrape_once(self, name: str, client: KeepAliveHttp) -> None:
         self.scrapes += 1
         await super().scrape_once(name, client)
 
@@ -493,21 +533,29 @@ def measure_row_us(requests: int) -> dict[str, float]:
 
 def measure(s: CapacitySettings) -> tuple[UnitCosts, dict[str, Any]]:
     """Every unit cost on this machine, and the measurements they came from."""
+    rates = request_rate.measure(s.request_rate)
     streams = measure_streams(s.metering)
     pool = measure_pool_size_us(s.pods, s.handler_requests)
     scrape = measure_scrape_us(s.scrape_endpoints, s.scrape_s)
     sync = measure_sync_us(s.pods, s.sync_bookings_per_endpoint, s.sync_messages)
     predictor = measure_row_us(s.predictor_requests)
     costs = UnitCosts(
-        request_us=streams["request_us"] + pool[str(s.pods)] - pool["4"],
+        request_us=rates["cells"][-1]["epp_us"] + pool[str(s.pods)] - pool["4"],
         chunk_us=streams["chunk_us"],
         log_entry_us=measure_log_entry_us(s.log_entries, s.log_batches),
         scrape_us=scrape["scrape_us"],
         sync_message_us=sync["message_us"],
         sync_total_us=sync["total_us"],
         row_us=predictor["row_us"],
+        progress_us=measure_progress_us(s.progress_streams, s.progress_rounds),
     )
-    sources = {"streams": streams, "handler_us_by_endpoints": pool, "scrape": scrape, "sync": sync}
+    sources = {
+        "rates": rates,
+        "streams": streams,
+        "handler_us_by_endpoints": pool,
+        "scrape": scrape,
+        "sync": sync,
+    }
     return costs, {**sources, "predictor": predictor}
 
 
@@ -532,6 +580,7 @@ def _unit_rows(costs: UnitCosts, s: CapacitySettings) -> list[list[str]]:
             "–",
         ],
         ["prediction row (both models)", f"{costs.row_us:,.2f}", "–"],
+        ["decode progress of a handed-off stream moved on (once a second)", f"{costs.progress_us:,.2f}", "–"],
     ]
 
 
@@ -566,6 +615,8 @@ def _plan_rows(plans: list[dict[str, Any]]) -> list[list[str]]:
 def _markdown(data: dict[str, Any]) -> str:
     s, costs, m = data["settings"], UnitCosts(**data["unit_costs"]), data["measured"]
     cells = m["streams"]["cells"]
+    by_endpoints = m["handler_us_by_endpoints"]
+    first, full = cells["first-token"], cells["full"]
     settings = CapacitySettings(**{**s, "metering": MeteringCostSettings(**s["metering"])})
     return "\n\n".join(
         [
@@ -575,13 +626,18 @@ def _markdown(data: dict[str, Any]) -> str:
             f"stream in {s['sample_every']:,} read whole. Unit costs measured on this machine "
             f"({data['machine']['cpus']} CPUs, load average {data['load_average']}); llm-d's beside them.",
             markdown_table(["unit", "EPP µs (ours)", "llm-d µs"], _unit_rows(costs, settings)),
-            f"Live stack (`bench.metering_cost`, {s['metering']['requests']} answers sent evenly over "
-            f"{s['metering']['arrival_span_s']:g} s): {cells['first-token']['epp_ms']:.2f} ms of EPP CPU "
-            f"per request handed off at its first token, {cells['full']['epp_ms']:.1f} ms read whole "
-            f"({cells['full']['chunks']:.0f} chunks); Envoy {cells['first-token']['envoy_ms']:.1f} and "
-            f"{cells['full']['envoy_ms']:.1f} ms. Routing over {s['pods']} endpoints instead of 4 adds "
-            f"{m['handler_us_by_endpoints'][str(s['pods'])] - m['handler_us_by_endpoints']['4']:.0f} µs "
-            "(in process).",
+            "Live stack, open loop (`bench.request_rate`, ~1k-token prompts, streamed answers handed "
+            "off at the first token): "
+            + "; ".join(
+                f"{c['rate']:g} requests/s (achieved {c['achieved_rate']:.0f}): {c['epp_us']:,.0f} µs of "
+                f"EPP CPU and {c['envoy_us']:,.0f} of Envoy's a request"
+                for c in m["rates"]["cells"]
+            )
+            + f". The plan takes the last. Paced slowly (`bench.metering_cost`, {s['metering']['requests']} "
+            f"answers over {s['metering']['arrival_span_s']:g} s), a stream handed off at its first token "
+            f"cost {first['epp_ms']:.2f} ms and one read whole {full['epp_ms']:.1f} ms "
+            f"({full['chunks']:.0f} chunks): the chunk's cost. Routing over {s['pods']} endpoints "
+            f"instead of 4 adds {by_endpoints[str(s['pods'])] - by_endpoints['4']:.0f} µs (in process).",
             markdown_table(
                 [
                     "QPS",

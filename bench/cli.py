@@ -13,6 +13,8 @@ inflight   EPP CPU against time in flight: one long streamed and one non-streame
            time (net of idle, per chunk, per second in flight, by thread); py-spy flame graphs
 metering   a streamed answer's EPP and Envoy CPU (1 and 512 tokens) under each response metering:
            every chunk, or the first token and Envoy's access log
+request-rate  the EPP's and Envoy's CPU per request at 50 and 150 requests/s open loop through the
+           ``make run`` stack (~1k-token prompts, first-token metering; bench/request_rate.py)
 capacity   each unit cost measured here (request, metered chunk, access-log entry, scrape, sync
            message and endpoint total, prediction row), and the sizing they give for 1k/5k/10k
            QPS over 100 pods (EPP cores and replicas, predictor servers, NATS messages/s, sync
@@ -73,6 +75,7 @@ from bench import (
     oversized_prompt,
     predictor_bench,
     published_check,
+    request_rate,
     stack_overhead,
     sync_apply,
     sync_bench,
@@ -122,6 +125,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "idle": idle_cost.run,
     "inflight": inflight_cost.run,
     "metering": metering_cost.run,
+    "request-rate": request_rate.run,
     "capacity": capacity.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,

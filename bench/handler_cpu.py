@@ -52,6 +52,7 @@ from epp.latency.report import PredictionReport
 from epp.metrics import ModelLabels, RequestMetrics
 from epp.observability.decision import DecisionLog
 from epp.observability.recent import RecentDecisions
+from epp.requestcontrol.completion_log import MeteringSettings
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
@@ -96,7 +97,35 @@ def _messages(body: bytes, request_id: str, path: str = "/v1/completions") -> li
     ]
 
 
-def make_director(config: str, tokenizer: ModelTokenizer | None = None, endpoints: int = 4) -> Director:
+def streamed_chat_wire(number: int, chunk: bytes) -> list[bytes]:
+    """A streamed chat request's messages as Envoy sends them, to its response's first chunk
+    (``chunk``, not the last)."""
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": f"{number} {PROMPT}"}],
+            "max_tokens": 500,
+            "stream": True,
+        }
+    ).encode()
+    request = {":path": CHAT_PATH, ":method": "POST", "content-type": "application/json"}
+    messages = [
+        ProcessingRequest(
+            request_headers=_headers({**request, "x-request-id": f"s{number}"}), protocol_config=BUFFERED
+        ),
+        ProcessingRequest(request_body=HttpBody(body=body, end_of_stream=True)),
+        ProcessingRequest(response_headers=_headers({":status": "200", "content-type": "text/event-stream"})),
+        ProcessingRequest(response_body=HttpBody(body=chunk, end_of_stream=False)),
+    ]
+    return [m.SerializeToString() for m in messages]
+
+
+def make_director(
+    config: str,
+    tokenizer: ModelTokenizer | None = None,
+    endpoints: int = 4,
+    metering: MeteringSettings | None = None,
+) -> Director:
     clock = time.monotonic
     store = EndpointStore()
     store.replace([Endpoint(f"e{i}", "10.0.0.1", 8000 + i) for i in range(endpoints)])
@@ -114,6 +143,7 @@ def make_director(config: str, tokenizer: ModelTokenizer | None = None, endpoint
         RequestMetrics(registry, labels),
         clock,
         random.Random(1),
+        metering=metering,
     )
 
 

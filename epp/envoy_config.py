@@ -81,6 +81,7 @@ from typing import Any, Literal
 from epp.extproc.messages import (
     DESTINATION_HEADER,
     LB_METADATA_NAMESPACE,
+    RESPONSE_CODE_ATTRIBUTE,
     SERVED_BY_ATTRIBUTE,
     SOURCE_ATTRIBUTE,
 )
@@ -299,8 +300,9 @@ def ext_proc_filter(
             "allow_mode_override": True,
             # The client's address: who may see decision traces (--decision-trace-from).
             "request_attributes": [SOURCE_ATTRIBUTE],
-            # The endpoint that answered, after any retry, for the EPP to book the request on.
-            "response_attributes": [SERVED_BY_ATTRIBUTE],
+            # The endpoint that answered, after any retry, for the EPP to book the request on,
+            # and the status: with the first body chunk when the EPP asked for no headers.
+            "response_attributes": [SERVED_BY_ATTRIBUTE, RESPONSE_CODE_ATTRIBUTE],
             "processing_mode": {
                 "request_header_mode": "SEND",
                 "request_body_mode": body_mode,

@@ -26,7 +26,7 @@ was not asked meanwhile). So a busy engine that stalls leaves within about ``int
 timeout``, an idle one within about ``idle_interval + timeout`` (1.5 s in the EPP), or within
 about ``timeout`` of a request routed to it; a busy one that answers stays, routed on its last
 figures and the EPP's own counts. The client is
-:class:`~epp.datalayer.http_get.KeepAliveGet`, one kept-alive connection per endpoint: at 20
+:class:`~epp.keepalive_http.KeepAliveHttp`, one kept-alive connection per endpoint: at 20
 scrapes a second per endpoint a client's own CPU counts (httpx's ~1.5 ms a request was a fifth
 of the EPP's CPU; aiohttp's ~480 µs, twice this one's). A body equal to the endpoint's last one
 (an idle engine's) is not parsed again, only stamped fresh.
@@ -45,8 +45,8 @@ from collections.abc import Callable
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.engine_metrics import MetricsParseError, parse_engine_metrics
-from epp.datalayer.http_get import HttpGetError, KeepAliveGet
 from epp.datalayer.served_models import MODELS_PATH, ModelsParseError, parse_max_model_len, parse_model_root
+from epp.keepalive_http import HttpError, KeepAliveHttp
 from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.types import Endpoint, EndpointState, EngineMetrics
@@ -63,7 +63,7 @@ class _Poller:
 
     __slots__ = ("_due", "_timer", "_wait", "busy_until", "client", "started", "task")
 
-    def __init__(self, client: KeepAliveGet) -> None:
+    def __init__(self, client: KeepAliveHttp) -> None:
         self.client = client
         self.task: asyncio.Task[None] | None = None
         self.started = float("-inf")
@@ -141,7 +141,7 @@ class MetricsScraper(LifecycleObserver):
 
     def _start_endpoint(self, endpoint: Endpoint) -> None:
         self._stop_endpoint(endpoint)
-        poller = self._pollers[endpoint.name] = _Poller(KeepAliveGet(endpoint.address, endpoint.port))
+        poller = self._pollers[endpoint.name] = _Poller(KeepAliveHttp(endpoint.address, endpoint.port))
         poller.task = asyncio.get_running_loop().create_task(
             self._poll(endpoint, poller), name=f"scrape-{endpoint.name}"
         )
@@ -206,7 +206,7 @@ class MetricsScraper(LifecycleObserver):
     def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
         self._active(routed.endpoint_name, outcome.finished_at)
 
-    async def scrape_once(self, name: str, client: KeepAliveGet) -> None:
+    async def scrape_once(self, name: str, client: KeepAliveHttp) -> None:
         # A healthy endpoint's scrape may take until it has shown no life for ``timeout``,
         # counted as if it had been asked on the fast tick: an idle one was last asked up to an
         # idle interval ago, and its silence since then is no sign of a stall.
@@ -224,7 +224,7 @@ class MetricsScraper(LifecycleObserver):
                 return  # late, but the engine answered requests meanwhile: busy, not stalled
             self._failed(name, f"no sign of life for {self.timeout:g} s (scrape timed out)")
             return
-        except (HttpGetError, MetricsParseError) as exc:
+        except (HttpError, MetricsParseError) as exc:
             self._failed(name, str(exc) or type(exc).__name__)
             return
         self.store.record_scrape(name, metrics)
@@ -245,14 +245,14 @@ class MetricsScraper(LifecycleObserver):
         self._last[name] = (body, metrics)
         return metrics
 
-    async def read_max_model_len(self, name: str, client: KeepAliveGet) -> bool:
+    async def read_max_model_len(self, name: str, client: KeepAliveHttp) -> bool:
         """Record the engine's context length, and the model it serves (its ``root``, which the
         ``auto`` tokenizer source loads), from its ``/v1/models``; False if it could not be read."""
         try:
             async with asyncio.timeout(self.timeout):
                 body = await client.get(MODELS_PATH)
             max_model_len = parse_max_model_len(body)
-        except (HttpGetError, TimeoutError, ModelsParseError) as exc:
+        except (HttpError, TimeoutError, ModelsParseError) as exc:
             state = self.store.by_name(name)
             if state is not None and state.max_model_len is None:
                 log.warning("endpoint %s: no context length yet: %s", name, str(exc) or type(exc).__name__)

@@ -28,8 +28,11 @@ EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
 """The key of the attributes Envoy's ext_proc filter sends (``request_attributes``,
 ``response_attributes``) in a ProcessingRequest's ``attributes``."""
 SERVED_BY_ATTRIBUTE = "upstream.address"
-"""The response attribute this project's Envoy config asks for: the ``ip:port`` that answered
-(after any retries), sent with the response headers."""
+"""A response attribute this project's Envoy config asks for: the ``ip:port`` that answered
+(after any retries), sent with the response's first message (its headers, or its first body
+chunk when the EPP asked for no headers)."""
+RESPONSE_CODE_ATTRIBUTE = "response.code"
+"""A response attribute this project's Envoy config asks for: the status, sent as the one above."""
 SOURCE_ATTRIBUTE = "source.address"
 """The request attribute this project's Envoy config asks for: the client's ``ip:port``, sent
 with the request headers (what ``--decision-trace-from`` is checked against)."""
@@ -41,7 +44,20 @@ LB_METADATA_NAMESPACE = "envoy.lb"
 BODY_CHUNK_BYTES = 62_000
 
 SKIP_RESPONSE_BODY = ProcessingMode(response_body_mode=ProcessingMode.NONE)
+HEADERLESS_RESPONSE = ProcessingMode(
+    request_header_mode=ProcessingMode.SEND,
+    request_body_mode=ProcessingMode.BUFFERED,
+    request_trailer_mode=ProcessingMode.SKIP,
+    response_header_mode=ProcessingMode.SKIP,
+    response_body_mode=ProcessingMode.STREAMED,
+    response_trailer_mode=ProcessingMode.SKIP,
+)
+"""The local gateway's processing mode (``epp.envoy_config``, BUFFERED bodies) without the
+response headers. An override replaces the whole mode, so every field is set."""
 CONTINUE_REQUEST_HEADERS = ProcessingResponse(request_headers=HeadersResponse())
+CONTINUE_SKIPPING_RESPONSE_HEADERS = ProcessingResponse(
+    request_headers=HeadersResponse(), mode_override=HEADERLESS_RESPONSE
+)
 CONTINUE_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse())
 CONTINUE_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
 CONTINUE_SKIPPING_RESPONSE_BODY = ProcessingResponse(
@@ -72,6 +88,15 @@ def served_endpoint(message: ProcessingRequest) -> str | None:
             if value.HasField("string_value") and value.string_value:
                 return value.string_value
     return None
+
+
+def response_status(message: ProcessingRequest) -> int | None:
+    """The response's status from Envoy's ``response.code`` attribute, or None if not sent."""
+    struct = message.attributes.get(EXT_PROC_ATTRIBUTES)
+    if struct is None or RESPONSE_CODE_ATTRIBUTE not in struct.fields:
+        return None
+    value = struct.fields[RESPONSE_CODE_ATTRIBUTE]
+    return int(value.number_value) if value.HasField("number_value") else None
 
 
 def source_address(message: ProcessingRequest) -> str | None:

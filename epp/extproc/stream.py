@@ -18,8 +18,11 @@ reply skip the body of a non-streamed response: such a request costs three messa
 response chunk, and one for the body's end. With first-token metering
 (``epp.requestcontrol.completion_log``) a streamed one ends at its first token, a non-streamed
 one with a BUFFERED body at its routing (two messages each way), and the gateway's access log
-finishes them. The request's books (bookings, observers, metrics)
-are settled in :meth:`ExtProcStream.close`, after the last reply has gone: off Envoy's path,
+finishes them. With first-token metering the reply to the request headers also asks Envoy for
+no response headers (a ``mode_override``) unless the caller wants a decision trace: the status
+and the endpoint that answered come as response attributes with the first body chunk, so a
+streamed request costs three messages each way (headers, body, first token). The request's
+books (bookings, observers, metrics) are settled in :meth:`ExtProcStream.close`, after the last reply has gone: off Envoy's path,
 which takes ~30 µs off the answer to a non-streamed response's headers.
 
 The request body arrives in one of two modes, announced by Envoy's ``protocol_config``:
@@ -103,7 +106,7 @@ class ExtProcStream:
         if kind == "response_headers":
             return self._response_headers(message)
         if kind == "response_body":
-            return self._response_body(message.response_body.body, message.response_body.end_of_stream)
+            return self._response_body(message)
         if kind == "response_trailers":
             self.phase = Phase.DONE
             return [messages.CONTINUE_RESPONSE_TRAILERS]
@@ -140,7 +143,11 @@ class ExtProcStream:
             self._refusal = error
         if not message.request_headers.end_of_stream:
             self.phase = Phase.BODY
-            return [] if self._duplex else [messages.CONTINUE_REQUEST_HEADERS]
+            if self._duplex:
+                return []
+            if self.director.skips_response_headers(self._headers):
+                return [messages.CONTINUE_SKIPPING_RESPONSE_HEADERS]
+            return [messages.CONTINUE_REQUEST_HEADERS]
         try:
             result = self.director.schedule_bodyless(self.record)
         except RequestError as error:
@@ -227,7 +234,28 @@ class ExtProcStream:
         self.phase = Phase.RESPONSE if body_follows else Phase.DONE
         return [reply]
 
-    def _response_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
+    def _headerless_response(self, message: ProcessingRequest) -> None:
+        """The response's first body chunk came without its headers (the EPP asked for none):
+        its status and the endpoint that answered come as Envoy's response attributes. Without
+        a status attribute, an SSE event says 200 and anything else nothing (0): the access log
+        has the status either way."""
+        record = self.record
+        assert record is not None and record.request is not None
+        chunk = message.response_body.body
+        status = messages.response_status(message)
+        if status is None:
+            status = 200 if chunk.startswith(b"data:") else 0
+        sse = record.request.stream and 200 <= status < 300
+        served_by = messages.served_endpoint(message)
+        self.director.response_headers(
+            record, status, "text/event-stream" if sse else "", self._watch_response_body, served_by
+        )
+        self.phase = Phase.RESPONSE if self._watch_response_body else Phase.DONE
+
+    def _response_body(self, message: ProcessingRequest) -> list[ProcessingResponse]:
+        if self.phase is Phase.FORWARDED and self.record is not None and self.record.request is not None:
+            self._headerless_response(message)
+        chunk, end_of_stream = message.response_body.body, message.response_body.end_of_stream
         record = self.record
         # Ending the stream at the body's end, or at a handed-off response's first token, lets
         # Envoy re-inject the chunks it queued and go on without the EPP.

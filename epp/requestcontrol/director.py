@@ -39,6 +39,7 @@ from epp.requestcontrol.completion_log import (
 )
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.requestcontrol.openai_request import parse_openai_request
+from epp.requestcontrol.request_headers import DEBUG_HEADER
 from epp.requestcontrol.response_meter import ResponseMeter
 from epp.scheduling.framework import RequestOutcome, slo_misses
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
@@ -241,6 +242,14 @@ class Director:
             self._upstream_failed(name, f"HTTP {status}")
         else:
             self.store.record_alive(name, self.clock())
+
+    def skips_response_headers(self, headers: Mapping[str, str]) -> bool:
+        """Whether a request with these (gated) headers needs no response headers: with
+        first-token metering the response's status and the endpoint that answered come with its
+        first body chunk (Envoy's response attributes) and the access log finishes it, so only a
+        decision trace, which goes in the response headers, needs them. One message fewer each
+        way per streamed request."""
+        return self.metering.mode == "first-token" and DEBUG_HEADER not in headers
 
     def hand_off_unread(self, record: RequestRecord) -> bool:
         """Whether the routed request's response needs no ext_proc message at all, and if so

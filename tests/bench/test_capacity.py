@@ -34,6 +34,7 @@ FREE = UnitCosts(
     sync_message_us=0.0,
     sync_total_us=0.0,
     row_us=0.0,
+    progress_us=0.0,
 )
 
 
@@ -43,6 +44,12 @@ def test_requests_cost_their_own_work_and_the_sampled_streams_chunks() -> None:
     # 1,000 µs + 100 µs × 500 chunks / 100 = 1,500 µs a request
     assert request_cores(costs, s, 1_000) == pytest.approx(1.5)
     assert request_cores(costs, replace(s, sample_every=1), 1_000) == pytest.approx(51.0)
+
+
+def test_a_handed_off_stream_pays_for_its_progress_once_a_second_while_in_flight() -> None:
+    costs = replace(FREE, request_us=1_000.0, progress_us=4.0)
+    # 1,000 µs + 4 µs × 5 s in flight × once a second = 1,020 µs a request
+    assert request_cores(costs, CapacitySettings(answer_s=5.0), 1_000) == pytest.approx(1.02)
 
 
 def test_sync_messages_are_one_take_per_publish_interval_at_most_plus_heartbeats() -> None:
@@ -146,9 +153,14 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
         sync_message_us=3.0,
         sync_total_us=3.0,
         row_us=6.0,
+        progress_us=2.0,
     )
     cell = {"tokens": 500, "chunks": 502.0, "window_s": 15.0}
+    rate = {"achieved_rate": 149.0, "envoy_us": 900.0, "ttft_p50_ms": 9.0, "ttft_p99_ms": 20.0}
     measured = {
+        "rates": {
+            "cells": [{**rate, "rate": 50.0, "epp_us": 1_400.0}, {**rate, "rate": 150.0, "epp_us": 1_000.0}]
+        },
         "streams": {
             "cells": {
                 "full": {**cell, "epp_ms": 77.0, "envoy_ms": 47.0},
@@ -161,11 +173,14 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
     data = capacity.run(tmp_path, CapacitySettings(sample_every=100))
     report = (tmp_path / "capacity.md").read_text()
     assert "| metered chunk (full metering) | 150.0 | 24–31 |" in report
-    # 100 pods × 20/s × 500 µs: a core per replica for the scrapes alone
-    assert "| 10,000 | 50 ms | 17.5 | – | none fits (best: " in report
+    # 100 pods × 20/s × 500 µs: a core per replica for the scrapes alone; 1,000 µs a request,
+    # 750 of sampled chunks, 10 of progress
+    assert "| 10,000 | 50 ms | 17.6 | – | none fits (best: " in report
     ten_k = next(p for p in data["plans"] if p["qps"] == 10_000 and p["scrape_interval_s"] == 0.2)
     assert ten_k["fits"]
-    assert f"| 10,000 | 200 ms | 17.5 | {ten_k['epp_cores']:.1f} | {ten_k['replicas']} |" in report
+    assert f"| 10,000 | 200 ms | 17.6 | {ten_k['epp_cores']:.1f} | {ten_k['replicas']} |" in report
     assert "high_qps_small_token_comparison_analysis.md" in report
     assert "Routing over 100 endpoints instead of 4 adds 700 µs" in report
+    assert "150 requests/s (achieved 149): 1,000 µs of EPP CPU" in report
+    assert "| decode progress of a handed-off stream moved on (once a second) | 2.00 | – |" in report
     assert (tmp_path / data["plot"]).stat().st_size > 0 and (tmp_path / "capacity.json").exists()

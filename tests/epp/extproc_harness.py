@@ -89,8 +89,15 @@ def response_headers_msg(
     return message
 
 
-def response_body_msg(data: bytes, eos: bool) -> ProcessingRequest:
-    return ProcessingRequest(response_body=HttpBody(body=data, end_of_stream=eos))
+def response_body_msg(
+    data: bytes, eos: bool, attributes: dict[str, object] | None = None
+) -> ProcessingRequest:
+    """A response body chunk, with the ext_proc filter's response ``attributes`` when given (as
+    Envoy sends them with the first chunk of a response whose headers it skipped)."""
+    message = ProcessingRequest(response_body=HttpBody(body=data, end_of_stream=eos))
+    if attributes is not None:
+        message.attributes[EXT_PROC_ATTRIBUTES].update(attributes)
+    return message
 
 
 LOOPBACK_TRACES = RequestGate(debug=DebugAccess.from_settings(None, ["127.0.0.0/8"]))

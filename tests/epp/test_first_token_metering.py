@@ -7,11 +7,13 @@ import random
 
 import pytest
 from envoy.data.accesslog.v3.accesslog_pb2 import AccessLogType, HTTPAccessLogEntry
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from google.protobuf.wrappers_pb2 import UInt32Value
 from hypothesis import given
 from hypothesis import strategies as st
 
 from epp.extproc.access_log import log_entry
+from epp.extproc.messages import RESPONSE_CODE_ATTRIBUTE, SERVED_BY_ATTRIBUTE
 from epp.extproc.stream import Phase
 from epp.requestcontrol.completion_log import (
     BytesPerToken,
@@ -177,20 +179,30 @@ def first_token_harness(config: str = "ray-kv-aware") -> Harness:
     return Harness(config=config, metering=settings)
 
 
-async def send_stream(h: Harness, request_id: str, tokens: int, *, hang_up_after: int | None = None):
+async def send_stream(
+    h: Harness,
+    request_id: str,
+    tokens: int,
+    *,
+    hang_up_after: int | None = None,
+    headerless: dict[str, object] | None = None,
+):
     """One streamed chat request, its answer fed chunk by chunk until the stream says it is done
-    (or the client hangs up); returns the stream and how many answer chunks it read."""
+    (or the client hangs up); returns the stream and how many answer chunks it read. With
+    ``headerless`` no response headers come and the first chunk carries those attributes."""
     s = h.stream()
     await s.on_message(headers_msg("/v1/chat/completions", buffered=True, **{"x-request-id": request_id}))
     await s.on_message(body_msg(json.dumps(CHAT).encode(), eos=True))
     h.clock.advance(0.2)
-    await s.on_message(response_headers_msg())
+    if headerless is None:
+        await s.on_message(response_headers_msg())
     chunks = [ROLE, *[TOKEN] * tokens, FINISH]
     read = 0
     for i, chunk in enumerate(chunks):
         if s.done or (hang_up_after is not None and i >= hang_up_after):
             break
-        await s.on_message(response_body_msg(chunk, eos=i == len(chunks) - 1))
+        attributes = headerless if i == 0 else None
+        await s.on_message(response_body_msg(chunk, eos=i == len(chunks) - 1, attributes=attributes))
         read += 1
         h.clock.advance(0.01)
     s.close()
@@ -417,3 +429,58 @@ async def test_a_non_streamed_answer_waits_for_its_headers_in_full_metering_or_f
     assert s.done
     s.close()
     assert h.in_flight() == 0 and h.metric("llm_epp_handed_off_requests") == 0
+
+
+# --- no response headers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("metering", "headers", "skipped"),
+    [("first-token", {}, True), ("first-token", {"x-llm-epp-debug": "true"}, False), ("full", {}, False)],
+)
+async def test_first_token_metering_asks_for_no_response_headers_unless_a_trace_wants_them(
+    metering: str, headers: dict[str, str], skipped: bool
+) -> None:
+    h = Harness(config="ray-kv-aware", metering=MeteringSettings(metering))  # type: ignore[arg-type]
+    [reply] = await h.stream().on_message(headers_msg("/v1/chat/completions", buffered=True, **headers))
+    assert reply.HasField("request_headers")
+    mode = reply.mode_override
+    assert (mode.response_header_mode == ProcessingMode.SKIP) is skipped
+    if skipped:  # an override replaces the whole mode: the rest is the gateway's own
+        assert (mode.request_body_mode, mode.response_body_mode) == (
+            ProcessingMode.BUFFERED,
+            ProcessingMode.STREAMED,
+        )
+
+
+async def test_a_stream_without_response_headers_takes_its_status_and_server_from_its_first_chunk() -> None:
+    h = first_token_harness()
+    for tokens in (10, 30):  # the calibration streams, read to their end without headers too
+        _, read = await send_stream(h, f"c{tokens}", tokens, headerless={RESPONSE_CODE_ATTRIBUTE: 200})
+        assert read == tokens + 2
+    s = h.stream()
+    await s.on_message(headers_msg("/v1/chat/completions", buffered=True, **{"x-request-id": "r1"}))
+    [routed] = await s.on_message(body_msg(json.dumps(CHAT).encode(), eos=True))
+    other = next(e for e in h.store.all() if e.endpoint.hostport != routed_destination(routed))
+    served = {RESPONSE_CODE_ATTRIBUTE: 200, SERVED_BY_ATTRIBUTE: other.endpoint.hostport}
+    await s.on_message(response_body_msg(ROLE, eos=False, attributes=served))
+    await s.on_message(response_body_msg(TOKEN, eos=False))
+    assert s.done  # handed off at the first token, on the endpoint that answered
+    s.close()
+    assert other.in_flight == 1 and h.in_flight() == 1
+    h.director.log_entry(LogEntry("r1", 200, stream_bytes(20), 1.0, "complete"))
+    assert h.in_flight() == 0 and h.metric("inference_objective_output_tokens_sum", **LABELS) == 10 + 30 + 20
+
+
+@pytest.mark.parametrize(("attributes", "failed"), [({RESPONSE_CODE_ATTRIBUTE: 503}, 1), ({}, 0)])
+async def test_a_first_chunk_without_headers_says_a_5xx_by_its_attribute_and_an_sse_event_says_200(
+    attributes: dict[str, object], failed: int
+) -> None:
+    h = first_token_harness()
+    s = h.stream()
+    await s.on_message(headers_msg("/v1/chat/completions", buffered=True, **{"x-request-id": "r1"}))
+    [routed] = await s.on_message(body_msg(json.dumps(CHAT).encode(), eos=True))
+    picked = next(e.name for e in h.store.all() if e.endpoint.hostport == routed_destination(routed))
+    await s.on_message(response_body_msg(ROLE, eos=False, attributes=attributes))
+    assert h.metric("llm_epp_upstream_failures_total", model_server_pod=picked) == failed
+    assert s.record is not None and s.record.status == (503 if failed else 200)

@@ -13,8 +13,8 @@ import uvloop
 
 from epp.app import EppApp
 from epp.datalayer.endpoints import EndpointStore
-from epp.datalayer.http_get import KeepAliveGet
 from epp.datalayer.scraper import MetricsScraper, _Poller
+from epp.keepalive_http import KeepAliveHttp
 from epp.scheduling.framework import CycleState, RequestOutcome
 from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.types import Endpoint, EngineMetrics, SchedulingResult
@@ -147,7 +147,7 @@ def test_a_wait_of_no_time_can_be_hurried_on_uvloop() -> None:
     """The EPP runs on uvloop, whose zero-delay timers are plain handles (no ``when()``)."""
 
     async def hurried() -> None:
-        poller = _Poller(KeepAliveGet("127.0.0.1", 1))
+        poller = _Poller(KeepAliveHttp("127.0.0.1", 1))
         waiting = asyncio.create_task(poller.sleep(0.0))
         await asyncio.sleep(0)  # the wait begins
         poller.hurry(0.0)

@@ -42,9 +42,12 @@ class FakeServer:
     constant_models: str | None = None
     content_type: str = PREDICTIONS_TYPE
     retrain_headers: list[str | None] = field(default_factory=list)
+    connections: set[int] = field(default_factory=set)
+    """The connections prediction calls came on (their transports' ids)."""
 
     async def predict(self, request: web.Request) -> web.Response:
         assert request.content_type == FEATURE_ROWS_TYPE
+        self.connections.add(id(request.transport))
         matrix = decode_rows(await request.read())
         self.calls.append(matrix)
         await asyncio.sleep(self.delay_s)
@@ -266,3 +269,26 @@ async def test_an_answer_that_is_not_predictions_is_refused(servers: list[FakeSe
             await client.predict(rows(1, 2))
     finally:
         await client.close()
+
+
+async def test_calls_one_after_another_reuse_one_connection_and_concurrent_ones_take_more(
+    servers: list[FakeServer],
+) -> None:
+    servers[0].delay_s = 0.05
+    client = await client_for([servers[0].url], coalesce_window_s=0.0)
+    try:
+        for n in range(3):
+            await client.predict(rows(n))
+        assert len(servers[0].calls) == 3 and len(servers[0].connections) == 1
+        first = asyncio.ensure_future(client.predict(rows(1)))
+        await asyncio.sleep(0.01)  # the first call is in flight: the next goes on its own
+        await asyncio.gather(first, client.predict(rows(2)))
+        assert len(servers[0].calls) == 5 and len(servers[0].connections) == 2
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("url", ["https://127.0.0.1:8000", "http://127.0.0.1:8000/predict", "127.0.0.1:8000"])
+async def test_a_sidecar_url_other_than_plain_http_host_and_port_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="http://HOST:PORT"):
+        await client_for([url])

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import uvloop
 
-from epp.datalayer.http_get import HttpGetError, KeepAliveGet
+from epp.keepalive_http import HttpError, KeepAliveHttp
 
 
 class Hangup(bytes):
@@ -75,7 +75,7 @@ async def serve() -> AsyncIterator[Callable[[Answer], asyncio.Future]]:
 
 async def test_gets_reuse_one_connection_and_return_each_body(serve) -> None:
     server, port = await serve(lambda request: ok(request.split(b" ")[1]))
-    client = KeepAliveGet("127.0.0.1", port)
+    client = KeepAliveHttp("127.0.0.1", port)
     assert [await client.get(p) for p in ("/metrics", "/v1/models", "/metrics")] == [
         b"/metrics",
         b"/v1/models",
@@ -89,14 +89,14 @@ async def test_gets_reuse_one_connection_and_return_each_body(serve) -> None:
 async def test_a_chunked_body_is_joined(serve) -> None:
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
     _, port = await serve(lambda request: chunked)
-    client = KeepAliveGet("127.0.0.1", port)
+    client = KeepAliveHttp("127.0.0.1", port)
     assert await client.get("/metrics") == b"hello world"
     assert await client.get("/metrics") == b"hello world"
 
 
 async def test_an_idle_connection_the_server_closed_is_replaced(serve) -> None:
     server, port = await serve(lambda request: ok(b"x"))
-    client = KeepAliveGet("127.0.0.1", port)
+    client = KeepAliveHttp("127.0.0.1", port)
     assert await client.get("/metrics") == b"x"
     server.drop_connections()
     await asyncio.sleep(0.05)
@@ -106,7 +106,7 @@ async def test_an_idle_connection_the_server_closed_is_replaced(serve) -> None:
 
 async def test_connection_close_is_honoured(serve) -> None:
     server, port = await serve(lambda request: ok(b"x", "Connection: close"))
-    client = KeepAliveGet("127.0.0.1", port)
+    client = KeepAliveHttp("127.0.0.1", port)
     for _ in range(3):
         assert await client.get("/metrics") == b"x"
     assert server.connections == 3
@@ -117,7 +117,7 @@ async def test_a_reused_connection_lost_before_the_answer_is_retried_once_on_a_n
     timeout racing the request): nothing of the answer came, so the request goes again."""
     answers = iter([ok(b"first"), None, ok(b"again")])
     server, port = await serve(lambda request: next(answers))
-    client = KeepAliveGet("127.0.0.1", port)
+    client = KeepAliveHttp("127.0.0.1", port)
     assert await client.get("/metrics") == b"first"
     assert await client.get("/metrics") == b"again"
     assert server.connections == 2 and len(server.requests) == 3
@@ -125,8 +125,8 @@ async def test_a_reused_connection_lost_before_the_answer_is_retried_once_on_a_n
 
 async def test_a_fresh_connection_lost_is_an_error_not_a_retry(serve) -> None:
     server, port = await serve(lambda request: None)
-    with pytest.raises(HttpGetError, match="connection"):
-        await KeepAliveGet("127.0.0.1", port).get("/metrics")
+    with pytest.raises(HttpError, match="connection"):
+        await KeepAliveHttp("127.0.0.1", port).get("/metrics")
     assert len(server.requests) == 1
 
 
@@ -141,8 +141,8 @@ async def test_a_fresh_connection_lost_is_an_error_not_a_retry(serve) -> None:
 async def test_bad_answers_are_errors_and_the_next_get_works(serve, answer: bytes, match: str) -> None:
     answers = iter([answer, ok(b"fine")])
     _, port = await serve(lambda request: next(answers))
-    client = KeepAliveGet("127.0.0.1", port)
-    with pytest.raises(HttpGetError, match=match):
+    client = KeepAliveHttp("127.0.0.1", port)
+    with pytest.raises(HttpError, match=match):
         await client.get("/metrics")
     assert await client.get("/metrics") == b"fine"
 
@@ -152,14 +152,14 @@ async def test_a_refused_connection_is_an_error() -> None:
     port = probe.sockets[0].getsockname()[1]
     probe.close()
     await probe.wait_closed()
-    with pytest.raises(HttpGetError, match="cannot connect"):
-        await KeepAliveGet("127.0.0.1", port).get("/metrics")
+    with pytest.raises(HttpError, match="cannot connect"):
+        await KeepAliveHttp("127.0.0.1", port).get("/metrics")
 
 
 async def test_a_timeout_drops_the_connection_and_the_next_get_works(serve) -> None:
     answers = iter([SILENT, ok(b"x")])
     server, port = await serve(lambda request: next(answers))
-    client = KeepAliveGet("127.0.0.1", port)
+    client = KeepAliveHttp("127.0.0.1", port)
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.1):
             await client.get("/metrics")
@@ -172,7 +172,7 @@ def test_the_client_runs_on_uvloop_as_in_the_epp() -> None:
         server = await asyncio.start_server(
             lambda r, w: Server(lambda request: ok(b"uv")).serve(r, w), "127.0.0.1", 0
         )
-        client = KeepAliveGet("127.0.0.1", server.sockets[0].getsockname()[1])
+        client = KeepAliveHttp("127.0.0.1", server.sockets[0].getsockname()[1])
         try:
             return [await client.get("/metrics"), await client.get("/metrics")]
         finally:
@@ -180,3 +180,40 @@ def test_the_client_runs_on_uvloop_as_in_the_epp() -> None:
             server.close()
 
     assert uvloop.run(twice()) == [b"uv", b"uv"]
+
+
+async def test_a_post_sends_its_body_and_headers_and_any_status_comes_back_with_its_headers() -> None:
+    received: list[bytes] = []
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            received.append(head + body)
+            writer.write(
+                b"HTTP/1.1 201 Created\r\nX-Model-Version: 7\r\nContent-Type: a/b\r\n"
+                + b"Content-Length: %d\r\n\r\n" % len(body)
+                + body[::-1]
+            )
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    client = KeepAliveHttp("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        first = await client.request("POST", "/predict", b"rows", {"Content-Type": "x/y"})
+        second = await client.request("POST", "/retrain")
+    finally:
+        client.close()
+        server.close()
+    assert (first.status, first.body, first.headers["x-model-version"], first.headers["content-type"]) == (
+        201,
+        b"swor",
+        "7",
+        "a/b",
+    )
+    assert received[0].startswith(b"POST /predict HTTP/1.1\r\n")
+    assert b"\r\nContent-Type: x/y\r\n" in received[0] and received[0].endswith(
+        b"Content-Length: 4\r\n\r\nrows"
+    )
+    assert second.status == 201 and received[1].endswith(b"Content-Length: 0\r\n\r\n")
