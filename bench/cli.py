@@ -39,7 +39,7 @@ compare    one workload replayed through several routers on the fleet simulator
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
 mixed      two mixed pools (2 fast + 2 engines 2.5x slower; 1 H100 + 3 smaller engines), every
            router and the oracle at 50/70/90% of each pool's measured capacity, on the Mooncake
-           trace (``mixed --limit 600 --routers all``, ~10 min; see bench/mixed.py)
+           trace (``mixed --limit 600 --routers all``, ~14 min; see bench/mixed.py)
 sync-sweep K EPP replicas x sync delay on the fleet simulator: what replica sync is worth
            (``sync-sweep --router-replicas 1,2,4,8 --sync-delays-ms 0,50,500,none``; see
            bench/sync_sweep.py)
