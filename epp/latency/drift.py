@@ -19,10 +19,10 @@ their old speed, or newer versions trained on the new speed).
 A target whose model is a constant (the trainer serves the median where its fitted model did not
 beat it: decoding speed that barely varied over the training window) is measured but not judged,
 and its live window is dropped until a fitted model serves it again. A constant predicts the
-same latency on every endpoint, so its error cannot mislead the ranking that falling back would
-guard against; and under a load the training window never saw (a saturated pool) its error
-passes any threshold while the fitted TTFT model routes well. Pure: no I/O, and times come
-from the caller.
+same latency on every endpoint (before any per-endpoint correction), so its error cannot
+mislead the ranking that falling back would guard against; and under a load the training
+window never saw (a saturated pool) its error passes the threshold while the fitted TTFT model
+routes well. Pure: no I/O, and times come from the caller.
 """
 
 from __future__ import annotations
