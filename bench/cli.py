@@ -40,8 +40,9 @@ sync-failures  two active-active EPPs: one killed under load (FailOpen, FailClos
 compare    one workload replayed through several routers on the fleet simulator
            (``compare --workload NAME --routers LIST|all --replicas N``; see bench/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
-mixed      ``compare`` on two mixed pools (2 fast + 2 engines 2.5x slower; 1 H100 + 3 smaller
-           engines), agentic and Mooncake, every router and the oracle, rate scales 0.5/0.7/0.9
+mixed      two mixed pools (2 fast + 2 engines 2.5x slower; 1 H100 + 3 smaller engines), every
+           router and the oracle at 50/70/90% of each pool's measured capacity, on the Mooncake
+           trace (``mixed --limit 600 --routers all``, ~14 min; see bench/mixed.py)
 sync-sweep K EPP replicas x sync delay on the fleet simulator: what replica sync is worth
            (``sync-sweep --router-replicas 1,2,4,8 --sync-delays-ms 0,50,500,none``; see
            bench/sync_sweep.py)
@@ -72,6 +73,7 @@ from bench import (
     kv_index_bench,
     live_replay,
     metering_cost,
+    mixed,
     overhead,
     oversized_prompt,
     predictor_bench,
@@ -121,35 +123,6 @@ def run_fleet_defaults(out_dir: Path) -> None:
         compare.run(settings, out_dir)
 
 
-MIXED_POOLS = {
-    "2fast-2slow": "llama-3.1-8b-h100:2,llama-3.1-8b-h100+slowdown=2.5:2",
-    "1large-3small": "llama-3.1-8b-h100:1,llama-3.1-8b-a100+num_gpu_blocks=8000+max_num_seqs=64:3",
-}
-"""The mixed pools of ``llm-epp-bench mixed``: two H100s beside two engines 2.5 times slower; one
-H100 beside three A100s with a quarter of its KV cache and 64 batch slots (L4-class memory)."""
-
-MIXED_WORKLOADS = (("agentic-weka", 16), ("mooncake-conversation-spread", 600))
-"""Workload and limit (sessions, requests) of each ``mixed`` run."""
-
-MIXED_RATE_SCALES = (0.5, 0.7, 0.9)
-
-
-def run_mixed_pools(out_dir: Path) -> None:
-    """Every router and the oracle on each mixed pool and workload, at three rate scales; one
-    ``compare`` report per pool and workload, in a folder named after the pool."""
-    for label, pool in MIXED_POOLS.items():
-        for workload, limit in MIXED_WORKLOADS:
-            settings = compare.CompareSettings(
-                workload,
-                tuple(router_names()),
-                replicas=pool_size(pool) or 0,
-                rate_scales=MIXED_RATE_SCALES,
-                profile=pool,
-                limit=limit,
-            )
-            compare.run(settings, out_dir / label)
-
-
 BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "overhead": overhead.run,
     "stack": stack_overhead.run,
@@ -170,7 +143,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "sync-failures": sync_failures.run,
     "tls": tls_cost.run,
     "fleet": run_fleet_defaults,
-    "mixed": run_mixed_pools,
+    "mixed": lambda out: mixed.run(mixed.MixedSettings(), out),
 }
 
 
@@ -551,6 +524,25 @@ def _sync_failures(_parser: argparse.ArgumentParser, args: argparse.Namespace) -
     sync_failures.run(args.out, settings)
 
 
+def _add_mixed(p: argparse.ArgumentParser) -> None:
+    defaults = mixed.MixedSettings()
+    p.add_argument("--limit", type=int, default=defaults.limit, help="first N requests of the trace per run")
+    p.add_argument("--routers", default="all", help="comma-separated router names, or all (with the oracle)")
+    p.add_argument("--loads", type=_scales, default=defaults.loads, help="fractions of each pool's capacity")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+
+
+def _mixed(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    routers = compare.resolve_routers(args.routers)
+    if unknown := [name for name in routers if name not in router_names()]:
+        parser.error(f"unknown routers {unknown}")
+    if args.limit < 1:
+        parser.error("--limit must be at least 1")
+    mixed.run(
+        mixed.MixedSettings(limit=args.limit, routers=routers, loads=args.loads, seed=args.seed), args.out
+    )
+
+
 def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     routers = compare.resolve_routers(args.routers)
     unknown = [name for name in routers if name not in router_names() and not Path(name).is_file()]
@@ -583,6 +575,7 @@ _HANDLERS: dict[str, Callable[[argparse.ArgumentParser, argparse.Namespace], Non
     "sync-failures": _sync_failures,
     "predictor": _predictor,
     "idle": _idle,
+    "mixed": _mixed,
 }
 """The subcommands with options of their own; the others run a benchmark with its defaults."""
 
@@ -599,6 +592,7 @@ def main(argv: list[str] | None = None) -> None:
     _add_sync_failures(sub.choices["sync-failures"])
     _add_predictor(sub.choices["predictor"])
     _add_idle(sub.choices["idle"])
+    _add_mixed(sub.choices["mixed"])
     args = parser.parse_args(argv)
     handler = _HANDLERS.get(args.command)
     if handler is not None:

@@ -39,7 +39,7 @@ import matplotlib.pyplot as plt
 
 from bench.prometheus_samples import Samples, scrape, total
 from bench.report import machine, markdown_table, save_figure, write_results
-from bench.stack_overhead import task_cpu_seconds
+from bench.stack_overhead import idle_cpu_rate, rare_scrape_args, task_cpu_seconds
 from epp.settings import EppSettings
 from sim.stack import LocalStack, StackConfig, StackPorts
 
@@ -202,15 +202,7 @@ def measure(mode: str, settings: MeteringCostSettings) -> dict[str, Any]:
             predictors=settings.predictors,
             ports=StackPorts.free(),
             response_metering=mode,  # type: ignore[arg-type]
-            # A scrape this rare is the only sign of life for seconds: a late one must not eject.
-            epp_args=[
-                "--log-level",
-                "WARNING",
-                "--scrape-interval-s",
-                str(settings.scrape_interval_s),
-                "--scrape-timeout-s",
-                str(2 * settings.scrape_interval_s),
-            ],
+            epp_args=rare_scrape_args(settings.scrape_interval_s),
         )
     )
     try:
@@ -221,9 +213,7 @@ def measure(mode: str, settings: MeteringCostSettings) -> dict[str, Any]:
             for _ in range(CALIBRATION_STREAMS + 2):
                 _answer(client, url, 32)
         time.sleep(1.0)
-        before = task_cpu_seconds(stack.epp.process.pid)
-        time.sleep(settings.idle_s)
-        idle_rate = (task_cpu_seconds(stack.epp.process.pid) - before) / settings.idle_s
+        idle_rate = idle_cpu_rate(stack.epp.process.pid, settings.idle_s)
         cells = [_cell(stack, url, n, settings, idle_rate) for n in settings.output_tokens]
         plain = (
             _cell(stack, url, settings.plain_tokens, settings, idle_rate, stream=False)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -38,7 +39,7 @@ import httpx
 from bench.flame_graph import flame_graph
 from bench.metering_cost import SLO_HEADERS, _prompt
 from bench.report import machine, markdown_table, write_results
-from bench.stack_overhead import task_cpu_seconds
+from bench.stack_overhead import idle_cpu_rate, rare_scrape_args, task_cpu_seconds
 from sim.stack import LocalStack, StackConfig, StackPorts
 
 
@@ -212,14 +213,7 @@ def measure(settings: RequestRateSettings, profile_path: Path | None = None) -> 
             predictors=settings.predictors,
             sim_profile="instant",
             ports=StackPorts.free(),
-            epp_args=[
-                "--log-level",
-                "WARNING",
-                "--scrape-interval-s",
-                str(settings.scrape_interval_s),
-                "--scrape-timeout-s",
-                str(2 * settings.scrape_interval_s),
-            ],
+            epp_args=rare_scrape_args(settings.scrape_interval_s),
         )
     )
     try:
@@ -228,9 +222,7 @@ def measure(settings: RequestRateSettings, profile_path: Path | None = None) -> 
         url = f"{stack.gateway_url}/v1/chat/completions"
         asyncio.run(_drive(url, 20.0, 2.0, settings, 1_000_000))  # warm-up; the model's calibration streams
         time.sleep(2.0)
-        before = task_cpu_seconds(stack.epp.process.pid)
-        time.sleep(settings.idle_s)
-        idle_rate = (task_cpu_seconds(stack.epp.process.pid) - before) / settings.idle_s
+        idle_rate = idle_cpu_rate(stack.epp.process.pid, settings.idle_s)
         cells = [
             _cell(stack, url, rate, settings, idle_rate, first=i * 100_000)
             for i, rate in enumerate(settings.rates)
@@ -296,7 +288,7 @@ def _profile_section(shares: dict[str, Any], rate: float) -> list[str]:
 
 
 def _load() -> str:
-    return Path("/proc/loadavg").read_text().split()[0]
+    return f"{os.getloadavg()[0]:.2f}"
 
 
 def run(out_dir: Path, settings: RequestRateSettings | None = None) -> dict[str, Any]:

@@ -100,6 +100,28 @@ def task_cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def rare_scrape_args(scrape_interval_s: float) -> list[str]:
+    """EPP flags for a bench that charges CPU to requests: warnings only, and the engines
+    scraped every ``scrape_interval_s`` (a cost per second of the pool's, measured apart), with
+    a timeout long enough that a late scrape, the only sign of life for seconds, ejects nothing."""
+    interval = str(scrape_interval_s)
+    return [
+        "--log-level",
+        "WARNING",
+        "--scrape-interval-s",
+        interval,
+        "--scrape-timeout-s",
+        str(2 * scrape_interval_s),
+    ]
+
+
+def idle_cpu_rate(pid: int, seconds: float) -> float:
+    """``pid``'s CPU seconds per second over ``seconds`` of waiting."""
+    before = task_cpu_seconds(pid)
+    time.sleep(seconds)
+    return (task_cpu_seconds(pid) - before) / seconds
+
+
 @dataclass
 class StackUnderTest:
     stack: LocalStack

@@ -25,6 +25,7 @@ from predictor.models import ModelSet
 from predictor.reload import ModelReloader
 from trainer.features import RowError, decode_feature_matrix, decode_feature_rows, decode_feature_rows_partial
 from wire.latency_binary import (
+    CONSTANT_MODELS_HEADER,
     FEATURE_ROWS_TYPE,
     MODEL_VERSION_HEADER,
     PREDICTIONS_TYPE,
@@ -107,7 +108,8 @@ class BulkPredictions:
             extra = f',"errors":{json.dumps(listed)}'
         return Response(
             f'{{"predictions":[{text}],"total_requests":{len(rows)},'
-            f'"processing_time_ms":{elapsed * 1e3:.3f},"model_version":{models.version}{extra}}}',
+            f'"processing_time_ms":{elapsed * 1e3:.3f},"model_version":{models.version},'
+            f'"constant_models":{json.dumps(models.constant_targets)}{extra}}}',
             media_type=JSON,
         )
 
@@ -123,11 +125,10 @@ class BulkPredictions:
             raise BadBody(422, f"the body must carry 1 to {self.max_rows} rows, not {len(matrix)}")
         ttft, tpot = models.predict(decode_feature_matrix(matrix))
         self._served(len(matrix), started)
-        return Response(
-            encode_predictions(ttft, tpot),
-            media_type=PREDICTIONS_TYPE,
-            headers={MODEL_VERSION_HEADER: str(models.version)},
-        )
+        headers = {MODEL_VERSION_HEADER: str(models.version)}
+        if models.constant_targets:
+            headers[CONSTANT_MODELS_HEADER] = ",".join(models.constant_targets)
+        return Response(encode_predictions(ttft, tpot), media_type=PREDICTIONS_TYPE, headers=headers)
 
     def _served(self, rows: int, started: float) -> float:
         """Count a successful call of ``rows`` predicted rows; its time so far, in seconds."""

@@ -20,10 +20,13 @@ from trainer.training import latency_from_margin
 
 @dataclass(frozen=True, slots=True)
 class LatencyModel:
-    """One loaded latency model (TTFT or TPOT) of a version: its manifest entry and its trees."""
+    """One loaded latency model (TTFT or TPOT) of a version: its manifest entry and its trees.
+    ``constant``: it has no trees (``trainer.training.constant_model``, served where a fitted
+    model did not beat the constant), so it predicts the same latency for every row."""
 
     info: ModelInfo
     predictor: DensePredictor
+    constant: bool
 
     def predict_ms(self, features: np.ndarray) -> np.ndarray:
         """Latency in milliseconds for each row of a ``FEATURE_COLUMNS`` matrix (float32)."""
@@ -40,6 +43,12 @@ class ModelSet:
     tpot: LatencyModel | None
     loaded_at: datetime
     source: str
+
+    @property
+    def constant_targets(self) -> tuple[ModelName, ...]:
+        """The targets whose model is a constant (no trees): their predictions do not depend on
+        the row, so their error says nothing about how well the model ranks endpoints."""
+        return tuple(m.info.name for m in (self.ttft, self.tpot) if m is not None and m.constant)
 
     @property
     def quantile(self) -> float | None:
@@ -72,7 +81,7 @@ def build_model_set(
             raise ArtifactError("missing", f"no bytes for the {name} model of version {manifest.version}")
         booster = load_verified_booster(info, blobs[name])
         booster.set_param({"nthread": threads})
-        served[name] = LatencyModel(info, DensePredictor(booster))
+        served[name] = LatencyModel(info, DensePredictor(booster), booster.num_boosted_rounds() == 0)
     if "ttft" not in served:
         raise ArtifactError("missing", f"version {manifest.version} has no TTFT model")
     return ModelSet(manifest.version, served["ttft"], served.get("tpot"), loaded_at, source)

@@ -5,7 +5,9 @@ by side (8001, 8002, ...) and the EPP spreads its calls over them.
 ``POST /predict/bulk/strict``   ``{"requests": [FeatureRow, ...]}`` (1 to ``max_rows`` rows) →
                                 ``{"predictions": [{"ttft_ms", "tpot_ms", "model_type",
                                 "quantile", "last_model_load"}], "total_requests",
-                                "processing_time_ms", "model_version"}``; any invalid row → 422
+                                "processing_time_ms", "model_version",
+                                "constant_models"}`` (the targets whose model is a constant,
+                                no trees); any invalid row → 422
                                 naming it, no predictions. Or the binary form
                                 (:mod:`wire.latency_binary`, what the EPP sends): a float64
                                 row matrix in, float32 (TTFT, TPOT) pairs out, errors in JSON

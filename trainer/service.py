@@ -8,8 +8,12 @@ reaches a window, so a poisoned sample is never trained on.
 A sample goes to the TTFT window when its ``actual_ttft_ms`` is > 0 and to the TPOT window when
 its ``actual_tpot_ms`` is > 0 (the EPP sends one row of each kind per request). A model is
 retrained when its window holds ``min_samples`` and changed since its last fit. A fresh model
-that predicts its held-out samples no better than a constant (the training median) is withheld:
-routing on it would be noise, so the previous model, or the EPP's heuristic fallback, stays. A
+that predicts its held-out samples no better than a constant (the training median) is withheld.
+A withheld TTFT model leaves the previous one, or the EPP's heuristic fallback: routing on it
+would be noise, and a constant TTFT cannot tell endpoints apart either. A withheld TPOT model is
+replaced by that constant (``training.constant_model``), the better predictor by the trainer's
+own test: decoding speed that barely varies (a lightly loaded pool) is predicted by its median,
+where no TPOT model would mean a predicted TPOT of 0 (every TPOT SLO met, TPOT error 100%). A
 version is published only when it has a TTFT model (fresh or carried over); the TPOT model is
 optional, since non-streaming traffic never trains one.
 
@@ -39,7 +43,7 @@ from trainer.artifacts import MODEL_NAMES, ArtifactStore, Manifest, ModelName, N
 from trainer.features import FEATURE_COLUMNS, TRAINING_SAMPLE_DECODER, RowError, matrix_from_columns
 from trainer.metrics import TrainerMetrics, rejection_reason
 from trainer.settings import TrainerSettings
-from trainer.training import TTFT_MONOTONE, train_model
+from trainer.training import TTFT_MONOTONE, constant_model, train_model
 from trainer.window import StratifiedWindow
 
 log = logging.getLogger(__name__)
@@ -205,13 +209,16 @@ class TrainerService:
             if not fitted.holdout.beats_baseline:
                 self.metrics.withheld_models.labels(name).inc()
                 log.info(
-                    "withheld the %s model fitted on %d samples: holdout loss %.4g, a constant's %.4g",
+                    "withheld the %s model fitted on %d samples: holdout loss %.4g, a constant's %.4g%s",
                     name,
                     fitted.training_samples,
                     fitted.holdout.loss,
                     fitted.holdout.baseline_loss,
+                    "; serving the constant" if name == "tpot" else "",
                 )
-                continue
+                if name != "tpot":
+                    continue
+                fitted = constant_model(job.latencies_ms, training, fitted.holdout)
             models[name] = NewModel(
                 data=bytes(fitted.booster.save_raw("ubj")),
                 objective=training.objective,

@@ -182,6 +182,36 @@ def _fit(
         raise TrainingError(f"xgboost failed: {exc}") from exc
 
 
+def constant_model(
+    latencies_ms: np.ndarray, settings: TrainingSettings, holdout: HoldoutMetrics
+) -> TrainedModel:
+    """A model without trees that predicts the constant a fitted model is judged against (the
+    latencies' median, or quantile for quantile models), with ``holdout`` (the fitted model's
+    judgement) restated as that constant's: its loss is the baseline's."""
+    level = settings.quantile_alpha if settings.objective == "quantile" else 0.5
+    value = max(float(np.quantile(latencies_ms, level)), 1e-6)
+    params: dict[str, object] = {
+        "objective": "reg:squarederror" if settings.objective == "mean" else "reg:quantileerror",
+        "base_score": float(np.log(value)) if settings.target_transform == "log" else value,
+    }
+    if settings.objective == "quantile":
+        params["quantile_alpha"] = settings.quantile_alpha
+    labels = np.full(len(latencies_ms), params["base_score"])
+    train = xgb.DMatrix(
+        np.zeros((len(latencies_ms), len(FEATURE_COLUMNS)), np.float32),
+        label=labels,
+        feature_names=list(FEATURE_COLUMNS),
+    )
+    booster = xgb.train(params, train, num_boost_round=0)
+    loss = (
+        {"mape": holdout.baseline_loss}
+        if settings.objective == "mean"
+        else {"pinball_loss": holdout.baseline_loss}
+    )
+    restated = holdout.model_copy(update={**loss, "coverage": None})
+    return TrainedModel(booster, len(latencies_ms), restated, 0.0)
+
+
 def evaluate(
     booster: xgb.Booster,
     features: np.ndarray,

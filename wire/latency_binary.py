@@ -12,7 +12,9 @@ rows × ``len(FEATURE_ROW_FIELDS)`` little-endian float64, row-major, one column
 finiteness, literal values), checked by the server.
 
 Response (200, ``Content-Type: application/vnd.llm-epp.predictions``): rows × 2 little-endian
-float32, (TTFT ms, TPOT ms) per row, and the model version in the ``x-model-version`` header.
+float32, (TTFT ms, TPOT ms) per row, the model version in the ``x-model-version`` header and,
+where some of the version's models are constants (no trees: the same prediction for every row),
+their targets in ``x-model-constant`` (comma-separated, ``ttft`` or ``tpot``; absent when none).
 Errors are answered in JSON, as for JSON calls.
 """
 
@@ -29,6 +31,7 @@ from wire.latency import POD_TYPES, FeatureRow, FeatureRowDict
 FEATURE_ROWS_TYPE: Final = "application/vnd.llm-epp.feature-rows"
 PREDICTIONS_TYPE: Final = "application/vnd.llm-epp.predictions"
 MODEL_VERSION_HEADER: Final = "x-model-version"
+CONSTANT_MODELS_HEADER: Final = "x-model-constant"
 
 FEATURE_ROW_FIELDS: Final = tuple(FeatureRow.model_fields)
 ROW_DTYPE: Final = np.dtype("<f8")

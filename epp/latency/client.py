@@ -49,6 +49,7 @@ from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import Prediction, PredictionUnavailable
 from wire.latency import FeatureRowDict, TrainingSampleDict
 from wire.latency_binary import (
+    CONSTANT_MODELS_HEADER,
     FEATURE_ROWS_TYPE,
     MODEL_VERSION_HEADER,
     PREDICTIONS_TYPE,
@@ -266,8 +267,10 @@ class PredictorClient:
                 raise PredictionUnavailable("bad_response")
             pairs = decode_predictions(answer.body)
             version_text = answer.headers.get(MODEL_VERSION_HEADER.lower())
+            constant_text = answer.headers.get(CONSTANT_MODELS_HEADER.lower())
             version = None if version_text is None else int(version_text)
-            predictions = [Prediction(ttft, tpot, version) for ttft, tpot in pairs]
+            constant = tuple(constant_text.split(",")) if constant_text else ()
+            predictions = [Prediction(ttft, tpot, version, constant) for ttft, tpot in pairs]
             if len(predictions) != len(rows):
                 raise PredictionUnavailable("bad_response")
         except PredictionUnavailable as exc:

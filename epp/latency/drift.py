@@ -14,8 +14,15 @@ window is above ``threshold``. While it drifts, the predicted-latency producer s
 (so the error keeps being measured) but publishes no prediction: requests fall back to the
 heuristics with the reason ``drift``, and the trainer is asked to retrain. Drift ends when
 every target's MAPE over its window is at or below ``recover_threshold`` (the engines back to
-their old speed, or newer versions trained on the new speed). Pure: no I/O, and times come
-from the caller.
+their old speed, or newer versions trained on the new speed).
+
+A target whose model is a constant (the trainer serves the median where its fitted model did not
+beat it: decoding speed that barely varied over the training window) is measured but not judged,
+and its live window is dropped until a fitted model serves it again. A constant predicts the
+same latency on every endpoint (before any per-endpoint correction), so its error cannot
+mislead the ranking that falling back would guard against; and under a load the training
+window never saw (a saturated pool) its error passes the threshold while the fitted TTFT model
+routes well. Pure: no I/O, and times come from the caller.
 """
 
 from __future__ import annotations
@@ -103,8 +110,17 @@ class DriftMonitor:
     def enabled(self) -> bool:
         return self.rule.threshold > 0
 
-    def observe(self, target: str, version: int, predicted_ms: float, actual_ms: float, now: float) -> None:
-        """One measured request: ``target``'s prediction by model ``version`` and the actual."""
+    def observe(
+        self,
+        target: str,
+        version: int,
+        predicted_ms: float,
+        actual_ms: float,
+        now: float,
+        constant: bool = False,
+    ) -> None:
+        """One measured request: ``target``'s prediction by model ``version`` and the actual;
+        ``constant``: that version predicts ``target`` by a constant (measured, not judged)."""
         if actual_ms <= 0 or predicted_ms <= 0:
             return  # nothing measured, or a model that does not predict this target
         if self.newest_version is None or version > self.newest_version:
@@ -116,6 +132,9 @@ class DriftMonitor:
             window = self._windows[(target, version)] = _Window(self.rule.window)
         error = (predicted_ms - actual_ms) / actual_ms
         window.add(error)
+        if constant:
+            self._live.pop(target, None)
+            return
         live = self._live.get(target)
         if live is None:
             live = self._live[target] = _Window(self.rule.window)
@@ -137,8 +156,8 @@ class DriftMonitor:
             self.events.append(DriftEvent(now, False, version, target, mape))
 
     def _recovered(self) -> bool:
-        """Every measured target's live error is at or below the recovery threshold over a full
-        window (a target the models do not predict has no window)."""
+        """Every judged target's live error is at or below the recovery threshold over a full
+        window (a target the models do not predict, or predict by a constant, has no window)."""
         limit = self.rule.recover_threshold
         return all(w.full and w.abs_sum / len(w.pairs) <= limit for w in self._live.values())
 

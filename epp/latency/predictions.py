@@ -25,6 +25,9 @@ class Prediction:
     tpot_ms: float
     model_version: int | None = None
     """The model version that predicted it, where the predictor says."""
+    constant_targets: tuple[str, ...] = ()
+    """The targets (``ttft``, ``tpot``) that version predicts by a constant (a model without
+    trees, which the trainer serves where its fitted model did not beat the median)."""
 
 
 class LatencyPredictor(Protocol):
@@ -73,6 +76,8 @@ class LatencyPredictions:
     """TPOT matters for this request (a streaming request under a streaming-mode model)."""
     model_version: int | None = None
     """The model version that predicted them, where the predictor says."""
+    constant_targets: tuple[str, ...] = ()
+    """The targets that version predicts by a constant (``Prediction.constant_targets``)."""
 
     @property
     def has_slo(self) -> bool:

@@ -207,7 +207,8 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
                     tpot_headroom = min(binding) * buffer - p.tpot_ms
             by_endpoint[name] = EndpointPrediction(p.ttft_ms, p.tpot_ms, ttft_headroom, tpot_headroom)
         version = predictions[0].model_version if predictions else None
-        made = LatencyPredictions(by_endpoint, ttft_slo, tpot_slo, tpot_applies, version)
+        constant = predictions[0].constant_targets if predictions else ()
+        made = LatencyPredictions(by_endpoint, ttft_slo, tpot_slo, tpot_applies, version, constant)
         if self.drift.drifting:
             state.put(DRIFTED_PREDICTIONS, made)
             state.put(PREDICTION_FALLBACK, "drift")
@@ -226,6 +227,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
                 p.ttft_ms * corrections.factor(name, "ttft"),
                 p.tpot_ms * corrections.factor(name, "tpot"),
                 p.model_version,
+                p.constant_targets,
             )
             for name, p in zip(names, predictions, strict=True)
         ]
@@ -273,12 +275,12 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
             return
         now = self.context.clock()
         drifting = self.drift.drifting
-        version = made.model_version
+        version, constant = made.model_version, made.constant_targets
         for sample in samples:
             if (ttft := sample["actual_ttft_ms"]) > 0:
-                self.drift.observe("ttft", version, predicted.ttft_ms, ttft, now)
+                self.drift.observe("ttft", version, predicted.ttft_ms, ttft, now, "ttft" in constant)
             if (tpot := sample["actual_tpot_ms"]) > 0:
-                self.drift.observe("tpot", version, predicted.tpot_ms, tpot, now)
+                self.drift.observe("tpot", version, predicted.tpot_ms, tpot, now, "tpot" in constant)
         if self.drift.drifting != drifting:
             event = self.drift.events[-1]
             log.warning(

@@ -53,8 +53,10 @@ class InProcessPredictor:
         if models is None:
             raise PredictionUnavailable("warming_up")
         ttft, tpot = models.predict(decode_feature_rows(rows))
-        version = models.version
-        return [Prediction(a, b, version) for a, b in zip(ttft.tolist(), tpot.tolist(), strict=True)]
+        version, constant = models.version, models.constant_targets
+        return [
+            Prediction(a, b, version, constant) for a, b in zip(ttft.tolist(), tpot.tolist(), strict=True)
+        ]
 
     def add_training(self, samples: Sequence[TrainingSampleDict]) -> None:
         self.service.add_samples(samples)

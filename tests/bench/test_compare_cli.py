@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import MIXED_POOLS, main
+from bench.cli import main
+from bench.mixed import POOLS
 from sim.engine.pool import pool_profiles, pool_size
 
 
@@ -113,7 +114,7 @@ def test_compare_runs_a_mixed_pool_and_reports_each_profiles_share(tmp_path: Pat
 
 
 def test_the_mixed_benchmarks_pools_load_and_differ_in_speed_and_config() -> None:
-    for pool in MIXED_POOLS.values():
+    for pool in POOLS.values():
         profiles = pool_profiles(pool, pool_size(pool) or 0)
         assert len(profiles) == 4 and len({p.name for p in profiles}) == 2
         assert profiles[-1].cost.step_time(0, 0, 8, 8000, 0.1) > 2 * profiles[0].cost.step_time(

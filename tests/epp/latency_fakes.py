@@ -51,6 +51,13 @@ class VersionedPredictor:
         self.retrains += 1
 
 
+class ConstantTpotPredictor(VersionedPredictor):
+    """As :class:`VersionedPredictor`, its TPOT model a constant (no trees)."""
+
+    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
+        return [Prediction(100.0, 10.0, 3, ("tpot",)) for _ in rows]
+
+
 DECISION_CONFIG = """
 apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig

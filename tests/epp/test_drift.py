@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from epp.latency.drift import DriftMonitor, DriftRule
@@ -14,7 +15,13 @@ from epp.latency.predictions import (
 from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import endpoint_state
-from tests.epp.latency_fakes import VersionedPredictor, produce, producer, streaming_request
+from tests.epp.latency_fakes import (
+    ConstantTpotPredictor,
+    VersionedPredictor,
+    produce,
+    producer,
+    streaming_request,
+)
 
 
 def test_rolling_mape_and_bias_over_the_last_window() -> None:
@@ -68,6 +75,34 @@ def test_threshold_zero_never_drifts_and_unpredicted_targets_are_skipped() -> No
     assert [s.target for s in monitor.stats()] == ["ttft"]
 
 
+def test_a_target_predicted_by_a_constant_is_measured_but_never_judged() -> None:
+    monitor = DriftMonitor(DriftRule(threshold=0.5, recover_threshold=0.3, window=5))
+    for t in range(10):
+        monitor.observe("ttft", 4, 100, 105, now=t)
+        monitor.observe("tpot", 4, 20, 80, now=t, constant=True)  # the median of a light load, 75% off
+    assert not monitor.drifting and monitor.events == []
+    assert sorted((s.target, round(s.mape, 3)) for s in monitor.stats()) == [("tpot", 0.75), ("ttft", 0.048)]
+
+
+def test_a_constant_replacing_drifting_trees_leaves_recovery_to_the_other_target() -> None:
+    monitor = DriftMonitor(DriftRule(threshold=0.5, recover_threshold=0.3, window=5))
+    for t in range(5):
+        monitor.observe("ttft", 1, 100, 100, now=t)
+        monitor.observe("tpot", 1, 10, 40, now=t)  # fitted TPOT trees, 75% off
+    assert monitor.drifting
+    monitor.observe("ttft", 2, 100, 100, now=10.0)
+    assert monitor.drifting  # TPOT's live window still holds the trees' error
+    monitor.observe("tpot", 2, 20, 40, now=11.0, constant=True)
+    monitor.observe("ttft", 2, 100, 100, now=12.0)
+    assert not monitor.drifting and monitor.events[-1].at == 12.0
+    # Trees serve TPOT again: judged afresh, once their own window is full.
+    for t in range(4):
+        monitor.observe("tpot", 3, 10, 40, now=20 + t)
+    assert not monitor.drifting
+    monitor.observe("tpot", 3, 10, 40, now=24.0)
+    assert monitor.drifting
+
+
 def test_collector_exports_error_per_target_and_version() -> None:
     monitor = DriftMonitor(DriftRule(threshold=0.5, recover_threshold=0.3, window=5))
     for t in range(5):
@@ -109,3 +144,18 @@ def test_producer_falls_back_with_reason_drift_keeps_measuring_and_asks_once_for
     state = produce(plugin, streaming_request(), endpoints)
     assert state.get(LATENCY_PREDICTIONS).model_version == 3 and state.get(PREDICTION_FALLBACK) is None
     assert len(predictor.samples) == 16  # it trained on every request, drifting or not
+
+
+@pytest.mark.parametrize("correction", [False, True])
+def test_producer_routes_on_predictions_whose_constant_tpot_is_far_off(correction: bool) -> None:
+    predictor = ConstantTpotPredictor()
+    plugin = producer(predictor, streamingMode=True, driftWindow=5, endpointCorrection=correction)  # type: ignore[arg-type]
+    endpoints = [endpoint_state(0)]
+    for _ in range(20):  # TTFT as predicted, TPOT 40 ms against the constant's 10: 75% off
+        request = streaming_request()
+        state = produce(plugin, request, endpoints)
+        made = state.get(LATENCY_PREDICTIONS)
+        assert made is not None and made.constant_targets == ("tpot",)
+        _finish(plugin, request, state, 0.1, 0.04)
+    assert not plugin.drift.drifting and predictor.retrains == 0
+    assert {s.target for s in plugin.drift.stats()} == {"ttft", "tpot"}  # the constant's error is measured

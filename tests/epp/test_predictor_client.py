@@ -18,6 +18,7 @@ from tests.epp.factories import FakeClock, client_for
 from tests.trainer.synthetic import feature_rows
 from wire.latency import POD_TYPES
 from wire.latency_binary import (
+    CONSTANT_MODELS_HEADER,
     FEATURE_ROW_FIELDS,
     FEATURE_ROWS_TYPE,
     MODEL_VERSION_HEADER,
@@ -38,6 +39,7 @@ class FakeServer:
     training: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     model_version: int | None = None
+    constant_models: str | None = None
     content_type: str = PREDICTIONS_TYPE
     retrain_headers: list[str | None] = field(default_factory=list)
     connections: set[int] = field(default_factory=set)
@@ -53,6 +55,8 @@ class FakeServer:
             return web.json_response({"detail": "no"}, status=self.status)
         lengths = matrix[:, FEATURE_ROW_FIELDS.index("input_token_length")]
         headers = {} if self.model_version is None else {MODEL_VERSION_HEADER: str(self.model_version)}
+        if self.constant_models is not None:
+            headers[CONSTANT_MODELS_HEADER] = self.constant_models
         body = encode_predictions(lengths, np.ones(len(lengths)))
         return web.Response(body=body, content_type=self.content_type, headers=headers)
 
@@ -232,6 +236,8 @@ async def test_predictions_carry_the_model_version_and_a_retrain_request_reaches
     client = await client_for([predictor.url], trainer.url, trainer_token="s3cret")
     try:
         assert await client.predict(rows(5)) == [Prediction(5.0, 1.0, 4)]
+        predictor.constant_models = "tpot"
+        assert await client.predict(rows(5)) == [Prediction(5.0, 1.0, 4, ("tpot",))]
         client.request_retrain()
         async with asyncio.timeout(5):
             while not trainer.retrain_headers:

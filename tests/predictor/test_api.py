@@ -18,12 +18,19 @@ from predictor.reload import ModelReloader
 from predictor.server import create_app
 from predictor.settings import PredictorSettings
 from tests.support import sample_value
-from tests.trainer.synthetic import feature_rows, publish_version, training_samples, true_ttft_ms
+from tests.trainer.synthetic import (
+    feature_rows,
+    publish_version,
+    training_samples,
+    true_ttft_ms,
+    unexplained_tpot,
+)
 from trainer.artifacts import Manifest
 from trainer.features import decode_feature_rows
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
 from wire.latency_binary import (
+    CONSTANT_MODELS_HEADER,
     FEATURE_ROW_FIELDS,
     FEATURE_ROWS_TYPE,
     MODEL_VERSION_HEADER,
@@ -81,7 +88,7 @@ async def test_strict_predictions(client: httpx.AsyncClient, model_dir: Path) ->
     assert response.status_code == 200
     body = response.json()
     assert body["total_requests"] == 100
-    assert body["model_version"] == 1
+    assert body["model_version"] == 1 and body["constant_models"] == []
     assert body["processing_time_ms"] >= 0
     first = body["predictions"][0]
     assert set(first) == {"ttft_ms", "tpot_ms", "model_type", "quantile", "last_model_load"}
@@ -238,10 +245,25 @@ async def test_binary_calls_get_the_models_numbers(client: httpx.AsyncClient, mo
     assert response.status_code == 200
     assert response.headers["content-type"] == PREDICTIONS_TYPE
     assert response.headers[MODEL_VERSION_HEADER] == "1"
+    assert CONSTANT_MODELS_HEADER not in response.headers
     ttft, tpot = _served_models(model_dir).predict(decode_feature_rows(rows))
     assert decode_predictions(response.content) == np.column_stack((ttft, tpot)).tolist()  # exactly
     as_json = (await client.post("/predict/bulk/strict", json={"requests": rows})).json()["predictions"]
     assert [p["ttft_ms"] for p in as_json] == pytest.approx(ttft.tolist(), abs=1e-3)
+
+
+async def test_a_constant_tpot_model_is_named_in_both_forms_of_the_answer(tmp_path: Path) -> None:
+    service = TrainerService(TrainerSettings(model_dir=tmp_path))
+    service.add_samples(unexplained_tpot(300))
+    assert await service.retrain() is not None
+    rows = feature_rows(20, seed=3)
+    async for client in loaded(PredictorSettings(model_dir=tmp_path, poll_interval_s=3600)):
+        binary = await client.post("/predict/bulk/strict", content=encode_rows(rows), headers=BINARY)
+        assert binary.headers[CONSTANT_MODELS_HEADER] == "tpot"
+        assert {round(tpot, 3) for _, tpot in decode_predictions(binary.content)} == {20.0}
+        as_json = (await client.post("/predict/bulk/strict", json={"requests": rows})).json()
+        assert as_json["constant_models"] == ["tpot"]
+        assert len({p["ttft_ms"] for p in as_json["predictions"]}) > 10  # the TTFT model has trees
 
 
 async def test_a_bad_binary_row_is_refused_by_row_and_field(client: httpx.AsyncClient) -> None:

@@ -76,6 +76,16 @@ def training_samples(n: int, seed: int = 0, noise: float = 0.02) -> list[dict[st
     return samples
 
 
+def unexplained_tpot(n: int, seed: int = 1) -> list[dict[str, Any]]:
+    """``n`` samples whose TPOT no feature explains (a light load): 20 ms, with one in ten a
+    stall of 0.2-2 s; a fitted TPOT model does not beat the median, so the trainer serves it."""
+    samples = training_samples(n, seed)
+    rng = np.random.default_rng(seed)
+    for sample in samples:
+        sample["actual_tpot_ms"] = float(rng.uniform(200, 2000)) if rng.random() < 0.1 else 20.0
+    return samples
+
+
 async def publish_version(model_dir: Path, n: int = 2000, seed: int = 0, **settings: Any) -> Manifest:
     """Train both models on ``n`` synthetic samples and publish them as the next version."""
     service = TrainerService(TrainerSettings(model_dir=model_dir, **settings))

@@ -15,9 +15,9 @@ import xgboost as xgb
 
 from tests.support import sample_value
 from tests.trainer.running import Trainer, started
-from tests.trainer.synthetic import training_samples, uncached_sweep
+from tests.trainer.synthetic import training_samples, uncached_sweep, unexplained_tpot
 from trainer.artifacts import Manifest
-from trainer.features import TRAINING_SAMPLE_DECODER, matrix_from_columns
+from trainer.features import FEATURE_COLUMNS, TRAINING_SAMPLE_DECODER, matrix_from_columns
 from trainer.service import TrainerService
 from trainer.settings import TrainerSettings
 
@@ -246,6 +246,23 @@ async def test_a_first_model_no_better_than_a_constant_is_withheld(trainer: Trai
     manifest = await published(service)
     ttft = manifest.models["ttft"].holdout
     assert ttft.baseline_loss is not None and ttft.mape is not None and ttft.mape < ttft.baseline_loss
+
+
+async def test_a_tpot_model_no_better_than_a_constant_is_replaced_by_it(trainer: Trainer) -> None:
+    """Decoding speed that no feature explains (a light load): the trees are withheld and the
+    trainer serves the median TPOT, not no TPOT model (which the predictors answer as 0)."""
+    client, service = trainer
+    await client.post("/add_training_data_bulk", json={"entries": unexplained_tpot(300)})
+    manifest = await published(service)
+    text = (await client.get("/metrics")).text
+    assert sample_value(text, "trainer_models_withheld_total", model="tpot") == 1
+    tpot = manifest.models["tpot"]
+    assert tpot.holdout.baseline_loss is not None and tpot.holdout.loss == tpot.holdout.baseline_loss
+    booster = xgb.Booster()
+    booster.load_model(bytearray((await client.get("/model/tpot/download")).content))
+    assert np.exp(booster.inplace_predict(np.zeros((1, len(FEATURE_COLUMNS)), np.float32))) == pytest.approx(
+        20.0
+    )
 
 
 async def test_no_version_without_a_ttft_model(trainer: Trainer) -> None:

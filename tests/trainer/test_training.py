@@ -14,6 +14,7 @@ from trainer.settings import TrainingSettings
 from trainer.training import (
     TTFT_MONOTONE,
     TrainingError,
+    constant_model,
     evaluate,
     latency_from_margin,
     monotone_constraints,
@@ -91,6 +92,24 @@ def test_a_model_chasing_unexplained_stalls_loses_to_the_constant(seed: int) -> 
     holdout = model.holdout
     assert holdout.loss == holdout.mape
     assert not holdout.beats_baseline  # predicting 100 ms always is nearer the truth
+
+
+@pytest.mark.parametrize(
+    ("objective", "transform", "level"),
+    [("mean", "log", 0.5), ("mean", "raw", 0.5), ("quantile", "log", 0.9)],
+)
+def test_the_constant_model_predicts_the_baseline_it_was_judged_by(
+    objective: str, transform: str, level: float
+) -> None:
+    features, _, _ = dataset(300, seed=1)
+    latencies = stalls(300, 1)
+    settings = TrainingSettings(objective=objective, target_transform=transform, quantile_alpha=0.9)
+    fitted = train_model(features, latencies, settings, np.random.default_rng(1))
+    model = constant_model(latencies, settings, fitted.holdout)
+    predicted = latency_from_margin(model.booster.inplace_predict(features[:5]), transform)
+    assert predicted == pytest.approx(np.full(5, np.quantile(latencies, level)), rel=1e-5)
+    assert model.booster.num_boosted_rounds() == 0 and model.training_samples == 300
+    assert model.holdout.loss == fitted.holdout.baseline_loss and model.holdout.coverage is None
 
 
 def test_a_small_window_is_judged_by_cross_validation_on_every_sample() -> None:
