@@ -22,8 +22,9 @@ finishes them. With first-token metering the reply to the request headers also a
 no response headers (a ``mode_override``) unless the caller wants a decision trace: the status
 and the endpoint that answered come as response attributes with the first body chunk, so a
 streamed request costs three messages each way (headers, body, first token). The request's
-books (bookings, observers, metrics) are settled in :meth:`ExtProcStream.close`, after the last reply has gone: off Envoy's path,
-which takes ~30 µs off the answer to a non-streamed response's headers.
+books (bookings, observers, metrics) are settled in :meth:`ExtProcStream.close`, after the last
+reply has gone: off Envoy's path, which takes ~30 µs off the answer to a non-streamed
+response's headers.
 
 The request body arrives in one of two modes, announced by Envoy's ``protocol_config``:
 
