@@ -119,6 +119,9 @@ class CapacitySettings:
     scrape_intervals_s: tuple[float, ...] = (0.05, 0.2, 1.0)
     """Each replica scrapes every pod at each of these (a plan for each): under load every pod
     is busy, so on the fast tick (50 ms); and slower ones."""
+    share_scrapes: bool = True
+    """Synced replicas share their scrapes (``--sync-share-scrapes``, on by default): each pod is
+    scraped by one replica, whose figures the others apply (one message a tick from each)."""
     events_per_request: int = 3
     """Routed, first token, finished: each changes an endpoint's totals that go out at once."""
     answer_s: float = 5.0
@@ -172,9 +175,8 @@ class UnitCosts:
     """A prediction row (both models)."""
     progress_us: float
     """A handed-off stream's decode progress moved on (once a second while it is in flight)."""
-    share_apply_us: float = 0.0
-    """A peer's shared scrape of one endpoint applied (scrape sharing, ``bench.scrape_share_cost``);
-    0 in results measured before it."""
+    share_apply_us: float
+    """A peer's shared scrape of one endpoint applied (scrape sharing, ``bench.scrape_share_cost``)."""
 
 
 # ---------------------------------------------------------------- sizing
@@ -222,14 +224,17 @@ def sync_totals_per_s(s: CapacitySettings, qps: float, replicas: int) -> float:
 def replica_overhead(
     costs: UnitCosts, s: CapacitySettings, qps: float, replicas: int, scrape_interval_s: float
 ) -> dict[str, float]:
-    """Cores each replica spends besides its share of the requests: scraping every pod every
-    ``scrape_interval_s``, applying its ``replicas - 1`` peers' sync, and reading the access-log
-    entries of their requests."""
+    """Cores each replica spends besides its share of the requests: scraping every
+    ``scrape_interval_s`` the pods it owns (every pod without ``share_scrapes``) and applying its
+    peers' scrapes of the others, applying its ``replicas - 1`` peers' sync, and reading the
+    access-log entries of their requests."""
     peers = replicas - 1
     sync_us = sync_messages_per_s(s, qps, replicas) * costs.sync_message_us
     sync_us += sync_totals_per_s(s, qps, replicas) * costs.sync_total_us
+    owned = s.pods / replicas if s.share_scrapes else s.pods
+    scrape_us = owned * costs.scrape_us + (s.pods - owned) * costs.share_apply_us
     return {
-        "scrapes": s.pods / scrape_interval_s * costs.scrape_us / 1e6,
+        "scrapes": scrape_us / scrape_interval_s / 1e6,
         "sync": peers * sync_us / 1e6,
         "access_log": qps * peers / replicas * costs.log_entry_us / 1e6,
     }
@@ -263,7 +268,8 @@ def plan(
     requests = request_cores(costs, s, qps)
     overhead = replica_overhead(costs, s, qps, replicas, scrape_interval_s)
     rows = qps * s.predicted_share * s.rows_per_prediction
-    published = replicas * sync_messages_per_s(s, qps, replicas)
+    shared = 1 / scrape_interval_s if s.share_scrapes and replicas > 1 else 0.0
+    published = replicas * (sync_messages_per_s(s, qps, replicas) + shared)
     return {
         "qps": qps,
         "scrape_interval_s": scrape_interval_s,
@@ -664,12 +670,18 @@ def _markdown(data: dict[str, Any]) -> str:
             "EPP cores: requests are the requests' own CPU; in all, with each replica's scrapes, "
             "access-log entries and sync. none fits: no replica count keeps each within its share "
             "of a core (the figures after it are then those of the least loaded count). Assumptions: "
-            "every pod busy, so scraped by every replica (the fast tick is 50 ms); "
-            f"{s['rows_per_prediction']} prediction rows for {s['predicted_share']:.0%} of requests (the "
+            "every pod busy, so on the fast tick; "
+            + (
+                "scrapes shared: each pod scraped by one replica, its figures applied by the others; "
+                if s["share_scrapes"]
+                else "every pod scraped by every replica; "
+            )
+            + f"{s['rows_per_prediction']} prediction rows for {s['predicted_share']:.0%} of requests (the "
             "predicted-latency producer predicts every pod before its filters, unless the prefix is "
             "cached at `skipWhenCachedAt`); sync totals counted with no coalescing within a take "
             f"(an upper bound), streams in flight for ~{s['answer_s']:g} s; NATS: each replica's "
-            "takes (at most one per 5 ms) and heartbeats, delivered to every peer. llm-d's EPP "
+            "takes (at most one per 5 ms), heartbeats and shared scrapes (one a tick), delivered to "
+            "every peer. llm-d's EPP "
             "cores: ~4 ms per request + ~31 µs per chunk.",
             markdown_table(
                 ["llm-d figure", "value", "source"], [[p.figure, p.value, p.source] for p in LLM_D]

@@ -35,6 +35,7 @@ FREE = UnitCosts(
     sync_total_us=0.0,
     row_us=0.0,
     progress_us=0.0,
+    share_apply_us=0.0,
 )
 
 
@@ -70,9 +71,9 @@ def test_sync_totals_are_each_event_the_metered_streams_at_each_tick_and_the_est
     assert sync_totals_per_s(s, 1_000_000, 2) == pytest.approx(100 * 200)  # every pod, every take
 
 
-def test_each_replica_scrapes_every_pod_and_reads_its_peers_log_entries() -> None:
+def test_unshared_each_replica_scrapes_every_pod_and_reads_its_peers_log_entries() -> None:
     costs = replace(FREE, scrape_us=500.0, log_entry_us=10.0, sync_message_us=4.0, sync_total_us=2.0)
-    s = CapacitySettings(pods=100)
+    s = CapacitySettings(pods=100, share_scrapes=False)
     one = replica_overhead(costs, s, 10_000, 1, 0.05)
     assert one == pytest.approx({"scrapes": 100 * 20 * 500e-6, "sync": 0.0, "access_log": 0.0})
     four = replica_overhead(costs, s, 10_000, 4, 0.2)
@@ -96,12 +97,13 @@ def test_the_plan_takes_the_fewest_replicas_whose_cores_stay_within_the_utilisat
     assert result["epp_cores"] == pytest.approx(
         3.5 + 6 * sum(replica_overhead(costs, s, 10_000, 6, 0.05).values())
     )
-    assert result["nats_published_per_s"] == pytest.approx(6 * 202)
-    assert result["nats_delivered_per_s"] == pytest.approx(6 * 202 * 5)
+    # each: 200 takes, 2 heartbeats, 20 shared scrapes a second
+    assert result["nats_published_per_s"] == pytest.approx(6 * 222)
+    assert result["nats_delivered_per_s"] == pytest.approx(6 * 222 * 5)
 
 
 def test_when_no_replica_count_fits_the_plan_gives_the_least_loaded_one() -> None:
-    s = CapacitySettings(pods=100, utilisation=0.7)
+    s = CapacitySettings(pods=100, utilisation=0.7, share_scrapes=False)
     costs = replace(FREE, request_us=100.0, scrape_us=400.0)  # 0.8 cores at 20 scrapes/s a pod
     fast = plan(costs, s, 1_000, 0.05)
     assert not fast["fits"] and fast["replicas"] == 2_000  # more replicas, a smaller share each
@@ -154,6 +156,7 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
         sync_total_us=3.0,
         row_us=6.0,
         progress_us=2.0,
+        share_apply_us=3.0,
     )
     cell = {"tokens": 500, "chunks": 502.0, "window_s": 15.0}
     rate = {"achieved_rate": 149.0, "envoy_us": 900.0, "ttft_p50_ms": 9.0, "ttft_p99_ms": 20.0}
@@ -170,7 +173,7 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
         "handler_us_by_endpoints": {"4": 400.0, "100": 1_100.0},
     }
     monkeypatch.setattr(capacity, "measure", lambda settings: (costs, measured))
-    data = capacity.run(tmp_path, CapacitySettings(sample_every=100))
+    data = capacity.run(tmp_path, CapacitySettings(sample_every=100, share_scrapes=False))
     report = (tmp_path / "capacity.md").read_text()
     assert "| metered chunk (full metering) | 150.0 | 24–31 |" in report
     # 100 pods × 20/s × 500 µs: a core per replica for the scrapes alone; 1,000 µs a request,
@@ -184,3 +187,21 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
     assert "150 requests/s (achieved 149): 1,000 µs of EPP CPU" in report
     assert "| decode progress of a handed-off stream moved on (once a second) | 2.00 | – |" in report
     assert (tmp_path / data["plot"]).stat().st_size > 0 and (tmp_path / "capacity.json").exists()
+
+
+def test_with_shared_scrapes_a_replica_scrapes_its_share_of_the_pods_and_applies_the_rest() -> None:
+    costs = replace(FREE, scrape_us=400.0, share_apply_us=3.0)
+    s = CapacitySettings(pods=100)
+    # 4 replicas at the 50 ms tick: 25 pods scraped (25 × 20 × 400 µs = 0.2 cores) and 75 applied
+    # (75 × 20 × 3 µs = 4.5 ms/s); unshared, every pod scraped: 0.8 cores
+    shared = replica_overhead(costs, s, 1_000, 4, 0.05)["scrapes"]
+    assert shared == pytest.approx(0.2 + 0.0045)
+    assert replica_overhead(costs, replace(s, share_scrapes=False), 1_000, 4, 0.05)[
+        "scrapes"
+    ] == pytest.approx(0.8)
+    assert replica_overhead(costs, s, 1_000, 1, 0.05)["scrapes"] == pytest.approx(0.8)  # alone: all its own
+    shared_plan = plan(costs, s, 1_000, 0.05)  # two replicas: 0.4 + 1.5 ms/s + 0.05 of requests each
+    replicas = shared_plan["replicas"]
+    assert replicas == 2
+    each = sync_messages_per_s(s, 1_000, replicas) + 20  # takes, heartbeats, a scrape message a tick
+    assert shared_plan["nats_published_per_s"] == pytest.approx(replicas * each)
