@@ -1,15 +1,16 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 import epp.plugins  # noqa: F401  (registers plugin types)
 from epp.scheduling.framework import PluginContext
 from tests.epp.factories import FakeClock
-from tests.epp.fake_engine import Engine
+from tests.epp.fake_engine import Engine, serve
+from tests.epp.sync_replicas import Nats
 
 
 @pytest.fixture
@@ -26,13 +27,15 @@ def context(clock: FakeClock) -> PluginContext:
 async def engine() -> AsyncIterator[Engine]:
     """A fake engine on a free loopback port."""
     fake = Engine()
-    app = web.Application()
-    app.router.add_get("/metrics", fake.metrics)
-    app.router.add_get("/v1/models", fake.models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fake.port = site._server.sockets[0].getsockname()[1]
+    runner = await serve(fake)
     yield fake
     await runner.cleanup()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[Nats]:
+    """A real nats-server on a free port."""
+    server = Nats(tmp_path)
+    server.start()
+    yield server
+    server.stop()

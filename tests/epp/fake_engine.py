@@ -35,3 +35,16 @@ class Engine:
         if self.max_model_len is None:
             return web.json_response({"detail": "Not Found"}, status=404)
         return web.json_response(models_response("tiny", "/m", self.max_model_len, created=1))
+
+
+async def serve(engine: Engine) -> web.AppRunner:
+    """Serve ``engine`` on a free loopback port (set in ``engine.port``); clean up the runner."""
+    app = web.Application()
+    app.router.add_get("/metrics", engine.metrics)
+    app.router.add_get("/v1/models", engine.models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    engine.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner

@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.scraper import MetricsScraper
@@ -26,7 +24,7 @@ from epp.sync.nats_transport import NatsSyncTransport
 from epp.sync.scrape_owners import owner
 from epp.sync.scrape_share import STALE_AFTER_TICKS, ScrapeShare
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
-from tests.epp.fake_engine import Engine
+from tests.epp.fake_engine import Engine, serve
 from tests.epp.sync_replicas import Nats
 from tests.support import eventually
 
@@ -79,26 +77,6 @@ class Replica:
     async def stop(self) -> None:
         await self.transport.close()
         await self.scraper.close()
-
-
-async def serve(engine: Engine) -> web.AppRunner:
-    app = web.Application()
-    app.router.add_get("/metrics", engine.metrics)
-    app.router.add_get("/v1/models", engine.models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    engine.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[Nats]:
-    server = Nats(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -34,14 +34,6 @@ TUNING = SyncTuning(progress_interval_s=0.02, heartbeat_interval_s=0.1, peer_tim
 ROOT = "llm-epp-test.pool"
 
 
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[Nats]:
-    server = Nats(tmp_path)
-    server.start()
-    yield server
-    server.stop()
-
-
 class SyncedReplica(EppReplica):
     transport: NatsSyncTransport
     registry: CollectorRegistry
