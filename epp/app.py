@@ -25,6 +25,8 @@ from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
 from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
 from epp.estimated_tokens import EstimatedTokenizer
+from epp.extauthz import server as ext_authz_server
+from epp.extauthz.check import ExtAuthzCheck
 from epp.extproc.access_log import AccessLogReceiver
 from epp.extproc.access_log import add_to_server as add_access_log_to_server
 from epp.extproc.gate import DebugAccess, HeaderLimits, RequestGate
@@ -216,6 +218,8 @@ class EppApp:
         )
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
+        self._ext_authz: asyncio.Server | None = None
+        self.ext_authz_port: int | None = None
         self._health_server: grpc.aio.Server | None = None
         self._metrics_server: WSGIServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -312,8 +316,12 @@ class EppApp:
         self._grpc = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(ExternalProcessor(self.director, s.max_body_bytes, self.gate), self._grpc)
         add_access_log_to_server(AccessLogReceiver(self.director.log_entry), self._grpc)
-        if s.response_metering == "first-token":
+        if s.response_metering == "first-token" or s.ext_authz_port is not None:
             self._tasks.append(asyncio.create_task(self._follow_handoffs(), name="handed-off-requests"))
+        if s.ext_authz_port is not None:
+            check = ExtAuthzCheck(self.director, s.max_body_bytes, self.gate)
+            self._ext_authz = await ext_authz_server.serve(check.answer, s.host, s.ext_authz_port)
+            self.ext_authz_port = self._ext_authz.sockets[0].getsockname()[1]
         tls = s.grpc_tls()
         address = f"{s.host}:{s.grpc_port}"
         self.grpc_port = (
@@ -341,10 +349,12 @@ class EppApp:
                 else health_pb2.HealthCheckResponse.NOT_SERVING,
             )
         log.info(
-            "EPP serving ext_proc on %s:%d (%s; health %d, metrics %d), %d endpoints, profile %r",
+            "EPP serving ext_proc on %s:%d (%s; ext_authz %s, health %d, metrics %d), %d endpoints, "
+            "profile %r",
             s.host,
             self.grpc_port,
             "plaintext" if tls is None else "mTLS" if tls.client_ca_file else "TLS",
+            self.ext_authz_port or "off",
             self.health_port,
             self.metrics_port,
             len(self.store.all()),
@@ -407,6 +417,8 @@ class EppApp:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._ext_authz is not None:
+            self._ext_authz.close()
         if self._grpc is not None:
             await self._grpc.stop(drain_s)
         if self.flow_gate is not None:

@@ -78,6 +78,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from epp.extauthz.check import CHECK_PATH_PREFIX, SOURCE_HEADER
 from epp.extproc.messages import (
     DESTINATION_HEADER,
     LB_METADATA_NAMESPACE,
@@ -89,6 +90,8 @@ from epp.requestcontrol.director import REQUEST_ID_HEADER
 
 FailureMode = Literal["FailOpen", "FailClose"]
 BodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
+Callout = Literal["ext-proc", "ext-authz"]
+"""How the gateway asks the EPP: an ext_proc stream per request, or one HTTP ext_authz check."""
 INFERENCE_API_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 MODEL_SERVERS_CLUSTER = "model_servers"
 UPSTREAM_IDLE_TIMEOUT = "3s"
@@ -134,6 +137,11 @@ _ROUND_ROBIN = "type.googleapis.com/envoy.extensions.load_balancing_policies.rou
 _PREVIOUS_HOSTS = "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
 _LOAD_ASSIGNMENT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 _EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+_EXT_AUTHZ = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz"
+_EXT_AUTHZ_FILTER = "envoy.filters.http.ext_authz"
+EXT_AUTHZ_CLUSTER = "epp_ext_authz"
+TRACE_HEADERS = ("traceparent", "tracestate")
+"""The W3C trace context the EPP may add to a forwarded request."""
 _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 _RAW_BUFFER = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
 _BUFFER = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
@@ -227,13 +235,37 @@ def _epp_cluster(address: tuple[str, int], tls: EppTls | None) -> dict[str, Any]
     }
 
 
+def _ext_authz_cluster(address: str, port: int) -> dict[str, Any]:
+    """The EPP's ext_authz port: HTTP/1.1, kept-alive connections."""
+    return {
+        "name": EXT_AUTHZ_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": _load_assignment(EXT_AUTHZ_CLUSTER, [(address, port)]),
+    }
+
+
+def _epp_filter(
+    failure_mode: FailureMode, body_mode: BodyMode, max_request_bytes: int, authz: bool
+) -> dict[str, Any]:
+    if authz:
+        return ext_authz_filter(failure_mode, max_request_bytes)
+    return ext_proc_filter("epp", failure_mode, body_mode)
+
+
 def _lb_policy(name: str, typed_config: dict[str, Any]) -> dict[str, Any]:
     return {"policies": [{"typed_extension_config": {"name": name, "typed_config": typed_config}}]}
 
 
-def model_servers_cluster(endpoints_file: Path) -> dict[str, Any]:
-    """The model servers, from ``endpoints_file``, balanced by the EPP's picks (see the module doc)."""
-    picks = {"key": LB_METADATA_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]}
+def model_servers_cluster(endpoints_file: Path, picks_in_header: bool = False) -> dict[str, Any]:
+    """The model servers, from ``endpoints_file``, balanced by the EPP's picks (see the module
+    doc): from ``envoy.lb`` metadata (ext_proc), or from the destination header, which then
+    holds the whole list (ext_authz answers with headers only)."""
+    source = (
+        {"header": DESTINATION_HEADER}
+        if picks_in_header
+        else {"metadata": {"key": LB_METADATA_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]}}
+    )
     return {
         "name": MODEL_SERVERS_CLUSTER,
         "type": "EDS",
@@ -245,9 +277,9 @@ def model_servers_cluster(endpoints_file: Path) -> dict[str, Any]:
             "envoy.load_balancing_policies.override_host",
             {
                 "@type": _OVERRIDE_HOST,
-                # Metadata only: the header repeats the first pick, and Envoy would append it
-                # to the list, retrying the first pick again.
-                "override_host_sources": [{"metadata": picks}],
+                # One source only: with ext_proc the header repeats the first pick, and Envoy
+                # would append it to the list, retrying the first pick again.
+                "override_host_sources": [source],
                 "fallback_policy": _lb_policy(
                     "envoy.load_balancing_policies.round_robin", {"@type": _ROUND_ROBIN}
                 ),
@@ -316,6 +348,52 @@ def ext_proc_filter(
     }
 
 
+def ext_authz_filter(failure_mode: FailureMode, max_request_bytes: int) -> dict[str, Any]:
+    """The HTTP ext_authz filter that asks the EPP (``EXT_AUTHZ_CLUSTER``) for each request's
+    pick: every client header and the whole body go to it (``epp.extauthz.check``); its answer's
+    destination, request id and trace context go upstream, a refusal's status, body and headers
+    to the client, and a decision trace onto the client's response."""
+    exact = [{"exact": name} for name in (DESTINATION_HEADER, REQUEST_ID_HEADER, *TRACE_HEADERS)]
+    return {
+        "name": _EXT_AUTHZ_FILTER,
+        "typed_config": {
+            "@type": _EXT_AUTHZ,
+            "http_service": {
+                "server_uri": {
+                    "uri": f"http://{EXT_AUTHZ_CLUSTER}",
+                    "cluster": EXT_AUTHZ_CLUSTER,
+                    # Flow control may hold a request up to its band's TTL.
+                    "timeout": f"{MAX_MESSAGE_TIMEOUT_S}s",
+                },
+                "path_prefix": CHECK_PATH_PREFIX,
+                "authorization_request": {
+                    # Replaces any such header from the client: who may see decision traces.
+                    "headers_to_add": [
+                        {"key": SOURCE_HEADER, "value": "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"}
+                    ],
+                },
+                "authorization_response": {
+                    "allowed_upstream_headers": {"patterns": exact},
+                    "allowed_client_headers": {
+                        "patterns": [
+                            {"exact": "content-type"},
+                            {"exact": "retry-after"},
+                            {"prefix": "x-llm-d-"},
+                        ]
+                    },
+                    "allowed_client_headers_on_success": {"patterns": [{"prefix": "x-llm-epp-"}]},
+                },
+            },
+            "allowed_headers": {"patterns": [{"safe_regex": {"regex": ".*"}}]},
+            "with_request_body": {"max_request_bytes": max_request_bytes, "pack_as_bytes": True},
+            "clear_route_cache": True,
+            "failure_mode_allow": failure_mode == "FailOpen",
+            # As ext_proc's failures: a 500 (the local reply names the EPP).
+            "status_on_error": {"code": 500},
+        },
+    }
+
+
 def _error_body(error_type: str) -> dict[str, Any]:
     error = {
         "message": "%LOCAL_REPLY_BODY%",
@@ -362,7 +440,14 @@ def local_reply_config() -> dict[str, Any]:
         }
     ]
     # ext_proc_error_* (the stream failed or timed out), and any other ext_proc failure.
-    epp_failed = _cel("response.code_details.startsWith('ext_proc')")
+    epp_failed = {
+        "or_filter": {
+            "filters": [
+                _cel("response.code_details.startsWith('ext_proc')"),
+                _cel("response.code_details.startsWith('ext_authz')"),
+            ]
+        }
+    }
     for status, message in ((500, "the endpoint picker failed"), (504, "the endpoint picker timed out")):
         mappers.append(
             {
@@ -432,7 +517,7 @@ def _after_the_body(route: dict[str, Any]) -> dict[str, Any]:
 
 
 def _method_routes(
-    method: str, paths: Sequence[str], with_epp: bool, fail_open: bool
+    method: str, paths: Sequence[str], with_epp: bool, fail_open: bool, epp_filter: str
 ) -> list[dict[str, Any]]:
     """``paths`` with ``method``: to the EPP's pick (or round-robin when failing open, else a 503);
     with any other method, a 405 that names the one they take, as the engines answer."""
@@ -447,10 +532,10 @@ def _method_routes(
         no_pick = {"status": 503, "body": {"inline_string": "no endpoint was picked"}}
         routes.append({"match": api, "direct_response": no_pick})
     if with_epp:
-        # Turns on the ext_proc filter the listener has off (an empty config: no override).
+        # Turns on the EPP's filter the listener has off (an empty config: no override).
         enabled = {"@type": _FILTER_CONFIG, "config": {}}
         for route in routes:
-            route["typed_per_filter_config"] = {_EXT_PROC_FILTER: enabled}
+            route["typed_per_filter_config"] = {epp_filter: enabled}
     wrong_method = _after_the_body(
         {
             "match": _path_match(paths),
@@ -464,11 +549,13 @@ def _method_routes(
     return [*routes, wrong_method]
 
 
-def _routes(api_paths: Sequence[str], with_epp: bool, fail_open: bool) -> list[dict[str, Any]]:
+def _routes(
+    api_paths: Sequence[str], with_epp: bool, fail_open: bool, epp_filter: str
+) -> list[dict[str, Any]]:
     routes = [
         route
         for method, paths in _by_method(api_paths).items()
-        for route in _method_routes(method, paths, with_epp, fail_open)
+        for route in _method_routes(method, paths, with_epp, fail_open, epp_filter)
     ]
     served = ", ".join(api_paths)
     not_found = {
@@ -494,15 +581,22 @@ def gateway_bootstrap(
     max_request_bytes: int = 16 << 20,
     epp_tls: EppTls | None = None,
     access_log_to_epp: bool = False,
+    ext_authz_port: int | None = None,
 ) -> dict[str, Any]:
     """An Envoy v3 bootstrap (as a dict, dump it to YAML or JSON) for the gateway; add ``admin`` to taste.
 
     ``endpoints_file`` holds the model servers (see :func:`write_cluster_endpoints`); it must
     exist when Envoy starts. ``api_paths`` are the request paths routed to them.
     ``access_log_to_epp``: log every routed request to the EPP (see the module doc).
+    ``ext_authz_port``: ask the EPP over HTTP ext_authz on this port of its address instead of
+    over ext_proc (``epp.extauthz.check``); the access log then finishes every request.
     """
     if not api_paths or not all(p.startswith("/") for p in api_paths):
         raise ValueError(f"api_paths must be non-empty absolute paths, got {list(api_paths)}")
+    authz = ext_authz_port is not None
+    if authz and (epp_address is None or epp_tls is not None or body_mode != "BUFFERED"):
+        raise ValueError("the ext_authz callout needs an EPP address, no TLS and BUFFERED bodies")
+    access_log_to_epp = access_log_to_epp or authz
     with_epp = epp_address is not None
     fail_open = failure_mode == "FailOpen" or not with_epp
     hcm = {
@@ -530,7 +624,13 @@ def gateway_bootstrap(
         "local_reply_config": local_reply_config(),
         "route_config": {
             "virtual_hosts": [
-                {"name": "all", "domains": ["*"], "routes": _routes(api_paths, with_epp, fail_open)}
+                {
+                    "name": "all",
+                    "domains": ["*"],
+                    "routes": _routes(
+                        api_paths, with_epp, fail_open, _EXT_AUTHZ_FILTER if authz else _EXT_PROC_FILTER
+                    ),
+                }
             ]
         },
         "http_filters": [
@@ -545,7 +645,11 @@ def gateway_bootstrap(
             # Enabled by the API routes only: a request with no route, as one Envoy's codec refuses
             # (headers over the limit), is answered without waiting on the EPP (Envoy resets
             # such a request instead when ext_proc must see its reply: envoyproxy/envoy#29440).
-            *([{**ext_proc_filter("epp", failure_mode, body_mode), "disabled": True}] if with_epp else []),
+            *(
+                [{**_epp_filter(failure_mode, body_mode, max_request_bytes, authz), "disabled": True}]
+                if with_epp
+                else []
+            ),
             # Enabled by the routes Envoy answers itself (see _after_the_body).
             {
                 "name": _BUFFER_FILTER,
@@ -555,9 +659,11 @@ def gateway_bootstrap(
             {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
         ],
     }
-    clusters = [model_servers_cluster(endpoints_file)]
+    clusters = [model_servers_cluster(endpoints_file, picks_in_header=authz)]
     if epp_address is not None:
         clusters.append(_epp_cluster(epp_address, epp_tls))
+    if epp_address is not None and ext_authz_port is not None:
+        clusters.append(_ext_authz_cluster(epp_address[0], ext_authz_port))
     return {
         # xDS (the endpoints file) needs a node identity.
         "node": {"id": "gateway", "cluster": "gateway"},
@@ -583,31 +689,54 @@ def gateway_bootstrap(
 
 SSE_DONE_METADATA = ("llm_epp", "sse_done")
 """Where the gateway marks a streamed answer whose ``data: [DONE]`` went to the client."""
-_SSE_DONE_LUA = """
+FIRST_BODY_BYTE_METADATA = ("llm_epp", "first_body_byte_us")
+"""Where the gateway notes when a streamed answer's first body chunk passed (wall clock, µs
+since the epoch, as a string): its first token, for requests the EPP routed over ext_authz."""
+SSE_EVENTS_METADATA = ("llm_epp", "sse_events")
+"""Where the gateway counts a streamed answer's JSON events (``data: {``; ``[DONE]`` is not
+one): its output tokens give or take the role and usage events, for requests routed over
+ext_authz, which no stream of tells the EPP its bytes per token. Set when the answer ends."""
+_SSE_LUA = """
 function envoy_on_response(handle)
   local content_type = handle:headers():get("content-type") or ""
   if string.find(content_type, "text/event-stream", 1, true) == nil then
     return
   end
-  local tail = ""
+  local tail = nil
+  local events = 0
   for chunk in handle:bodyChunks() do
+    if tail == nil then
+      local at = handle:timestampString(EnvoyTimestampResolution.MICROSECOND)
+      handle:streamInfo():dynamicMetadata():set("{ns}", "{first}", at)
+      tail = ""
+    end
     local text = tail .. chunk:getBytes(0, chunk:length())
+    -- The tail is shorter than what is counted: no event is counted twice.
+    local _, n = string.gsub(string.sub(text, math.max(1, string.len(tail) - 5)), "data: {{", "")
+    events = events + n
     if string.find(text, "data: [DONE]", 1, true) ~= nil then
-      handle:streamInfo():dynamicMetadata():set("{}", "{}", true)
-      return
+      handle:streamInfo():dynamicMetadata():set("{ns}", "{done}", true)
+      break
     end
     tail = string.sub(text, -11)
   end
+  -- Each call anew: Envoy's objects do not outlive a yield (each chunk is one).
+  handle:streamInfo():dynamicMetadata():set("{ns}", "{events}", events)
 end
-""".format(*SSE_DONE_METADATA)
+""".format(
+    ns=SSE_DONE_METADATA[0],
+    done=SSE_DONE_METADATA[1],
+    first=FIRST_BODY_BYTE_METADATA[1],
+    events=SSE_EVENTS_METADATA[1],
+)
 
 
 def sse_done_filter() -> dict[str, Any]:
-    """The Lua filter that marks a streamed answer's ``data: [DONE]`` (see the module doc); it
-    reads each chunk as it goes by and holds none back."""
+    """The Lua filter that marks a streamed answer's first body chunk and its ``data: [DONE]``
+    (see the module doc); it reads each chunk as it goes by and holds none back."""
     return {
         "name": "envoy.filters.http.lua",
-        "typed_config": {"@type": _LUA, "default_source_code": {"inline_string": _SSE_DONE_LUA}},
+        "typed_config": {"@type": _LUA, "default_source_code": {"inline_string": _SSE_LUA}},
     }
 
 
@@ -644,6 +773,8 @@ def with_epp_replicas(bootstrap: dict[str, Any], replicas: Sequence[tuple[str, i
     round-robin; the replicas keep one view of the load through ``epp.sync``. With TLS to the
     EPPs the health checks stay plaintext, as the health port is."""
     clusters = bootstrap["static_resources"]["clusters"]
+    if any(c["name"] == EXT_AUTHZ_CLUSTER for c in clusters):
+        raise ValueError("several EPP replicas are served over ext_proc only")
     [epp] = [c for c in clusters if c["name"] == "epp"]
     epp = {
         **epp,

@@ -40,6 +40,14 @@ class EppSettings(BaseModel):
     grpc_tls_client_ca_file: Path | None = Field(
         None, description="mTLS: refuse ext_proc clients without a certificate signed by this PEM CA bundle"
     )
+    ext_authz_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="also answer the gateway's HTTP ext_authz checks on this port (plaintext; the "
+        "gateway's access log, sent to the gRPC port, then finishes every request it routes): "
+        "the cheap callout where the gateway is an Envoy you configure",
+    )
     health_port: int = Field(9003, ge=0, le=65535, description="gRPC health port (liveness, readiness)")
     metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus /metrics port")
     otlp_traces_endpoint: str | None = Field(

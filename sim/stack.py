@@ -30,6 +30,7 @@ from typing import Any, Literal
 from epp.envoy_config import (
     INFERENCE_API_PATHS,
     BodyMode,
+    Callout,
     EppTls,
     FailureMode,
     gateway_bootstrap,
@@ -129,6 +130,9 @@ class StackConfig:
     response_metering: ResponseMetering = "first-token"
     """How the EPPs meter streamed responses: to the first token, finished by the gateway's
     access log (which the gateway then sends them), or every chunk (``epp.requestcontrol.completion_log``)."""
+    callout: Callout = "ext-proc"
+    """How the gateway asks the EPP: an ext_proc stream per request, or an HTTP ext_authz check
+    (``epp.extauthz.check``; one EPP, plaintext, the access log finishes every request)."""
 
 
 def port_flag(name: str) -> str:
@@ -158,6 +162,10 @@ class LocalStack:
             (free_port(), free_port(), free_port()) for _ in range(config.epp_replicas - 1)
         ]
         """(ext_proc, health, metrics) port of each EPP."""
+        if config.callout == "ext-authz" and (config.epp_replicas > 1 or config.tls != "off"):
+            raise ValueError("the ext-authz callout serves one plaintext EPP")
+        self.ext_authz_port = free_port() if config.callout == "ext-authz" else None
+        """The EPP's HTTP ext_authz port, with that callout."""
         self.replicas: list[Component] = []
         self.trainer: Component | None = None
         self.predictors: list[Component] = []
@@ -314,6 +322,7 @@ class LocalStack:
             api_paths=self.config.api_paths,
             epp_tls=epp_tls,
             access_log_to_epp=self.config.response_metering == "first-token",
+            ext_authz_port=self.ext_authz_port,
         )
         if self.config.epp_replicas > 1:
             bootstrap = with_epp_replicas(bootstrap, [("127.0.0.1", g, h) for g, h, _ in self.epp_ports])
@@ -361,6 +370,7 @@ class LocalStack:
             self.config.response_metering,
             *latency_flags,
             *self._epp_tls_args(),
+            *(["--ext-authz-port", str(self.ext_authz_port)] if self.ext_authz_port is not None else []),
             *(
                 ["--decision-trace-from", ",".join(self.config.decision_trace_from)]
                 if self.config.decision_trace_from
@@ -523,6 +533,13 @@ def main(argv: list[str] | None = None) -> None:
         help="first-token: the EPP reads a streamed answer to its first token and Envoy's access log "
         "finishes it; full: the EPP reads every chunk",
     )
+    parser.add_argument(
+        "--callout",
+        choices=["ext-proc", "ext-authz"],
+        default="ext-proc",
+        help="how Envoy asks the EPP: an ext_proc stream per request, or one HTTP ext_authz check "
+        "(cheaper; one plaintext EPP; the access log finishes every request)",
+    )
     args = parser.parse_args(argv)
     if args.epp_replicas < 1:
         parser.error("--epp-replicas must be at least 1")
@@ -546,6 +563,7 @@ def main(argv: list[str] | None = None) -> None:
             epp_replicas=args.epp_replicas,
             tls=args.tls,
             response_metering=args.response_metering,
+            callout=args.callout,
         )
     )
     kind = "real vLLM (CPU, up to a few minutes)" if args.engine == "vllm" else "simulated"

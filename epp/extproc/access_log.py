@@ -17,7 +17,7 @@ from envoy.data.accesslog.v3.accesslog_pb2 import AccessLogCommon, AccessLogType
 from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsMessage, StreamAccessLogsResponse
 
-from epp.envoy_config import SSE_DONE_METADATA
+from epp.envoy_config import FIRST_BODY_BYTE_METADATA, SSE_DONE_METADATA, SSE_EVENTS_METADATA
 from epp.requestcontrol.completion_log import Ending, LogEntry
 from epp.requestcontrol.director import REQUEST_ID_HEADER
 
@@ -29,6 +29,28 @@ def _sse_done(entry: HTTPAccessLogEntry) -> bool:
     namespace, key = SSE_DONE_METADATA
     marks = entry.common_properties.metadata.filter_metadata.get(namespace)
     return marks is not None and key in marks.fields and marks.fields[key].bool_value
+
+
+def _first_body_byte_s(entry: HTTPAccessLogEntry) -> float | None:
+    """When the answer's first body chunk passed the gateway, from the request's start."""
+    namespace, key = FIRST_BODY_BYTE_METADATA
+    marks = entry.common_properties.metadata.filter_metadata.get(namespace)
+    if marks is None or key not in marks.fields:
+        return None
+    try:
+        at_us = int(marks.fields[key].string_value)
+    except ValueError:
+        return None
+    start = entry.common_properties.start_time
+    return max(0.0, (at_us - start.seconds * 1_000_000 - start.nanos // 1000) / 1e6)
+
+
+def _sse_events(entry: HTTPAccessLogEntry) -> int | None:
+    namespace, key = SSE_EVENTS_METADATA
+    marks = entry.common_properties.metadata.filter_metadata.get(namespace)
+    if marks is None or key not in marks.fields:
+        return None
+    return int(marks.fields[key].number_value)
 
 
 def _ending(entry: HTTPAccessLogEntry) -> Ending:
@@ -72,6 +94,8 @@ def log_entry(entry: HTTPAccessLogEntry) -> LogEntry:
         ended=_ending(entry),
         served_by=_upstream_hostport(common),
         intermediate=common.intermediate_log_entry or common.access_log_type in _PERIODIC,
+        sse_events=_sse_events(entry),
+        first_body_byte_s=_first_body_byte_s(entry),
     )
 
 

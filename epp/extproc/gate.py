@@ -58,7 +58,12 @@ class HeaderLimits:
         # The encoded size bounds the names' and values' from above: most requests stop here.
         if count + ADDED_HEADERS <= self.max_count and headers.ByteSize() <= room:
             return
-        size = sum(len(h.key) + len(h.raw_value or h.value) for h in headers.headers)
+        self.check_size(count, sum(len(h.key) + len(h.raw_value or h.value) for h in headers.headers))
+
+    def check_size(self, count: int, size: int) -> None:
+        """Raise :class:`HeadersTooLarge` if ``count`` headers whose names and values add up to
+        ``size`` bytes leave no room for the EPP's own."""
+        room = self.max_kb * 1024 - ADDED_BYTES
         if count + ADDED_HEADERS > self.max_count or size > room:
             raise HeadersTooLarge(
                 f"request headers too large: {count} headers of {size} bytes; this gateway takes "

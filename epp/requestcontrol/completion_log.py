@@ -58,6 +58,12 @@ class LogEntry:
     """The ``ip:port`` that answered, after any retries."""
     intermediate: bool = False
     """A periodic entry for a stream still open: progress, not the end."""
+    sse_events: int | None = None
+    """A streamed answer's JSON events, if the gateway counted them (at its end)."""
+    first_body_byte_s: float | None = None
+    """When a streamed answer's first body byte (its first token) reached the gateway, if the
+    gateway marked it: what a request routed over ext_authz, which the EPP never sees answered,
+    has for a first token."""
 
     @property
     def completed(self) -> bool:

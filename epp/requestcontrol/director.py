@@ -44,7 +44,7 @@ from epp.requestcontrol.response_meter import ResponseMeter
 from epp.scheduling.framework import RequestOutcome, slo_misses
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import NoCandidates
-from epp.scheduling.types import LLMRequest, SchedulingResult
+from epp.scheduling.types import ApiKind, LLMRequest, SchedulingResult
 from epp.tokenization import GIL_FREE_CHARS, PromptTokenizer
 from epp.tokenizer_cache import TooLongToInline
 
@@ -264,6 +264,15 @@ class Director:
         record.hand_off = True
         return True
 
+    def hand_off_routed(self, record: RequestRecord) -> None:
+        """Hand the routed request off to the access log at once, whatever its response: the
+        caller (the ext_authz check) sees nothing of it past its routing. A stream's first token
+        then comes from its log entries (``LogEntry.first_body_byte_s``)."""
+        assert record.routed is not None
+        record.hand_off = True
+        record.finished = True
+        self._handoffs.add(record.request_id, record, self.clock())
+
     def _rebook_if_served_elsewhere(self, routed: RoutedRequest, served_by: str) -> None:
         """Envoy retried the request on a fallback: the booking moves there."""
         if served_by == routed.result.endpoint.hostport:
@@ -333,9 +342,10 @@ class Director:
             record = self._handoffs.heard(entry.request_id, now)
             self.metrics.access_log_entries.labels("intermediate" if record else "unknown").inc()
             routed = record.routed if record is not None else None
-            if routed is not None and routed.request.stream:
+            if record is not None and routed is not None and routed.request.stream:
                 # A stream going on is a sign of life, as its tokens were when the EPP read them.
                 self.store.record_alive(routed.endpoint_name, now)
+                self._logged_first_token(record, routed, entry, now)
                 tokens = self._logged_tokens(routed, entry)
                 if tokens is not None:
                     self.lifecycle.progress(routed, tokens, now)
@@ -347,6 +357,8 @@ class Director:
         routed = record.routed
         if entry.served_by:
             self._rebook_if_served_elsewhere(routed, entry.served_by)
+        if routed.request.stream:
+            self._logged_first_token(record, routed, entry, now)
         finished_at = finish_time(record.received_at, routed.first_token_at, entry, now)
         if record.status is None and entry.status >= 500:  # a response the EPP never saw
             self._upstream_failed(routed.endpoint_name, f"HTTP {entry.status}")
@@ -359,12 +371,25 @@ class Director:
         tokens = self._logged_tokens(routed, entry)
         self._finished(record, routed, finished_at, entry.completed, streaming, tokens, error)
 
+    def _logged_first_token(
+        self, record: RequestRecord, routed: RoutedRequest, entry: LogEntry, now: float
+    ) -> None:
+        """A stream the EPP never read (``hand_off_routed``) starts decoding when its log says."""
+        if routed.first_token_at is not None or entry.first_body_byte_s is None:
+            return
+        self.lifecycle.first_token(routed, min(record.received_at + entry.first_body_byte_s, now))
+        if record.flow_ticket is not None:
+            record.flow_ticket.first_token()
+
     def _logged_tokens(self, routed: RoutedRequest, entry: LogEntry) -> int | None:
         """A logged stream's output tokens so far, from its body bytes; None for a non-streamed
         answer (the bytes-per-token lines are learned from streams)."""
         if not routed.request.stream:
             return None
-        return self.bytes_per_token.tokens(_answer_kind(routed.request), entry.response_bytes)
+        tokens = self.bytes_per_token.tokens(_answer_kind(routed.request), entry.response_bytes)
+        if tokens is None and entry.sse_events:  # no stream of this kind was read (ext_authz)
+            tokens = max(1, entry.sse_events - _tokenless_events(routed.request))
+        return tokens
 
     def estimate_progress(self) -> None:
         """Move each handed-off request's decode progress on by its endpoint's recent TPOT."""
@@ -423,6 +448,14 @@ def _answer_kind(request: LLMRequest) -> str:
     """What a streamed answer's bytes per token depend on: the model (its name is in every
     event) and the API (chat deltas or completion texts)."""
     return f"{request.model} {request.api.value}"
+
+
+def _tokenless_events(request: LLMRequest) -> int:
+    """A stream's JSON events that carry no output token: a chat stream's first (the role), and
+    the usage one when the client asked for it; every other event carries one (vLLM's)."""
+    options = request.body.get("stream_options")
+    usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    return int(request.api is ApiKind.CHAT) + int(usage)
 
 
 def _release_ticket(record: RequestRecord) -> None:
