@@ -19,6 +19,7 @@ rate under py-spy (which slows the EPP, so it is not measured) gives where the E
 (:func:`cpu_shares`).
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.request_rate [--rates 50,150] [--seconds 10] [--profile]
+        [--callouts ext-proc,ext-authz]
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from bench.flame_graph import flame_graph
 from bench.metering_cost import SLO_HEADERS, _prompt
 from bench.report import machine, markdown_table, write_results
 from bench.stack_overhead import idle_cpu_rate, rare_scrape_args, task_cpu_seconds
+from epp.envoy_config import Callout
 from sim.stack import LocalStack, StackConfig, StackPorts
 
 
@@ -58,6 +60,8 @@ class RequestRateSettings:
     scrape_interval_s: float = 5.0
     """Scrapes are a cost per second of the pool's (``llm-epp-bench idle``, ``capacity``), not
     per request: rare here so that they weigh nothing in any cell."""
+    callouts: tuple[Callout, ...] = ("ext-proc",)
+    """How the gateway asks the EPP (``llm-epp-stack --callout``): a stack for each, in turn."""
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: Any) -> float:
@@ -105,7 +109,11 @@ def ext_proc_messages(stack: LocalStack) -> dict[str, float]:
     admin = f"http://127.0.0.1:{stack.config.ports.envoy_admin}/stats"
     pattern = r"ext_proc\.(streams_started|stream_msgs_sent|stream_msgs_received)$"
     text = httpx.get(admin, params={"filter": pattern}, timeout=5).text
-    return {line.split(": ")[0].rsplit(".", 1)[1]: float(line.split(": ")[1]) for line in text.splitlines()}
+    counts = dict.fromkeys(("streams_started", "stream_msgs_sent", "stream_msgs_received"), 0.0)
+    counts.update(
+        (line.split(": ")[0].rsplit(".", 1)[1], float(line.split(": ")[1])) for line in text.splitlines()
+    )
+    return counts  # all 0 over ext_authz
 
 
 def _cell(
@@ -207,6 +215,18 @@ def _profile(stack: LocalStack, url: str, settings: RequestRateSettings, path: P
 
 
 def measure(settings: RequestRateSettings, profile_path: Path | None = None) -> dict[str, Any]:
+    """Each callout's cells in turn, on a stack of its own (the cells of the last come last)."""
+    runs = [_measure_callout(settings, callout, profile_path) for callout in settings.callouts]
+    return {
+        "idle_ms_per_s": runs[-1]["idle_ms_per_s"],
+        "cells": [cell for run in runs for cell in run["cells"]],
+        "cpu_shares": runs[-1]["cpu_shares"],
+    }
+
+
+def _measure_callout(
+    settings: RequestRateSettings, callout: Callout, profile_path: Path | None
+) -> dict[str, Any]:
     stack = LocalStack(
         StackConfig(
             replicas=settings.replicas,
@@ -214,6 +234,7 @@ def measure(settings: RequestRateSettings, profile_path: Path | None = None) -> 
             sim_profile="instant",
             ports=StackPorts.free(),
             epp_args=rare_scrape_args(settings.scrape_interval_s),
+            callout=callout,
         )
     )
     try:
@@ -224,7 +245,7 @@ def measure(settings: RequestRateSettings, profile_path: Path | None = None) -> 
         time.sleep(2.0)
         idle_rate = idle_cpu_rate(stack.epp.process.pid, settings.idle_s)
         cells = [
-            _cell(stack, url, rate, settings, idle_rate, first=i * 100_000)
+            {"callout": callout, **_cell(stack, url, rate, settings, idle_rate, first=i * 100_000)}
             for i, rate in enumerate(settings.rates)
         ]
         shares = _profile(stack, url, settings, profile_path) if profile_path else {}
@@ -237,6 +258,7 @@ def _markdown(data: dict[str, Any]) -> str:
     s = data["settings"]
     rows = [
         [
+            c["callout"],
             f"{c['rate']:g}",
             f"{c['achieved_rate']:.1f}",
             f"{c['epp_us']:.0f}",
@@ -258,6 +280,7 @@ def _markdown(data: dict[str, Any]) -> str:
             f"{data['load_before']} before, {data['load_after']} after.",
             markdown_table(
                 [
+                    "callout",
                     "rate (req/s)",
                     "achieved",
                     "EPP µs / request",
@@ -308,9 +331,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("results/request_rate"))
     parser.add_argument("--profile", action="store_true", help="then a py-spy pass at the last rate")
+    parser.add_argument(
+        "--callouts", default="ext-proc,ext-authz", help="how the gateway asks the EPP: a stack for each"
+    )
     args = parser.parse_args()
     rates = tuple(float(r) for r in args.rates.split(","))
-    settings = RequestRateSettings(rates=rates, seconds=args.seconds, profile=args.profile)
+    callouts = tuple(args.callouts.split(","))
+    settings = RequestRateSettings(rates=rates, seconds=args.seconds, profile=args.profile, callouts=callouts)  # type: ignore[arg-type]
     print(json.dumps(run(args.out, settings)["cells"], indent=1))
 
 

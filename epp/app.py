@@ -219,6 +219,8 @@ class EppApp:
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
         self._ext_authz: asyncio.Server | None = None
+        self.ready = False
+        """Whether the EPP takes new requests (what its readiness services report)."""
         self.ext_authz_port: int | None = None
         self._health_server: grpc.aio.Server | None = None
         self._metrics_server: WSGIServer | None = None
@@ -320,7 +322,9 @@ class EppApp:
             self._tasks.append(asyncio.create_task(self._follow_handoffs(), name="handed-off-requests"))
         if s.ext_authz_port is not None:
             check = ExtAuthzCheck(self.director, s.max_body_bytes, self.gate)
-            self._ext_authz = await ext_authz_server.serve(check.answer, s.host, s.ext_authz_port)
+            self._ext_authz = await ext_authz_server.serve(
+                check.answer, lambda: self.ready, s.host, s.ext_authz_port
+            )
             self.ext_authz_port = self._ext_authz.sockets[0].getsockname()[1]
         tls = s.grpc_tls()
         address = f"{s.host}:{s.grpc_port}"
@@ -340,6 +344,7 @@ class EppApp:
         # Liveness at once; readiness (and the ext_proc service Envoy checks) once the endpoints
         # are known and, with leader election, only while this replica leads.
         ready_now = HEALTH_SERVICES if self.source is not None else ("", "liveness")
+        self.ready = self.source is not None
         for service in HEALTH_SERVICES:
             serving = service in ready_now
             await self.health.set(
@@ -397,6 +402,7 @@ class EppApp:
 
     async def _set_ready(self, ready: bool) -> None:
         serving = ready and not self._draining
+        self.ready = serving
         status = (
             health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         )
@@ -412,6 +418,7 @@ class EppApp:
 
     async def stop(self, drain_s: float = 2.0) -> None:
         """Refuse new streams, give the in-flight ones up to ``drain_s`` to end, release every port."""
+        self.ready = False
         for service in HEALTH_SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         for task in self._tasks:

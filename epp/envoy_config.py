@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from epp.extauthz.check import CHECK_PATH_PREFIX, SOURCE_HEADER
+from epp.extauthz.server import READY_PATH
 from epp.extproc.messages import (
     DESTINATION_HEADER,
     LB_METADATA_NAMESPACE,
@@ -231,6 +232,74 @@ def _epp_cluster(address: tuple[str, int], tls: EppTls | None) -> dict[str, Any]
                 "@type": _HTTP_OPTIONS_TYPE,
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
+        },
+    }
+
+
+def _spread(
+    cluster: dict[str, Any], replicas: Sequence[tuple[str, int, int | None]], ready_path: str | None = None
+) -> dict[str, Any]:
+    """``cluster`` over the EPP replicas (address, port, gRPC health port), health-checked and
+    with failing ones ejected (see :func:`with_epp_replicas`). With ``ready_path`` the health
+    check is an HTTP GET of it on the port itself (an HTTP/1.1 cluster cannot check gRPC)."""
+    name, tls = cluster["name"], "transport_socket" in cluster
+    check = (
+        {"http_health_check": {"path": ready_path}}
+        if ready_path is not None
+        else {"grpc_health_check": {"service_name": EXT_PROC_HEALTH_SERVICE}}
+    )
+    return {
+        **cluster,
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": _socket(a, p),
+                                **({"health_check_config": {"port_value": h}} if h is not None else {}),
+                            }
+                        }
+                        for a, p, h in replicas
+                    ]
+                }
+            ],
+        },
+        "health_checks": [
+            {
+                "timeout": "0.5s",
+                "interval": "0.5s",
+                "no_traffic_interval": "0.5s",
+                "unhealthy_threshold": 2,
+                "healthy_threshold": 1,
+                **check,
+                **({"transport_socket_match_criteria": _PLAINTEXT_HEALTH} if tls else {}),
+            }
+        ],
+        **(
+            {
+                "transport_socket_matches": [
+                    {
+                        "name": "plaintext-health",
+                        "match": _PLAINTEXT_HEALTH,
+                        "transport_socket": {
+                            "name": "envoy.transport_sockets.raw_buffer",
+                            "typed_config": {"@type": _RAW_BUFFER},
+                        },
+                    }
+                ]
+            }
+            if tls
+            else {}
+        ),
+        "outlier_detection": {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 2,
+            "consecutive_gateway_failure": 3,
+            "interval": "1s",
+            "base_ejection_time": "5s",
+            "max_ejection_percent": 100,
         },
     }
 
@@ -762,9 +831,14 @@ EXT_PROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 """The gRPC health service an EPP reports SERVING for while it is ready to take ext_proc streams."""
 
 
-def with_epp_replicas(bootstrap: dict[str, Any], replicas: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
+def with_epp_replicas(
+    bootstrap: dict[str, Any],
+    replicas: Sequence[tuple[str, int, int]],
+    ext_authz_ports: Sequence[int] = (),
+) -> dict[str, Any]:
     """``bootstrap`` with its ext_proc cluster spread over active-active EPP replicas, each given as
-    (address, ext_proc port, gRPC health port).
+    (address, ext_proc port, gRPC health port), and with the ext_authz callout its checks cluster
+    too (each replica's ``ext_authz_ports``, in the same order).
 
     Envoy health-checks every replica over gRPC on its health port (the ext_proc service's
     readiness, every 0.5 s, down after 2 failures) and ejects one whose streams fail (outlier
@@ -773,62 +847,18 @@ def with_epp_replicas(bootstrap: dict[str, Any], replicas: Sequence[tuple[str, i
     round-robin; the replicas keep one view of the load through ``epp.sync``. With TLS to the
     EPPs the health checks stay plaintext, as the health port is."""
     clusters = bootstrap["static_resources"]["clusters"]
-    if any(c["name"] == EXT_AUTHZ_CLUSTER for c in clusters):
-        raise ValueError("several EPP replicas are served over ext_proc only")
+    authz = any(c["name"] == EXT_AUTHZ_CLUSTER for c in clusters)
+    if authz and len(ext_authz_ports) != len(replicas):
+        raise ValueError("the ext_authz callout needs each replica's ext_authz port")
     [epp] = [c for c in clusters if c["name"] == "epp"]
-    epp = {
-        **epp,
-        "load_assignment": {
-            "cluster_name": "epp",
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {"endpoint": {"address": _socket(a, p), "health_check_config": {"port_value": h}}}
-                        for a, p, h in replicas
-                    ]
-                }
-            ],
-        },
-        "health_checks": [
-            {
-                "timeout": "0.5s",
-                "interval": "0.5s",
-                "no_traffic_interval": "0.5s",
-                "unhealthy_threshold": 2,
-                "healthy_threshold": 1,
-                "grpc_health_check": {"service_name": EXT_PROC_HEALTH_SERVICE},
-                **(
-                    {"transport_socket_match_criteria": _PLAINTEXT_HEALTH}
-                    if "transport_socket" in epp
-                    else {}
-                ),
-            }
-        ],
-        **(
-            {
-                "transport_socket_matches": [
-                    {
-                        "name": "plaintext-health",
-                        "match": _PLAINTEXT_HEALTH,
-                        "transport_socket": {
-                            "name": "envoy.transport_sockets.raw_buffer",
-                            "typed_config": {"@type": _RAW_BUFFER},
-                        },
-                    }
-                ]
-            }
-            if "transport_socket" in epp
-            else {}
-        ),
-        "outlier_detection": {
-            "split_external_local_origin_errors": True,
-            "consecutive_local_origin_failure": 2,
-            "consecutive_gateway_failure": 3,
-            "interval": "1s",
-            "base_ejection_time": "5s",
-            "max_ejection_percent": 100,
-        },
-    }
+    epp = _spread(epp, replicas)
+    if authz:
+        checks = _spread(
+            next(c for c in clusters if c["name"] == EXT_AUTHZ_CLUSTER),
+            [(a, port, None) for (a, _, _), port in zip(replicas, ext_authz_ports, strict=True)],
+            ready_path=READY_PATH,
+        )
+        clusters = [checks if c["name"] == EXT_AUTHZ_CLUSTER else c for c in clusters]
     clusters = [epp if c["name"] == "epp" else c for c in clusters]
     listeners = bootstrap["static_resources"]["listeners"]
     hcm = listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]

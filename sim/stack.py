@@ -132,7 +132,7 @@ class StackConfig:
     access log (which the gateway then sends them), or every chunk (``epp.requestcontrol.completion_log``)."""
     callout: Callout = "ext-proc"
     """How the gateway asks the EPP: an ext_proc stream per request, or an HTTP ext_authz check
-    (``epp.extauthz.check``; one EPP, plaintext, the access log finishes every request)."""
+    (``epp.extauthz.check``; plaintext, the access log finishes every request)."""
 
 
 def port_flag(name: str) -> str:
@@ -162,10 +162,10 @@ class LocalStack:
             (free_port(), free_port(), free_port()) for _ in range(config.epp_replicas - 1)
         ]
         """(ext_proc, health, metrics) port of each EPP."""
-        if config.callout == "ext-authz" and (config.epp_replicas > 1 or config.tls != "off"):
-            raise ValueError("the ext-authz callout serves one plaintext EPP")
-        self.ext_authz_port = free_port() if config.callout == "ext-authz" else None
-        """The EPP's HTTP ext_authz port, with that callout."""
+        if config.callout == "ext-authz" and config.tls != "off":
+            raise ValueError("the ext-authz callout is plaintext")
+        self.ext_authz_ports = [free_port() for _ in self.epp_ports] if config.callout == "ext-authz" else []
+        """Each EPP's HTTP ext_authz port, with that callout."""
         self.replicas: list[Component] = []
         self.trainer: Component | None = None
         self.predictors: list[Component] = []
@@ -322,10 +322,11 @@ class LocalStack:
             api_paths=self.config.api_paths,
             epp_tls=epp_tls,
             access_log_to_epp=self.config.response_metering == "first-token",
-            ext_authz_port=self.ext_authz_port,
+            ext_authz_port=self.ext_authz_ports[0] if self.ext_authz_ports else None,
         )
         if self.config.epp_replicas > 1:
-            bootstrap = with_epp_replicas(bootstrap, [("127.0.0.1", g, h) for g, h, _ in self.epp_ports])
+            replicas = [("127.0.0.1", g, h) for g, h, _ in self.epp_ports]
+            bootstrap = with_epp_replicas(bootstrap, replicas, self.ext_authz_ports)
         return bootstrap
 
     def start(self) -> None:
@@ -370,7 +371,6 @@ class LocalStack:
             self.config.response_metering,
             *latency_flags,
             *self._epp_tls_args(),
-            *(["--ext-authz-port", str(self.ext_authz_port)] if self.ext_authz_port is not None else []),
             *(
                 ["--decision-trace-from", ",".join(self.config.decision_trace_from)]
                 if self.config.decision_trace_from
@@ -389,13 +389,16 @@ class LocalStack:
                 tokenizer_dir=self._epp_tokenizer_dir,
                 env=self.config.epp_env,
                 # One EPP: no other replica takes new streams while it drains, so no grace.
-                extra_args=["--shutdown-grace-s", "0", *epp_args],
+                extra_args=["--shutdown-grace-s", "0", *epp_args, *self._ext_authz_args(0)],
             )
             self.epps = [self.epp]
         else:
             self._start_synced_epps(epp_args)
         bootstrap = self.gateway_config(ports.gateway, self.epp_tls)
         self.envoy = start_envoy("envoy", bootstrap, self.workdir, admin_port=ports.envoy_admin)
+
+    def _ext_authz_args(self, replica: int) -> list[str]:
+        return ["--ext-authz-port", str(self.ext_authz_ports[replica])] if self.ext_authz_ports else []
 
     @property
     def _epp_tokenizer_dir(self) -> Path | None:
@@ -422,7 +425,7 @@ class LocalStack:
                     expected_endpoints=self.config.replicas,
                     tokenizer_dir=self._epp_tokenizer_dir,
                     env=self.config.epp_env,
-                    extra_args=[*epp_args, *sync_args],
+                    extra_args=[*epp_args, *sync_args, *self._ext_authz_args(i)],
                     name=f"epp-{i}",
                 )
             )
@@ -538,7 +541,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=["ext-proc", "ext-authz"],
         default="ext-proc",
         help="how Envoy asks the EPP: an ext_proc stream per request, or one HTTP ext_authz check "
-        "(cheaper; one plaintext EPP; the access log finishes every request)",
+        "(cheaper; plaintext; the access log finishes every request)",
     )
     args = parser.parse_args(argv)
     if args.epp_replicas < 1:

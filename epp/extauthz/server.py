@@ -5,7 +5,9 @@ framework: a check is one small request on a kept-alive connection from Envoy, a
 server costs per check is what the callout costs the EPP. Envoy sends one check at a time per
 connection; answers still go out in order if a client pipelines. A connection that closes
 mid-check (Envoy gave up on it: the client went away, or its timeout passed) cancels the check,
-which the director then finishes as not served.
+which the director then finishes as not served. ``GET`` :data:`READY_PATH` (outside the checks'
+path prefix) answers 200 while the EPP is ready and 503 otherwise: the gateway's health check of
+the EPP replicas' check ports (``epp.envoy_config.with_epp_replicas``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from epp.extauthz.check import Check, CheckAnswer
 log = logging.getLogger(__name__)
 
 Answerer = Callable[[Check], Awaitable[CheckAnswer]]
+READY_PATH = "/ready"
+_READY = CheckAnswer(200, {})
+_NOT_READY = CheckAnswer(503, {})
 
 
 def encode(answer: CheckAnswer, keep_alive: bool) -> bytes:
@@ -47,8 +52,9 @@ _MALFORMED = CheckAnswer(_BAD.status, _BAD.headers(), _BAD.body())
 class CheckProtocol(asyncio.Protocol):
     """One connection from the gateway."""
 
-    def __init__(self, answer: Answerer) -> None:
+    def __init__(self, answer: Answerer, ready: Callable[[], bool]) -> None:
         self._answer = answer
+        self._ready = ready
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._url = b""
@@ -97,6 +103,9 @@ class CheckProtocol(asyncio.Protocol):
             body=b"".join(self._body),
         )
         keep_alive = self._parser.should_keep_alive()
+        if check.path == READY_PATH and check.method == "GET" and self._transport is not None:
+            self._transport.write(encode(_READY if self._ready() else _NOT_READY, keep_alive))
+            return
         task = asyncio.get_running_loop().create_task(self._respond(check, keep_alive, self._last))
         self._last = task
         self._tasks.add(task)
@@ -113,7 +122,7 @@ class CheckProtocol(asyncio.Protocol):
             self._transport.close()
 
 
-async def serve(answer: Answerer, host: str, port: int) -> asyncio.Server:
+async def serve(answer: Answerer, ready: Callable[[], bool], host: str, port: int) -> asyncio.Server:
     """Listen on ``host:port`` (0: any free port; the server's sockets say which)."""
     loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: CheckProtocol(answer), host, port)
+    return await loop.create_server(lambda: CheckProtocol(answer, ready), host, port)

@@ -128,7 +128,8 @@ async def test_the_server_answers_checks_in_order_on_a_kept_alive_connection() -
         seen.append(c)
         return CheckAnswer(200 if c.body else 429, {"x-picked": c.path}, b"" if c.body else b'{"e":1}')
 
-    server = await serve(answer, "127.0.0.1", 0)
+    ready = [True]
+    server = await serve(answer, lambda: ready[0], "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -143,6 +144,10 @@ async def test_the_server_answers_checks_in_order_on_a_kept_alive_connection() -
         assert second.startswith(b"HTTP/1.1 429 Too Many Requests\r\n")
         assert await reader.readexactly(7) == b'{"e":1}'
         assert seen[0].headers["x-two"] == "a,b" and seen[0].body == b"abc" and seen[0].method == "POST"
+        for expected in (b"200", b"503"):
+            writer.write(b"GET /ready HTTP/1.1\r\nHost: epp\r\n\r\n")
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 " + expected)
+            ready[0] = False
         writer.write(b"NOT HTTP\r\n\r\n")
         bad = await reader.read()
         assert bad.startswith(b"HTTP/1.1 400 Bad Request") and b"BadRequestError" in bad

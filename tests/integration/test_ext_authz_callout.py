@@ -105,3 +105,35 @@ def test_300_cancelled_streams_leave_every_gauge_at_zero(tmp_path: Path) -> None
         assert metric_sum(url, "llm_epp_handed_off_expired_total") == 0
     finally:
         stack.stop()
+
+
+def test_two_synced_epps_share_the_checks_and_each_finishes_its_own(tmp_path: Path) -> None:
+    stack = start_stack(tmp_path, replicas=2, epp_config="ray-kv-aware", epp_replicas=2, callout="ext-authz")
+    body = {"model": "tiny", "prompt": "a story", "max_tokens": 30, "stream": True}
+
+    def streamed(i: int) -> int:
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream(
+                "POST", f"{stack.gateway_url}/v1/completions", json={**body, "seed": i}
+            ) as response,
+        ):
+            return response.status_code if sum(1 for _ in response.iter_lines()) > 30 else -1
+
+    try:
+        epps = stack.epp_metrics_urls
+        assert wait_for(lambda: all(metric_sum(u, "llm_epp_sync_peers_alive") == 1 for u in epps))
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(streamed, range(12))) == [200] * 12
+        served = [metric_sum(u, "inference_objective_request_total") for u in epps]
+        assert sum(served) == 12 and min(served) >= 1, served  # Envoy spread the checks
+        for url, own in zip(epps, served, strict=True):
+            # Every replica gets every entry: its own finish its requests, the peer's are unknown.
+            assert wait_for(
+                lambda u=url, n=own: metric_sum(u, "llm_epp_access_log_entries_total", kind="final") == n
+            )
+            assert metric_sum(url, "llm_epp_access_log_entries_total", kind="unknown") == 12 - own
+            assert metric_sum(url, "inference_objective_output_tokens_sum", **MODEL_LABELS) == 30 * own
+            assert wait_for(lambda u=url: not any(gauges(u).values())), gauges(url)
+    finally:
+        stack.stop()
