@@ -20,6 +20,11 @@ What the log cannot say is made up as follows:
   :meth:`~epp.requestcontrol.director.Director.estimate_progress`; and Envoy logs long streams
   periodically (``access_log_flush_interval``), each such intermediate entry giving the bytes,
   hence the tokens, so far.
+* **The first token of a request routed over ext_authz**, which the EPP never sees answered:
+  from the gateway's mark in its log entries; until one comes, estimated at the endpoint's recent
+  time to first token (:class:`EndpointMeans`, from the logged ones; at once without any), so
+  that its prompt leaves the endpoint's prefill load. The logged time replaces the estimate in
+  what the request's outcome reports.
 * **A log entry that never comes** (the EPP restarted, the log stream broke): a handed-off
   request not heard of (first token, or an intermediate entry) for ``silence_s`` is finished
   as not completed (:meth:`HandOffs.expired`). Envoy's periodic entries keep a long stream
@@ -125,24 +130,31 @@ class BytesPerToken:
         return max(1, round((body_bytes - overhead) / per_token))
 
 
-class DecodeRates:
-    """Each endpoint's recent time per output token: an exponentially weighted mean of the TPOT
-    of the streamed requests it finished (``weight`` for the newest)."""
+class EndpointMeans:
+    """Each endpoint's recent value of something: an exponentially weighted mean of what its
+    finished requests showed (``weight`` for the newest); positive values only."""
 
     def __init__(self, weight: float = 0.2) -> None:
         self.weight = weight
-        self._tpot: dict[str, float] = {}
+        self._means: dict[str, float] = {}
 
-    def observe(self, endpoint: str, tpot_s: float) -> None:
-        if tpot_s <= 0:
+    def observe(self, endpoint: str, value: float) -> None:
+        if value <= 0:
             return
-        last = self._tpot.get(endpoint)
-        self._tpot[endpoint] = tpot_s if last is None else last + self.weight * (tpot_s - last)
+        last = self._means.get(endpoint)
+        self._means[endpoint] = value if last is None else last + self.weight * (value - last)
+
+    def mean(self, endpoint: str) -> float | None:
+        return self._means.get(endpoint)
+
+
+class DecodeRates(EndpointMeans):
+    """Each endpoint's recent time per output token (TPOT) of the streamed requests it finished."""
 
     def tokens(self, endpoint: str, decoding_s: float, cap: int | None) -> int | None:
         """Tokens streamed ``decoding_s`` after the first (at most ``cap``), or None while the
         endpoint has no TPOT yet."""
-        tpot = self._tpot.get(endpoint)
+        tpot = self.mean(endpoint)
         if tpot is None:
             return None
         tokens = 1 + int(max(0.0, decoding_s) / tpot)

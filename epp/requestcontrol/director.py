@@ -31,6 +31,7 @@ from epp.metrics import ModelSeries, RequestMetrics
 from epp.requestcontrol.completion_log import (
     BytesPerToken,
     DecodeRates,
+    EndpointMeans,
     HandOffs,
     LogEntry,
     MeteringPlan,
@@ -83,6 +84,8 @@ class RequestRecord:
     hand_off: bool = False
     """The access log finishes it: a streamed response metered to its first token only, or a
     non-streamed one not read at all (first-token metering)."""
+    first_token_estimated: bool = False
+    """Its first token is an estimate (:meth:`Director.estimate_progress`) the log will correct."""
 
     @property
     def endpoint_name(self) -> str | None:
@@ -115,6 +118,8 @@ class Director:
         self._plan = MeteringPlan(self.metering)
         self.bytes_per_token = BytesPerToken()
         self.decode_rates = DecodeRates()
+        self.first_token_delays = EndpointMeans()
+        """Each endpoint's recent time to first token, from the access log (ext_authz's requests)."""
         self._handoffs: HandOffs[RequestRecord] = HandOffs(self.metering.silence_s)
         self._live_ids: set[str] = set()
         """The request ids of records not finished yet (handed-off ones included)."""
@@ -374,10 +379,22 @@ class Director:
     def _logged_first_token(
         self, record: RequestRecord, routed: RoutedRequest, entry: LogEntry, now: float
     ) -> None:
-        """A stream the EPP never read (``hand_off_routed``) starts decoding when its log says."""
-        if routed.first_token_at is not None or entry.first_body_byte_s is None:
+        """A stream the EPP never read (``hand_off_routed``) starts decoding when its log says;
+        the logged time replaces an estimate (the outcome reports it; the bookings moved then)."""
+        if entry.first_body_byte_s is None or (
+            routed.first_token_at is not None and not record.first_token_estimated
+        ):
             return
-        self.lifecycle.first_token(routed, min(record.received_at + entry.first_body_byte_s, now))
+        at = min(record.received_at + entry.first_body_byte_s, now)
+        self.first_token_delays.observe(routed.endpoint_name, at - record.received_at)
+        if record.first_token_estimated:
+            routed.first_token_at = at
+            record.first_token_estimated = False
+            return
+        self._first_token(record, routed, at)
+
+    def _first_token(self, record: RequestRecord, routed: RoutedRequest, at: float) -> None:
+        self.lifecycle.first_token(routed, at)
         if record.flow_ticket is not None:
             record.flow_ticket.first_token()
 
@@ -392,11 +409,19 @@ class Director:
         return tokens
 
     def estimate_progress(self) -> None:
-        """Move each handed-off request's decode progress on by its endpoint's recent TPOT."""
+        """Move each handed-off request's decode progress on by its endpoint's recent TPOT; a
+        stream whose first token no one saw yet (ext_authz's) starts decoding once its endpoint's
+        recent time to first token has passed."""
         now = self.clock()
         for record in self._handoffs.waiting():
             routed = record.routed
             assert routed is not None
+            if routed.first_token_at is None and routed.request.stream:
+                delay = self.first_token_delays.mean(routed.endpoint_name) or 0.0
+                if now - record.received_at < delay:
+                    continue
+                self._first_token(record, routed, record.received_at + delay)
+                record.first_token_estimated = True
             if routed.first_token_at is None:  # a non-streamed answer: its decode is not seen
                 continue
             decoding_s = now - routed.first_token_at

@@ -58,6 +58,35 @@ async def test_a_usage_event_is_not_a_token_and_a_periodic_entry_gives_the_first
     assert h.metric("inference_objective_output_tokens_sum", **LABELS) == 10  # role and usage
 
 
+def prefill_and_decode(h: Harness) -> tuple[int, int]:
+    assert h.tracker is not None
+    loads = [h.tracker.load(name) for name in ("e0", "e1")]
+    return sum(x.prefill_tokens for x in loads), sum(x.decode_tokens for x in loads)
+
+
+async def test_an_unseen_first_token_is_estimated_then_corrected_by_the_log() -> None:
+    h = Harness(healthy=1, config="ray-kv-aware")  # one endpoint: the delay learned is its own
+    checker = ExtAuthzCheck(h.director, h.max_body, h.gate)
+    await checker.answer(check(**{"x-request-id": "r1"}))
+    prefill, decode = prefill_and_decode(h)
+    assert prefill > 0 and decode == 0
+    h.clock.advance(1.0)
+    h.director.estimate_progress()  # no TTFT known for the endpoint: decoding from now on
+    assert prefill_and_decode(h)[0] == 0 and prefill_and_decode(h)[1] > 0
+    h.director.log_entry(LogEntry("r1", 200, 900, 1.5, "complete", sse_events=12, first_body_byte_s=0.4))
+    # The outcome reports the logged first token, not the estimate.
+    assert h.metric("inference_objective_request_ttft_seconds_sum", **LABELS) == pytest.approx(0.4)
+    assert prefill_and_decode(h) == (0, 0)
+    # The next stream there waits for the endpoint's recent time to first token (0.4 s).
+    await checker.answer(check(**{"x-request-id": "r2", "x-llm-epp-debug": "true"}))
+    h.clock.advance(0.3)
+    h.director.estimate_progress()
+    assert prefill_and_decode(h)[1] == 0
+    h.clock.advance(0.2)
+    h.director.estimate_progress()
+    assert prefill_and_decode(h)[1] > 0
+
+
 async def test_refusals_are_json_errors_and_leave_nothing_booked() -> None:
     h = Harness(config="ray-kv-aware", max_body=1000)
     checker = ExtAuthzCheck(h.director, h.max_body, h.gate)
