@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from bench.report import machine, markdown_table, save_figure, write_results
 from bench.request_rate import RequestRateSettings
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.scraper import MetricsScraper
+from epp.envoy_config import Callout
 from epp.extproc.access_log import log_entry
 from epp.keepalive_http import KeepAliveHttp
 from epp.load.peer_totals import PeerTotals
@@ -137,11 +138,15 @@ class CapacitySettings:
     )
     """The live cells: ~1k-token prompts, 500-token answers; the window leaves room for a loaded
     machine; no accuracy run (what it learns is the metering bench's question, not this one's)."""
+    callout: Callout = "ext-authz"
+    """How the gateway asks the EPP in the plan: the cheap callout, where the gateway is an Envoy
+    the operator configures (``epp.extauthz``); the other's plan goes beside it."""
     request_rate: RequestRateSettings = field(
-        default_factory=lambda: RequestRateSettings(rates=(50.0, 150.0))
+        default_factory=lambda: RequestRateSettings(rates=(50.0, 150.0), callouts=CALLOUTS)
     )
-    """The live request cells (``bench.request_rate``): the plan takes the cost at the last
-    (highest) rate, which every replica of a plan at 1,000 QPS or more carries or exceeds."""
+    """The live request cells (``bench.request_rate``), for each callout: the plan takes the cost
+    at the last (highest) rate, which every replica of a plan at 1,000 QPS or more carries or
+    exceeds."""
     handler_requests: int = 300
     progress_streams: int = 1_000
     progress_rounds: int = 5
@@ -155,13 +160,16 @@ class CapacitySettings:
     """Simulated requests the predictor's model is trained on (the bench's default: 16,000)."""
 
 
+CALLOUTS: tuple[Callout, ...] = ("ext-proc", "ext-authz")
+
+
 @dataclass(frozen=True)
 class UnitCosts:
     """CPU µs per unit, on this machine."""
 
     request_us: float
-    """A streamed request handed off at its first token, routed over ``pods`` endpoints, at the
-    highest rate measured."""
+    """A streamed request routed over ``pods`` endpoints at the highest rate measured, with the
+    plan's callout: over ext_proc handed off at its first token, over ext_authz at its routing."""
     chunk_us: float
     """A response chunk read through ext_proc (streams metered in full)."""
     log_entry_us: float
@@ -183,10 +191,10 @@ class UnitCosts:
 
 
 def request_cores(costs: UnitCosts, s: CapacitySettings, qps: float) -> float:
-    """EPP cores the requests take, all replicas together: each handed off at its first token,
-    its decode progress moved on once a second until it ends, one in ``sample_every`` also read
-    chunk by chunk."""
-    chunks = costs.chunk_us * s.output_tokens / s.sample_every
+    """EPP cores the requests take, all replicas together: each handed off (at its first token
+    over ext_proc, at its routing over ext_authz), its decode progress moved on once a second
+    until it ends, and over ext_proc one in ``sample_every`` also read chunk by chunk."""
+    chunks = costs.chunk_us * s.output_tokens / s.sample_every if s.callout == "ext-proc" else 0.0
     return qps * (costs.request_us + costs.progress_us * s.answer_s * ESTIMATE_HZ + chunks) / 1e6
 
 
@@ -286,6 +294,20 @@ def plan(
         "llm_d_epp_cores": llm_d_epp_cores(qps, s.output_tokens),
         "llm_d_predictor_servers": LLM_D_PREDICTOR_SERVERS.get(int(qps)),
     }
+
+
+def callout_plans(
+    costs: UnitCosts, s: CapacitySettings, request_us: dict[str, float]
+) -> list[dict[str, Any]]:
+    """The plan at the fastest scrape tick with each callout's request cost."""
+    return [
+        {
+            "callout": callout,
+            **plan(replace(costs, request_us=us), replace(s, callout=callout), qps, s.scrape_intervals_s[0]),
+        }
+        for callout, us in request_us.items()
+        for qps in s.qps
+    ]
 
 
 def llm_d_epp_cores(qps: float, output_tokens: int) -> float:
@@ -549,8 +571,9 @@ def measure(s: CapacitySettings) -> tuple[UnitCosts, dict[str, Any]]:
     sync = measure_sync_us(s.pods, s.sync_bookings_per_endpoint, s.sync_messages)
     predictor = measure_row_us(s.predictor_requests)
     share = scrape_share_cost.measure_share_apply_us(s.pods, s.sync_messages)
+    by_callout = {c["callout"]: c["epp_us"] + pool[str(s.pods)] - pool["4"] for c in rates["cells"]}
     costs = UnitCosts(
-        request_us=rates["cells"][-1]["epp_us"] + pool[str(s.pods)] - pool["4"],
+        request_us=by_callout[s.callout],
         chunk_us=streams["chunk_us"],
         log_entry_us=measure_log_entry_us(s.log_entries, s.log_batches),
         scrape_us=scrape["scrape_us"],
@@ -561,6 +584,7 @@ def measure(s: CapacitySettings) -> tuple[UnitCosts, dict[str, Any]]:
         share_apply_us=share["figure_us"],
     )
     sources = {
+        "request_us_by_callout": by_callout,
         "rates": rates,
         "streams": streams,
         "handler_us_by_endpoints": pool,
@@ -577,7 +601,7 @@ def measure(s: CapacitySettings) -> tuple[UnitCosts, dict[str, Any]]:
 def _unit_rows(costs: UnitCosts, s: CapacitySettings) -> list[list[str]]:
     return [
         [
-            f"request (ISL ~{s.input_tokens:,}, OSL {s.output_tokens}, first-token, {s.pods} pods)",
+            f"request (ISL ~{s.input_tokens:,}, OSL {s.output_tokens}, {s.callout}, {s.pods} pods)",
             f"{costs.request_us:,.0f}",
             f"~{LLM_D_REQUEST_US:,.0f}",
         ],
@@ -635,18 +659,25 @@ def _markdown(data: dict[str, Any]) -> str:
         [
             "# Capacity plan, measured",
             f"{s['pods']} pods, ISL ~{s['input_tokens']:,} / OSL {s['output_tokens']} streamed, one "
-            f"request in {s['metering']['slo_every']} with SLO headers; first-token metering, one "
-            f"stream in {s['sample_every']:,} read whole. Unit costs measured on this machine "
+            f"request in {s['metering']['slo_every']} with SLO headers; the {s['callout']} callout"
+            + (
+                f" with first-token metering, one stream in {s['sample_every']:,} read whole"
+                if s["callout"] == "ext-proc"
+                else ", every request finished from the access log"
+            )
+            + ". Unit costs measured on this machine "
             f"({data['machine']['cpus']} CPUs, load average {data['load_average']}); llm-d's beside them.",
             markdown_table(["unit", "EPP µs (ours)", "llm-d µs"], _unit_rows(costs, settings)),
             "Live stack, open loop (`bench.request_rate`, ~1k-token prompts, streamed answers handed "
-            "off at the first token): "
+            "off at the first token over ext_proc, at the routing over ext_authz): "
             + "; ".join(
-                f"{c['rate']:g} requests/s (achieved {c['achieved_rate']:.0f}): {c['epp_us']:,.0f} µs of "
+                f"{c['callout']} at {c['rate']:g} requests/s (achieved {c['achieved_rate']:.0f}): "
+                f"{c['epp_us']:,.0f} µs of "
                 f"EPP CPU and {c['envoy_us']:,.0f} of Envoy's a request"
                 for c in m["rates"]["cells"]
             )
-            + f". The plan takes the last. Paced slowly (`bench.metering_cost`, {s['metering']['requests']} "
+            + f". The plan takes {s['callout']}'s at the highest rate. Paced slowly "
+            f"(`bench.metering_cost`, {s['metering']['requests']} "
             f"answers over {s['metering']['arrival_span_s']:g} s), a stream handed off at its first token "
             f"cost {first['epp_ms']:.2f} ms and one read whole {full['epp_ms']:.1f} ms "
             f"({full['chunks']:.0f} chunks): the chunk's cost. Routing over {s['pods']} endpoints "
@@ -683,6 +714,22 @@ def _markdown(data: dict[str, Any]) -> str:
             "takes (at most one per 5 ms), heartbeats and shared scrapes (one a tick), delivered to "
             "every peer. llm-d's EPP "
             "cores: ~4 ms per request + ~31 µs per chunk.",
+            f"Each callout at the {s['scrape_intervals_s'][0] * 1e3:g} ms tick (the plan above is "
+            f"{s['callout']}'s; ext_proc's requests also read one stream in {s['sample_every']:,} "
+            "chunk by chunk):",
+            markdown_table(
+                ["callout", "EPP µs / request", "QPS", "EPP cores in all", "EPP replicas"],
+                [
+                    [
+                        p["callout"],
+                        f"{m['request_us_by_callout'][p['callout']]:,.0f}",
+                        f"{p['qps']:,}",
+                        f"{p['epp_cores']:.1f}" if p["fits"] else "none fits",
+                        str(p["replicas"]),
+                    ]
+                    for p in data["callout_plans"]
+                ],
+            ),
             markdown_table(
                 ["llm-d figure", "value", "source"], [[p.figure, p.value, p.source] for p in LLM_D]
             ),
@@ -737,6 +784,7 @@ def run(out_dir: Path, settings: CapacitySettings | None = None) -> dict[str, An
         "unit_costs": asdict(costs),
         "measured": measured,
         "plans": [plan(costs, s, qps, interval) for interval in s.scrape_intervals_s for qps in s.qps],
+        "callout_plans": callout_plans(costs, s, measured["request_us_by_callout"]),
         "llm_d": [asdict(p) for p in LLM_D],
     }
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -41,10 +41,12 @@ FREE = UnitCosts(
 
 def test_requests_cost_their_own_work_and_the_sampled_streams_chunks() -> None:
     costs = replace(FREE, request_us=1_000.0, chunk_us=100.0)
-    s = CapacitySettings(output_tokens=500, sample_every=100)
+    s = CapacitySettings(output_tokens=500, sample_every=100, callout="ext-proc")
     # 1,000 µs + 100 µs × 500 chunks / 100 = 1,500 µs a request
     assert request_cores(costs, s, 1_000) == pytest.approx(1.5)
     assert request_cores(costs, replace(s, sample_every=1), 1_000) == pytest.approx(51.0)
+    # Over ext_authz no stream is read chunk by chunk.
+    assert request_cores(costs, replace(s, callout="ext-authz"), 1_000) == pytest.approx(1.0)
 
 
 def test_a_handed_off_stream_pays_for_its_progress_once_a_second_while_in_flight() -> None:
@@ -161,8 +163,12 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
     cell = {"tokens": 500, "chunks": 502.0, "window_s": 15.0}
     rate = {"achieved_rate": 149.0, "envoy_us": 900.0, "ttft_p50_ms": 9.0, "ttft_p99_ms": 20.0}
     measured = {
+        "request_us_by_callout": {"ext-proc": 1_000.0, "ext-authz": 700.0},
         "rates": {
-            "cells": [{**rate, "rate": 50.0, "epp_us": 1_400.0}, {**rate, "rate": 150.0, "epp_us": 1_000.0}]
+            "cells": [
+                {**rate, "callout": "ext-proc", "rate": 50.0, "epp_us": 1_400.0},
+                {**rate, "callout": "ext-proc", "rate": 150.0, "epp_us": 1_000.0},
+            ]
         },
         "streams": {
             "cells": {
@@ -173,7 +179,7 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
         "handler_us_by_endpoints": {"4": 400.0, "100": 1_100.0},
     }
     monkeypatch.setattr(capacity, "measure", lambda settings: (costs, measured))
-    data = capacity.run(tmp_path, CapacitySettings(sample_every=100, share_scrapes=False))
+    data = capacity.run(tmp_path, CapacitySettings(sample_every=100, share_scrapes=False, callout="ext-proc"))
     report = (tmp_path / "capacity.md").read_text()
     assert "| metered chunk (full metering) | 150.0 | 24–31 |" in report
     # 100 pods × 20/s × 500 µs: a core per replica for the scrapes alone; 1,000 µs a request,
@@ -184,7 +190,11 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
     assert f"| 10,000 | 200 ms | 17.6 | {ten_k['epp_cores']:.1f} | {ten_k['replicas']} |" in report
     assert "high_qps_small_token_comparison_analysis.md" in report
     assert "Routing over 100 endpoints instead of 4 adds 700 µs" in report
-    assert "150 requests/s (achieved 149): 1,000 µs of EPP CPU" in report
+    assert "ext-proc at 150 requests/s (achieved 149): 1,000 µs of EPP CPU" in report
+    # Each callout's plan at the fast tick: ext_authz's requests cost 700 µs and read no chunk.
+    authz = next(p for p in data["callout_plans"] if p["callout"] == "ext-authz" and p["qps"] == 10_000)
+    assert authz["request_cores"] == pytest.approx(10_000 * (700 + 2.0 * 5) / 1e6)
+    assert "| ext-authz | 700 | 10,000 |" in report
     assert "| decode progress of a handed-off stream moved on (once a second) | 2.00 | – |" in report
     assert (tmp_path / data["plot"]).stat().st_size > 0 and (tmp_path / "capacity.json").exists()
 
