@@ -14,7 +14,10 @@ inflight   EPP CPU against time in flight: one long streamed and one non-streame
 metering   a streamed answer's EPP and Envoy CPU (1 and 512 tokens) under each response metering:
            every chunk, or the first token and Envoy's access log
 request-rate  the EPP's and Envoy's CPU per request at 50 and 150 requests/s open loop through the
-           ``make run`` stack (~1k-token prompts, first-token metering; bench/request_rate.py)
+           ``make run`` stack (~1k-token prompts), over each callout (ext_proc, ext_authz;
+           bench/request_rate.py)
+callout-floor  each callout's cost before any work: a servicer that only picks, behind the
+           gateway's Envoy, at 150 requests/s (bench/callout_floor.py)
 capacity   each unit cost measured here (request, metered chunk, access-log entry, scrape, sync
            message and endpoint total, prediction row), and the sizing they give for 1k/5k/10k
            QPS over 100 pods (EPP cores and replicas, predictor servers, NATS messages/s, sync
@@ -64,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    callout_floor,
     capacity,
     compare,
     fidelity,
@@ -130,6 +134,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "inflight": inflight_cost.run,
     "metering": metering_cost.run,
     "request-rate": request_rate.run,
+    "callout-floor": callout_floor.run,
     "capacity": capacity.run,
     "predictor": predictor_bench.run,
     "fidelity": fidelity.run,

@@ -61,6 +61,7 @@ from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.messages import Capability
 from epp.sync.metrics import SyncMetrics
 from epp.sync.nats_transport import NatsSyncTransport, connect_options, default_replica_id
+from epp.sync.replica_header import ReplicaHeader
 from epp.sync.scrape_share import STALE_AFTER_TICKS, ScrapeShare
 from epp.sync.state import ReplicaSyncState, SyncTuning
 from epp.tls import server_credentials
@@ -149,6 +150,9 @@ class EppApp:
                 settings.otlp_traces_endpoint, settings.otlp_service_name
             )
             observers.append(RequestTracer(self.tracer_provider, self.clock))
+        self.replica_id = settings.replica_id or default_replica_id()
+        if settings.sync_nats_url:  # the gateway logs to each replica the requests it routed
+            observers.append(ReplicaHeader(self.replica_id))
         self.lifecycle = RequestLifecycle(self.pipeline, observers)
         if (predicted_latency := find_predicted_latency(self.pipeline.plugins.values())) is not None:
             self.registry.register(DriftCollector(predicted_latency.drift))
@@ -260,7 +264,7 @@ class EppApp:
         """Active-active: share this replica's bookings with its peers over NATS, apply theirs."""
         s = self.settings
         state = ReplicaSyncState(
-            s.replica_id or default_replica_id(),
+            self.replica_id,
             sync_targets(self.pipeline),
             clock=self.clock,
             wall_clock=time.time,

@@ -88,6 +88,7 @@ from epp.extproc.messages import (
     SOURCE_ATTRIBUTE,
 )
 from epp.requestcontrol.director import REQUEST_ID_HEADER
+from epp.sync.replica_header import REPLICA_HEADER
 
 FailureMode = Literal["FailOpen", "FailClose"]
 BodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
@@ -422,7 +423,8 @@ def ext_authz_filter(failure_mode: FailureMode, max_request_bytes: int) -> dict[
     pick: every client header and the whole body go to it (``epp.extauthz.check``); its answer's
     destination, request id and trace context go upstream, a refusal's status, body and headers
     to the client, and a decision trace onto the client's response."""
-    exact = [{"exact": name} for name in (DESTINATION_HEADER, REQUEST_ID_HEADER, *TRACE_HEADERS)]
+    upstream = (DESTINATION_HEADER, REQUEST_ID_HEADER, REPLICA_HEADER, *TRACE_HEADERS)
+    exact = [{"exact": name} for name in upstream]
     return {
         "name": _EXT_AUTHZ_FILTER,
         "typed_config": {
@@ -809,9 +811,10 @@ def sse_done_filter() -> dict[str, Any]:
     }
 
 
-def epp_access_log(cluster: str) -> dict[str, Any]:
+def epp_access_log(cluster: str, replica_id: str | None = None) -> dict[str, Any]:
     """The access logger that sends the EPP (``cluster``) an entry for every request it routed
-    (those that carry its destination header), batched (see the module doc)."""
+    (those that carry its destination header), batched (see the module doc); with ``replica_id``
+    only those that replica routed (``epp.sync.replica_header``)."""
     config = {
         "@type": _HTTP_GRPC_LOG,
         "common_config": {
@@ -824,6 +827,9 @@ def epp_access_log(cluster: str) -> dict[str, Any]:
         "additional_request_headers_to_log": [REQUEST_ID_HEADER],
     }
     routed = {"header_filter": {"header": {"name": DESTINATION_HEADER, "present_match": True}}}
+    if replica_id is not None:
+        own = {"header_filter": {"header": {"name": REPLICA_HEADER, "string_match": {"exact": replica_id}}}}
+        routed = {"and_filter": {"filters": [routed, own]}}
     return {"name": "envoy.access_loggers.http_grpc", "filter": routed, "typed_config": config}
 
 
@@ -835,10 +841,13 @@ def with_epp_replicas(
     bootstrap: dict[str, Any],
     replicas: Sequence[tuple[str, int, int]],
     ext_authz_ports: Sequence[int] = (),
+    replica_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``bootstrap`` with its ext_proc cluster spread over active-active EPP replicas, each given as
     (address, ext_proc port, gRPC health port), and with the ext_authz callout its checks cluster
-    too (each replica's ``ext_authz_ports``, in the same order).
+    too (each replica's ``ext_authz_ports``, in the same order). Each replica gets the access-log
+    entries of the requests it routed, told by their ``replica_ids`` header (each replica's
+    ``--replica-id``, in the same order), or without them every entry.
 
     Envoy health-checks every replica over gRPC on its health port (the ext_proc service's
     readiness, every 0.5 s, down after 2 failures) and ejects one whose streams fail (outlier
@@ -862,7 +871,7 @@ def with_epp_replicas(
     clusters = [epp if c["name"] == "epp" else c for c in clusters]
     listeners = bootstrap["static_resources"]["listeners"]
     hcm = listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]
-    if "access_log" in hcm:  # every replica gets every entry: each finishes its own requests
+    if "access_log" in hcm:  # a logger per replica
         log_clusters = [
             {
                 **{k: v for k, v in epp.items() if k not in ("health_checks", "outlier_detection")},
@@ -872,7 +881,9 @@ def with_epp_replicas(
             for i, (a, p, _) in enumerate(replicas)
         ]
         clusters += log_clusters
-        hcm = {**hcm, "access_log": [epp_access_log(c["name"]) for c in log_clusters]}
+        ids: Sequence[str | None] = replica_ids or [None] * len(log_clusters)
+        loggers = [epp_access_log(c["name"], i) for c, i in zip(log_clusters, ids, strict=True)]
+        hcm = {**hcm, "access_log": loggers}
         chain = {
             **listeners[0]["filter_chains"][0],
             "filters": [{**listeners[0]["filter_chains"][0]["filters"][0], "typed_config": hcm}],

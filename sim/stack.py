@@ -135,6 +135,11 @@ class StackConfig:
     (``epp.extauthz.check``; plaintext, the access log finishes every request)."""
 
 
+def replica_id(index: int) -> str:
+    """The ``--replica-id`` of the stack's EPP replica ``index``."""
+    return f"epp-{index}"
+
+
 def port_flag(name: str) -> str:
     """The ``llm-epp-stack`` flag that sets the :class:`StackPorts` field ``name``."""
     return f"--{name.replace('_', '-')}-port"
@@ -326,7 +331,8 @@ class LocalStack:
         )
         if self.config.epp_replicas > 1:
             replicas = [("127.0.0.1", g, h) for g, h, _ in self.epp_ports]
-            bootstrap = with_epp_replicas(bootstrap, replicas, self.ext_authz_ports)
+            ids = [replica_id(i) for i in range(len(replicas))]
+            bootstrap = with_epp_replicas(bootstrap, replicas, self.ext_authz_ports, ids)
         return bootstrap
 
     def start(self) -> None:
@@ -413,7 +419,7 @@ class LocalStack:
                 "--sync-nats-url",
                 f"nats://127.0.0.1:{self.config.ports.nats}",
                 "--replica-id",
-                f"epp-{i}",
+                replica_id(i),
             ]
             self.epps.append(
                 start_epp(

@@ -34,12 +34,13 @@ from trainer.auth import read_token
 ENVOY_MAX_HEADERS = 100
 ENVOY_MAX_HEADERS_KB = 60
 """Envoy's default limits on request headers (``max_headers_count``, ``max_request_headers_kb``)."""
-ADDED_HEADERS = 4
+ADDED_HEADERS = 5
 """The most headers the EPP adds to a request: the destination, the request id (when the client
-sent none), and a W3C trace context (``traceparent``, ``tracestate``) with tracing on."""
+sent none), a W3C trace context (``traceparent``, ``tracestate``) with tracing on, and the
+replica's id with sync on (``epp.sync.replica_header``)."""
 ADDED_BYTES = 512
 """Room for their names and values (a destination of up to 64 bytes, a 32-byte id, a 55-byte
-``traceparent``): 512 bytes, with margin."""
+``traceparent``, a replica id of up to 64): 512 bytes, with margin."""
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 

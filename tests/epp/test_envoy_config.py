@@ -217,3 +217,15 @@ def test_envoy_validates_the_access_log_to_one_epp_and_to_each_of_several(tmp_pa
         log["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
         for log in _access_logs(single)
     ] == ["epp"]
+    # Told the replicas' ids, each logger keeps the entries its replica routed.
+    owned = with_epp_replicas(
+        single, [("127.0.0.1", 19002, 19003), ("127.0.0.1", 19012, 19013)], replica_ids=["a", "b"]
+    )
+    validate_bootstrap(tmp_path, owned)
+    for log, replica in zip(_access_logs(owned), ("a", "b"), strict=True):
+        routed, own = log["filter"]["and_filter"]["filters"]
+        assert routed == logger["filter"]
+        assert own["header_filter"]["header"] == {
+            "name": "x-llm-epp-replica",
+            "string_match": {"exact": replica},
+        }

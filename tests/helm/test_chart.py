@@ -356,3 +356,23 @@ def test_the_epp_meters_every_chunk_unless_the_gateway_is_said_to_send_its_acces
     extension = {**GUIDE["inferenceExtension"], "responseMetering": "first-token"}
     rendered = render({**GUIDE, "inferenceExtension": extension})
     assert epp_args(_containers(rendered)["epp"]["args"])[0].response_metering == "first-token"
+
+
+def test_the_ext_authz_port_is_off_by_default_and_served_and_reachable_when_set() -> None:
+    service_ports = {p["name"] for p in render(GUIDE).named("Service", EPP)["spec"]["ports"]}
+    assert "http-ext-authz" not in service_ports
+    assert epp_args(_containers(render(GUIDE))["epp"]["args"])[0].ext_authz_port is None
+    extension = {**GUIDE["inferenceExtension"], "extAuthzPort": 9004}
+    rendered = render({**GUIDE, "inferenceExtension": extension, "networkPolicy": {"enabled": True}})
+    assert epp_args(_containers(rendered)["epp"]["args"])[0].ext_authz_port == 9004
+    container_ports = {p["name"]: p["containerPort"] for p in _containers(rendered)["epp"]["ports"]}
+    assert container_ports["http-ext-authz"] == 9004
+    service = rendered.named("Service", EPP)
+    assert {
+        "name": "http-ext-authz",
+        "port": 9004,
+        "targetPort": "http-ext-authz",
+        "protocol": "TCP",
+    } in service["spec"]["ports"]
+    gateway_rule = rendered.named("NetworkPolicy", EPP)["spec"]["ingress"][0]
+    assert {"port": "http-ext-authz", "protocol": "TCP"} in gateway_rule["ports"]
