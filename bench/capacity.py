@@ -123,6 +123,9 @@ class CapacitySettings:
     share_scrapes: bool = True
     """Synced replicas share their scrapes (``--sync-share-scrapes``, on by default): each pod is
     scraped by one replica, whose figures the others apply (one message a tick from each)."""
+    own_log_entries: bool = True
+    """Each replica's access logger keeps the entries of the requests it routed
+    (``epp.sync.replica_header``); without, every replica reads every entry."""
     events_per_request: int = 3
     """Routed, first token, finished: each changes an endpoint's totals that go out at once."""
     answer_s: float = 5.0
@@ -234,8 +237,9 @@ def replica_overhead(
 ) -> dict[str, float]:
     """Cores each replica spends besides its share of the requests: scraping every
     ``scrape_interval_s`` the pods it owns (every pod without ``share_scrapes``) and applying its
-    peers' scrapes of the others, applying its ``replicas - 1`` peers' sync, and reading the
-    access-log entries of their requests."""
+    peers' scrapes of the others, applying its ``replicas - 1`` peers' sync, and, unless the
+    gateway logs to each replica its own requests only (``own_log_entries``; its own entries
+    are in the request's cost), reading the access-log entries of their requests."""
     peers = replicas - 1
     sync_us = sync_messages_per_s(s, qps, replicas) * costs.sync_message_us
     sync_us += sync_totals_per_s(s, qps, replicas) * costs.sync_total_us
@@ -244,7 +248,7 @@ def replica_overhead(
     return {
         "scrapes": scrape_us / scrape_interval_s / 1e6,
         "sync": peers * sync_us / 1e6,
-        "access_log": qps * peers / replicas * costs.log_entry_us / 1e6,
+        "access_log": 0.0 if s.own_log_entries else qps * peers / replicas * costs.log_entry_us / 1e6,
     }
 
 

@@ -75,7 +75,7 @@ def test_sync_totals_are_each_event_the_metered_streams_at_each_tick_and_the_est
 
 def test_unshared_each_replica_scrapes_every_pod_and_reads_its_peers_log_entries() -> None:
     costs = replace(FREE, scrape_us=500.0, log_entry_us=10.0, sync_message_us=4.0, sync_total_us=2.0)
-    s = CapacitySettings(pods=100, share_scrapes=False)
+    s = CapacitySettings(pods=100, share_scrapes=False, own_log_entries=False)
     one = replica_overhead(costs, s, 10_000, 1, 0.05)
     assert one == pytest.approx({"scrapes": 100 * 20 * 500e-6, "sync": 0.0, "access_log": 0.0})
     four = replica_overhead(costs, s, 10_000, 4, 0.2)
@@ -83,10 +83,12 @@ def test_unshared_each_replica_scrapes_every_pod_and_reads_its_peers_log_entries
     assert four["access_log"] == pytest.approx(10_000 * 3 / 4 * 10e-6)
     per_peer_us = sync_messages_per_s(s, 10_000, 4) * 4.0 + sync_totals_per_s(s, 10_000, 4) * 2.0
     assert four["sync"] == pytest.approx(3 * per_peer_us / 1e6)
+    # Logged to their own replica only, the peers' entries cost nothing.
+    assert replica_overhead(costs, replace(s, own_log_entries=True), 10_000, 4, 0.2)["access_log"] == 0.0
 
 
 def test_the_plan_takes_the_fewest_replicas_whose_cores_stay_within_the_utilisation() -> None:
-    s = CapacitySettings(output_tokens=0, utilisation=0.7)
+    s = CapacitySettings(output_tokens=0, utilisation=0.7, own_log_entries=False)
     costs = replace(FREE, request_us=350.0)  # 3.5 cores at 10,000 QPS: 5 replicas at 70%
     result = plan(costs, s, 10_000, 0.05)
     assert result["fits"] and result["replicas"] == 5 and result["epp_cores"] == pytest.approx(3.5)
