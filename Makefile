@@ -107,7 +107,7 @@ run: $(STAMP) $(if $(REAL_VLLM),$(VLLM_STAMP))
 	$(BIN)/llm-epp-stack $(if $(REAL_VLLM),--engine vllm) $(if $(filter 0,$(PREDICTOR)),--predictors 0) \
 	  $(if $(filter-out 1,$(EPP_REPLICAS)),--epp-replicas $(EPP_REPLICAS)) \
 	  $(if $(filter 1,$(TLS)),--tls tls)$(if $(filter mtls,$(TLS)),--tls mtls) \
-	  $(if $(POOL),--sim-profile '$(POOL)')
+	  $(if $(POOL),--sim-profile '$(POOL)') $(if $(CALLOUT),--callout $(CALLOUT))
 
 test: $(STAMP) $(VLLM_STAMP) $(HELM_STAMP) system-packages
 	$(BIN)/pytest $(PYTEST_ARGS)
