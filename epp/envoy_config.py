@@ -1,8 +1,9 @@
 """Envoy bootstrap for a gateway in front of the EPP (used by the local stack, tests and benchmarks).
 
-The listener runs three HTTP filters: a header mutation that drops any client-supplied
-destination header (so a client can never pick its own upstream), the ext_proc filter
-talking to the EPP, and the router.
+The listener runs these HTTP filters: a header mutation that drops any client-supplied
+destination header (so a client can never pick its own upstream) or replica id, the filter that
+asks the EPP (ext_proc, or ext_authz with ``ext_authz_port``), and the router; with the access
+log to the EPP, a Lua filter first that marks streamed answers for it.
 
 Routes: only the inference API paths (``INFERENCE_API_PATHS`` by default) go to the model
 servers, each with the one method it takes (``GET_PATHS`` GET, the others POST; any other
@@ -710,7 +711,11 @@ def gateway_bootstrap(
                 "name": "envoy.filters.http.header_mutation",
                 "typed_config": {
                     "@type": _HEADER_MUTATION,
-                    "mutations": {"request_mutations": [{"remove": DESTINATION_HEADER}]},
+                    # The EPP's to set: a client's would pick its own upstream, or (the replica's
+                    # id) send its request's log entry to another EPP replica.
+                    "mutations": {
+                        "request_mutations": [{"remove": DESTINATION_HEADER}, {"remove": REPLICA_HEADER}]
+                    },
                 },
             },
             # Enabled by the API routes only: a request with no route, as one Envoy's codec refuses
