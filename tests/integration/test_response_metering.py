@@ -74,9 +74,13 @@ def test_whole_answers_arrive_and_the_access_log_finishes_them(tmp_path: Path) -
         stack.stop()
 
 
-@pytest.mark.parametrize("metering", ["first-token", "full"])
-def test_300_cancelled_streams_leave_every_gauge_at_zero(tmp_path: Path, metering: str) -> None:
-    stack = start_stack(tmp_path, replicas=2, epp_config="ray-kv-aware", response_metering=metering)
+@pytest.mark.parametrize(
+    ("metering", "callout"), [("first-token", "ext-proc"), ("full", "ext-proc"), ("first-token", "ext-authz")]
+)
+def test_300_cancelled_streams_leave_every_gauge_at_zero(tmp_path: Path, metering: str, callout: str) -> None:
+    stack = start_stack(
+        tmp_path, replicas=2, epp_config="ray-kv-aware", response_metering=metering, callout=callout
+    )
     body = {"model": "tiny", "prompt": "a long story, please", "max_tokens": 400, "stream": True}
 
     def cancelled(i: int) -> int:
