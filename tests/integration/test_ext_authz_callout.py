@@ -4,14 +4,23 @@ client as the EPP wrote them. Cancelled streams: ``test_response_metering``."""
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import httpx
 import openai
 import pytest
 
+from epp.envoy_config import gateway_bootstrap, write_cluster_endpoints
+from epp.extauthz.check import CheckAnswer
+from epp.extauthz.server import serve
+from epp.extproc.access_log import AccessLogReceiver
+from epp.extproc.access_log import add_to_server as add_access_log_to_server
+from epp.extproc.messages import DESTINATION_HEADER
 from sim.envoy_admin import stat
+from sim.processes import free_port, start_envoy
 from tests.integration.test_response_metering import answer, gauges
 from tests.stacks import start_stack
 from tests.support import metric_sum, wait_for
@@ -101,3 +110,69 @@ def test_two_synced_epps_share_the_checks_and_each_finishes_its_own(tmp_path: Pa
             assert wait_for(lambda u=url: not any(gauges(u).values())), gauges(url)
     finally:
         stack.stop()
+
+
+async def test_the_gateways_lua_filter_counts_events_split_across_chunks(tmp_path: Path) -> None:
+    """An answer written a few bytes at a time: its first body byte is marked, and its JSON
+    events are counted once each however the chunks cut them (``[DONE]`` is not one)."""
+    events = [b'data: {"choices":[{"text":"%d"}]}\n\n' % i for i in range(25)] + [b"data: [DONE]\n\n"]
+    body = b"".join(events)
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(v)
+            for k, _, v in (h.partition(b": ") for h in head.split(b"\r\n"))
+            if k.lower() == b"content-length"
+        )
+        await reader.readexactly(length)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n" % len(body)
+        )
+        for start in range(0, len(body), 5):  # cuts through "data: {" and "[DONE]" alike
+            writer.write(body[start : start + 5])
+            await writer.drain()
+            await asyncio.sleep(0.002)
+        writer.close()
+
+    entries: list = []
+    upstream = await asyncio.start_server(engine, "127.0.0.1", 0)
+    target = f"127.0.0.1:{upstream.sockets[0].getsockname()[1]}"
+
+    async def answer(check):  # type: ignore[no-untyped-def]
+        return CheckAnswer(200, {DESTINATION_HEADER: target, "x-request-id": "counted"})
+
+    logs = grpc.aio.server()
+    add_access_log_to_server(AccessLogReceiver(entries.append), logs)
+    grpc_port = logs.add_insecure_port("127.0.0.1:0")
+    await logs.start()
+    checks = await serve(answer, lambda: True, "127.0.0.1", 0)
+    gateway = free_port()
+    endpoints = write_cluster_endpoints(tmp_path / "eds" / "endpoints.json", [tuple(target.split(":"))])  # type: ignore[list-item]
+    bootstrap = gateway_bootstrap(
+        listen_port=gateway,
+        epp_address=("127.0.0.1", grpc_port),
+        endpoints_file=endpoints,
+        ext_authz_port=checks.sockets[0].getsockname()[1],
+    )
+    envoy = await asyncio.to_thread(start_envoy, "gateway", bootstrap, tmp_path)
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(
+                f"http://127.0.0.1:{gateway}/v1/completions",
+                json={"model": "tiny", "prompt": "hi", "stream": True},
+            )
+        assert response.content == body
+        for _ in range(100):
+            if entries:
+                break
+            await asyncio.sleep(0.05)
+        [entry] = entries
+        assert entry.request_id == "counted" and entry.ended == "complete"
+        assert entry.sse_events == 25
+        assert entry.first_body_byte_s is not None and 0 <= entry.first_body_byte_s < 1
+    finally:
+        envoy.stop()
+        checks.close()
+        upstream.close()
+        await logs.stop(0)
