@@ -46,9 +46,10 @@ def test_killed_replica_mid_stream(tmp_path: Path) -> None:
         stack.stop()
 
 
+@pytest.mark.parametrize("callout", ["ext-proc", "ext-authz"])
 @pytest.mark.parametrize(("mode", "served"), [("FailOpen", True), ("FailClose", False)])
-def test_epp_down_follows_the_failure_mode(tmp_path: Path, mode: str, served: bool) -> None:
-    stack = start_stack(tmp_path, replicas=2, sim_profile="instant", failure_mode=mode)
+def test_epp_down_follows_the_failure_mode(tmp_path: Path, mode: str, served: bool, callout: str) -> None:
+    stack = start_stack(tmp_path, replicas=2, sim_profile="instant", failure_mode=mode, callout=callout)
     try:
         body = {"model": "tiny", "prompt": "Hello", "max_tokens": 2}
         assert httpx.post(f"{stack.gateway_url}/v1/completions", json=body, timeout=10).status_code == 200

@@ -202,15 +202,18 @@ class _ResettingEngine(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("metering", ["first-token", "full"])
+@pytest.mark.parametrize(
+    ("metering", "callout"), [("first-token", "ext-proc"), ("full", "ext-proc"), ("first-token", "ext-authz")]
+)
 def test_a_request_reset_before_any_byte_is_retried_on_the_epps_next_pick(
-    tmp_path: Path, metering: str
+    tmp_path: Path, metering: str, callout: str
 ) -> None:
     """The EPP picks round-robin over ``engine-a`` (which resets every inference request) and
     the two replicas, listing two endpoints per request: a streamed request whose first pick is
     ``engine-a`` must be served by its second, ``replica-0``, not by any other endpoint, and the
-    EPP, told by Envoy which endpoint answered, books it there (its debug header names it) and
-    finishes it there, from the stream or from the access log."""
+    EPP, told by Envoy which endpoint answered, books it there and finishes it there, from the
+    stream or from the access log. Over ext_proc the debug header, sent with the response,
+    names where it was booked; over ext_authz it is the routing's answer, so it names the pick."""
     config = tmp_path / "round-robin-2.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -223,7 +226,12 @@ def test_a_request_reset_before_any_byte_is_retried_on_the_epps_next_pick(
         )
     )
     stack = start_stack(
-        tmp_path, replicas=2, sim_profile="instant", epp_config=str(config), response_metering=metering
+        tmp_path,
+        replicas=2,
+        sim_profile="instant",
+        epp_config=str(config),
+        response_metering=metering,
+        callout=callout,
     )
     _ResettingEngine.metrics = httpx.get(stack.replica_url(1) + "/metrics", timeout=5).content
     engine = ThreadingHTTPServer(("127.0.0.1", 0), _ResettingEngine)
@@ -259,9 +267,12 @@ def test_a_request_reset_before_any_byte_is_retried_on_the_epps_next_pick(
     finally:
         engine.shutdown()
         stack.stop()
-    assert picks.count("engine-a") == 0  # every request is booked where it was served
+    if callout == "ext-proc":
+        assert picks.count("engine-a") == 0  # every request is booked where it was served
+        assert (picks.count("replica-0"), picks.count("replica-1")) == (20, 10)
+    else:
+        assert [picks.count(e) for e in ("engine-a", "replica-0", "replica-1")] == [10, 10, 10]
     assert completed == 30
-    assert (picks.count("replica-0"), picks.count("replica-1")) == (20, 10)
     assert retried == 10
     assert now[0] - served[0] == picks.count("replica-0") + picks.count("engine-a")
     assert now[1] - served[1] == picks.count("replica-1")
