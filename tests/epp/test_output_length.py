@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from epp.load.output_length import ExpectedOutput, OutputSource, SessionOutputLengths
+from epp.plugins.token_load import TokenLoadParameters, TokenLoadProducer
+from epp.scheduling.cycle_data import EXPECTED_OUTPUT
+from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
+from epp.scheduling.types import SchedulingResult
+from tests.epp.factories import FakeClock, endpoint_state, make_request
+
+
+def reference_mean(answers: list[int], half_life: float) -> float:
+    """The weighted mean written out: the newest answer weighs a, the one before a(1−a), ...,
+    the first the weight left over, (1−a)^(n−1)."""
+    a = 1 - 0.5 ** (1 / half_life)
+    n = len(answers)
+    total = (1 - a) ** (n - 1) * answers[0]
+    for k in range(1, n):
+        total += a * (1 - a) ** (n - 1 - k) * answers[k]
+    return total
+
+
+@given(
+    turns=st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 10_000)), min_size=1, max_size=30),
+    half_life=st.floats(0.5, 20),
+)
+def test_session_and_pool_means_match_the_written_out_weighted_mean(turns, half_life) -> None:
+    lengths = SessionOutputLengths(half_life=half_life)
+    for session, tokens in turns:
+        lengths.observe(session, tokens, now=0.0)
+    for session in "abc":
+        answers = [tokens for s, tokens in turns if s == session]
+        got = lengths.session_mean(session, 0.0)
+        assert (got is None) == (not answers)
+        if answers:
+            assert got == pytest.approx(reference_mean(answers, half_life))
+            assert lengths.expected(session, 0.0) == ExpectedOutput(max(1, round(got)), OutputSource.SESSION)
+    pool = lengths.expected("unseen", 0.0)
+    assert pool is not None and pool.source is OutputSource.POOL
+    assert pool.tokens == max(1, round(reference_mean([t for _, t in turns], half_life)))
+
+
+def test_nothing_is_expected_before_any_answer_and_anonymous_turns_teach_only_the_pool() -> None:
+    lengths = SessionOutputLengths()
+    assert lengths.expected("a", 0.0) is None
+    lengths.observe(None, 300, 0.0)
+    assert len(lengths) == 0 and lengths.expected("a", 0.0) == ExpectedOutput(300, OutputSource.POOL)
+
+
+def test_sessions_are_bounded_least_recently_answered_first_and_expire() -> None:
+    lengths = SessionOutputLengths(capacity=2, ttl_s=10.0)
+    lengths.observe("a", 100, 0.0)
+    lengths.observe("b", 200, 1.0)
+    lengths.observe("a", 100, 2.0)  # a is now the most recent
+    lengths.observe("c", 300, 3.0)
+    assert len(lengths) == 2 and lengths.session_mean("b", 3.0) is None
+    assert lengths.session_mean("a", 3.0) == 100 and lengths.session_mean("c", 3.0) == 300
+    assert lengths.session_mean("c", 13.0) == 300 and lengths.session_mean("c", 13.5) is None
+    lengths.observe("c", 50, 20.0)  # an expired mean starts over
+    assert lengths.session_mean("c", 20.0) == 50
+
+
+def producer(**params: object) -> tuple[TokenLoadProducer, FakeClock]:
+    clock = FakeClock()
+    context = PluginContext(clock=clock, rng=random.Random(0))
+    return TokenLoadProducer("t", TokenLoadParameters.model_validate(params), context), clock
+
+
+def finish(p: TokenLoadProducer, request, state: CycleState, tokens: int, at: float) -> None:
+    result = SchedulingResult((endpoint_state(0).endpoint,), "p")
+    outcome = RequestOutcome(result.endpoint, at - 1, at, 200, True, True, at - 0.5, tokens)
+    p.on_finished(request, result, state, outcome)
+
+
+def test_the_hint_comes_first_then_the_session_then_the_pool_then_max_tokens() -> None:
+    p, clock = producer(learnSessionOutput=True, sessionHeader="x-conversation")
+    turn = make_request(list(range(10)))
+    turn.headers = {"x-conversation": "s1"}
+    turn.max_tokens = 4000
+    assert p.expected_output(turn) == ExpectedOutput(4000, OutputSource.DEFAULT)
+    finish(p, turn, CycleState(), 120, clock())
+    other = make_request(list(range(10)))
+    other.headers = {"x-conversation": "s2"}
+    assert p.expected_output(turn) == ExpectedOutput(120, OutputSource.SESSION)
+    assert p.expected_output(other) == ExpectedOutput(120, OutputSource.POOL)
+    turn.expected_output_tokens = 7
+    assert p.expected_output(turn) == ExpectedOutput(7, OutputSource.HINT)
+
+
+def test_without_learning_finished_turns_teach_nothing() -> None:
+    p, clock = producer()
+    turn = make_request(list(range(10)))
+    turn.headers = {"x-session-id": "s1"}
+    finish(p, turn, CycleState(), 120, clock())
+    assert p.sessions is None and p.expected_output(turn) == ExpectedOutput(15, OutputSource.DEFAULT)
+
+
+def test_the_booking_carries_the_expected_output() -> None:
+    p, _ = producer()
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    request = make_request(list(range(100)))
+    request.max_tokens = 8192
+    request.expected_output_tokens = 300
+    state = CycleState()
+    p.produce(request, endpoints, state)
+    assert state.get(EXPECTED_OUTPUT) == ExpectedOutput(300, OutputSource.HINT)
+    p.pre_request(request, SchedulingResult((endpoints[1].endpoint,), "p"), state)
+    assert p.tracker.load("e1").expected_remaining_tokens == 300
+    assert p.tracker.terms(state.key).expected_output == 300  # type: ignore[union-attr]
