@@ -6,9 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
 from epp.load.output_length import ExpectedOutput, OutputSource, SessionOutputLengths
+from epp.load.token_load import EndpointLoad
+from epp.plugins.latency_scorer import LatencyScorer, LatencyScorerParameters
 from epp.plugins.token_load import TokenLoadParameters, TokenLoadProducer
-from epp.scheduling.cycle_data import EXPECTED_OUTPUT
+from epp.plugins.token_load_scorer import TokenLoadScorer, TokenLoadScorerParameters
+from epp.scheduling.cycle_data import EXPECTED_OUTPUT, TOKEN_LOAD
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, endpoint_state, make_request
@@ -112,3 +116,48 @@ def test_the_booking_carries_the_expected_output() -> None:
     p.pre_request(request, SchedulingResult((endpoints[1].endpoint,), "p"), state)
     assert p.tracker.load("e1").expected_remaining_tokens == 300
     assert p.tracker.terms(state.key).expected_output == 300  # type: ignore[union-attr]
+
+
+def test_the_token_load_cost_counts_the_expected_remaining_output_when_weighted() -> None:
+    context = PluginContext(clock=FakeClock(), rng=random.Random(0))
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    state = CycleState()
+    # Same blocks held now; e0's requests are expected to decode 8,000 more tokens, e1's 800.
+    state.put(
+        TOKEN_LOAD, {"e0": EndpointLoad(2, 0, 1600, 8000, 1600), "e1": EndpointLoad(2, 0, 1600, 800, 1600)}
+    )
+    request = make_request(list(range(160)))
+    weighted = TokenLoadScorer("t", TokenLoadScorerParameters(expectedOutputWeight=0.5), context)
+    # (160 + 1600 + 0.5·8000)/16 = 360 and (160 + 1600 + 0.5·800)/16 = 135
+    assert weighted.costs(request, endpoints, state) == [360.0, 135.0]
+    off = TokenLoadScorer("t", TokenLoadScorerParameters(), context)
+    assert off.costs(request, endpoints, state) == [110.0, 110.0]
+
+
+def latency_scores(expected: ExpectedOutput | None, weigh: bool = True) -> list[float]:
+    """e0 answers first sooner (TTFT 100 ms) but decodes at 20 ms a token, e1 at 400 ms and 10 ms."""
+    scorer = LatencyScorer("s", LatencyScorerParameters(weighByExpectedOutput=weigh), PluginContext(
+        clock=FakeClock(), rng=random.Random(0)))  # fmt: skip
+    state = CycleState()
+    by = {
+        "e0": EndpointPrediction(100.0, 20.0, -100.0, None),
+        "e1": EndpointPrediction(400.0, 10.0, -400.0, None),
+    }
+    state.put(LATENCY_PREDICTIONS, LatencyPredictions(by, None, None, tpot_applies=True))
+    if expected is not None:
+        state.put(EXPECTED_OUTPUT, expected)
+    return scorer.score(make_request([1]), [endpoint_state(0), endpoint_state(1)], state)
+
+
+def test_the_latency_scorer_weighs_ttft_and_tpot_by_the_expected_answers_predicted_e2e() -> None:
+    # Predicted E2E for 2 tokens: 120 ms on e0 against 410; for 1,000: 20,080 ms against 10,390.
+    short = latency_scores(ExpectedOutput(2, OutputSource.HINT))
+    long = latency_scores(ExpectedOutput(1000, OutputSource.SESSION))
+    assert short[0] > short[1] and long[1] > long[0]
+    # Without an estimate (or with the weighting off) the configured 0.8/0.2 blend: TTFT wins.
+    for unweighted in (
+        latency_scores(None),
+        latency_scores(ExpectedOutput(1000, OutputSource.DEFAULT)),
+        latency_scores(ExpectedOutput(1000, OutputSource.HINT), weigh=False),
+    ):
+        assert unweighted[0] > unweighted[1]
