@@ -10,12 +10,14 @@ from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction, Lat
 from epp.load.output_length import ExpectedOutput, OutputSource, SessionOutputLengths
 from epp.load.token_load import EndpointLoad
 from epp.plugins.latency_scorer import LatencyScorer, LatencyScorerParameters
+from epp.plugins.prefix_affinity_filter import PrefixAffinityParameters, PrefixCacheAffinityFilter
 from epp.plugins.token_load import TokenLoadParameters, TokenLoadProducer
 from epp.plugins.token_load_scorer import TokenLoadScorer, TokenLoadScorerParameters
-from epp.scheduling.cycle_data import EXPECTED_OUTPUT, TOKEN_LOAD
+from epp.scheduling.cycle_data import EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
-from tests.epp.factories import FakeClock, endpoint_state, make_request
+from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
+from tests.epp.latency_fakes import producer as latency_producer
 
 
 def reference_mean(answers: list[int], half_life: float) -> float:
@@ -161,3 +163,48 @@ def test_the_latency_scorer_weighs_ttft_and_tpot_by_the_expected_answers_predict
         latency_scores(ExpectedOutput(1000, OutputSource.HINT), weigh=False),
     ):
         assert unweighted[0] > unweighted[1]
+
+
+def test_a_long_answer_cached_where_there_is_no_queue_is_still_predicted() -> None:
+    fake = FakePredictor()
+    plugin = latency_producer(fake, skipWhenCachedAt=0.8, predictOutputsFrom=2048)
+
+    def predicted(expected: ExpectedOutput | None) -> bool:
+        state = CycleState()
+        state.put(PREFIX_MATCH, PrefixMatch(10, {"e0": 9}))
+        if expected is not None:
+            state.put(EXPECTED_OUTPUT, expected)
+        pending = plugin.produce(make_request(list(range(50))), [endpoint_state(0), endpoint_state(1)], state)
+        if pending is not None:
+            run(pending)
+        return state.get(LATENCY_PREDICTIONS) is not None
+
+    assert predicted(ExpectedOutput(2048, OutputSource.HINT))
+    assert predicted(ExpectedOutput(5000, OutputSource.SESSION))
+    assert not predicted(ExpectedOutput(2047, OutputSource.HINT))
+    assert not predicted(ExpectedOutput(8192, OutputSource.DEFAULT))  # max_tokens is no estimate
+    assert not predicted(None)
+
+
+def test_the_affinity_gate_judges_a_long_answer_by_its_predicted_e2e() -> None:
+    # The prompt is cached on e0, which decodes at 15 ms a token; e1 would re-prefill it (TTFT
+    # 1.5 s more) and decode at 6 ms.
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    by = {"e0": EndpointPrediction(100.0, 15.0, 0.0, None), "e1": EndpointPrediction(1600.0, 6.0, 0.0, None)}
+    gate = PrefixCacheAffinityFilter("a", PrefixAffinityParameters(gateOnExpectedOutput=True), PluginContext(
+        clock=FakeClock(), rng=random.Random(0)))  # fmt: skip
+
+    def kept(expected: ExpectedOutput | None) -> list[str]:
+        state = CycleState()
+        state.put(PREFIX_MATCH, PrefixMatch(10, {"e0": 9}))
+        state.put(LATENCY_PREDICTIONS, LatencyPredictions(by, None, None, tpot_applies=True))
+        if expected is not None:
+            state.put(EXPECTED_OUTPUT, expected)
+        return [e.name for e in gate.filter(make_request([1]), endpoints, state)]
+
+    # 8,000 tokens: 100 + 7,999·15 = 120,085 ms against 1,600 + 7,999·6 = 49,594: 70 s saved.
+    assert kept(ExpectedOutput(8000, OutputSource.HINT)) == ["e0", "e1"]
+    # 500 tokens: 7,585 against 4,594 ms, under the 5 s penalty: stays cached.
+    assert kept(ExpectedOutput(500, OutputSource.HINT)) == ["e0"]
+    assert kept(ExpectedOutput(8000, OutputSource.DEFAULT)) == ["e0"]  # TTFT alone: 1.5 s worse
+    assert kept(None) == ["e0"]
