@@ -27,15 +27,19 @@ parameter                  default  meaning
 headroomSelectionStrategy  least    ``least`` (best fit) or ``most`` (most slack)
 ttftWeight                 0.8      weight of TTFT in blended latency and headroom
 tpotWeight                 0.2      weight of TPOT
-weighByExpectedOutput      false    when the request's output length is estimated (a
-                                    hint or learned, ``EXPECTED_OUTPUT``), weigh TTFT and
-                                    TPOT by their shares of its predicted end-to-end time
+weighByExpectedOutputFrom  none     when the request's output length is estimated (a
+                                    hint or learned, ``EXPECTED_OUTPUT``) at this many
+                                    tokens or more, weigh TTFT and TPOT by their shares of
+                                    its predicted end-to-end time
 =========================  =======  ======================================================
 
-With ``weighByExpectedOutput`` a request expected to answer ``O`` tokens weighs TTFT by the
-lowest predicted TTFT and TPOT by ``(O − 1) ×`` the lowest predicted TPOT: the two terms of its
-predicted end-to-end time, ``TTFT + (O − 1) · TPOT``. A short answer is routed for its first
-token, a long one for its decoding speed; with no SLO that ranks candidates by predicted E2E.
+With ``weighByExpectedOutputFrom`` a request expected to answer ``O`` tokens (at least that
+many) weighs TTFT by the lowest predicted TTFT and TPOT by ``(O − 1) ×`` the lowest predicted
+TPOT: the two terms of its predicted end-to-end time, ``TTFT + (O − 1) · TPOT``; with no SLO that
+ranks candidates by predicted E2E. A long answer is routed for its decoding speed. Shorter ones
+keep the configured weights: weighed by E2E, a 1k-token answer's TPOT term is 100 times its TTFT
+term even between equal engines, where TPOT predictions differ by noise, and in the fleet
+simulator that cost TTFT p99 (``docs/output-length.md``).
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ class LatencyScorerParameters(PluginParameters):
     )
     ttft_weight: float = Field(default=0.8, ge=0.0, alias="ttftWeight")
     tpot_weight: float = Field(default=0.2, ge=0.0, alias="tpotWeight")
-    weigh_by_expected_output: bool = Field(default=False, alias="weighByExpectedOutput")
+    weigh_by_expected_output_from: int | None = Field(default=None, ge=1, alias="weighByExpectedOutputFrom")
 
 
 def _normalised(values: Sequence[float], min_span: float) -> list[float]:
@@ -148,13 +152,15 @@ class LatencyScorer(Scorer):
         return self._least_deficit(endpoints, by_endpoint)
 
     def _weights(self, state: CycleState, predicted: Sequence[EndpointPrediction]) -> tuple[float, float]:
-        """(TTFT weight, TPOT weight) for this request (see ``weighByExpectedOutput``)."""
-        expected = state.get(EXPECTED_OUTPUT) if self.params.weigh_by_expected_output else None
-        if expected is None or not expected.estimated:
-            return self.params.ttft_weight, self.params.tpot_weight
+        """(TTFT weight, TPOT weight) for this request (see ``weighByExpectedOutputFrom``)."""
+        configured = self.params.ttft_weight, self.params.tpot_weight
+        threshold = self.params.weigh_by_expected_output_from
+        expected = state.get(EXPECTED_OUTPUT) if threshold is not None else None
+        if threshold is None or expected is None or not expected.estimated or expected.tokens < threshold:
+            return configured
         ttft = min(p.ttft_ms for p in predicted)
         decode = (expected.tokens - 1) * min(p.tpot_ms for p in predicted)
-        return (ttft, decode) if ttft + decode > 0 else (self.params.ttft_weight, self.params.tpot_weight)
+        return (ttft, decode) if ttft + decode > 0 else configured
 
     def _blend(
         self,

@@ -136,9 +136,9 @@ def test_the_token_load_cost_counts_the_expected_remaining_output_when_weighted(
     assert off.costs(request, endpoints, state) == [110.0, 110.0]
 
 
-def latency_scores(expected: ExpectedOutput | None, weigh: bool = True) -> list[float]:
+def latency_scores(expected: ExpectedOutput | None, weigh_from: int | None = 2) -> list[float]:
     """e0 answers first sooner (TTFT 100 ms) but decodes at 20 ms a token, e1 at 400 ms and 10 ms."""
-    scorer = LatencyScorer("s", LatencyScorerParameters(weighByExpectedOutput=weigh), PluginContext(
+    scorer = LatencyScorer("s", LatencyScorerParameters(weighByExpectedOutputFrom=weigh_from), PluginContext(
         clock=FakeClock(), rng=random.Random(0)))  # fmt: skip
     state = CycleState()
     by = {
@@ -156,11 +156,13 @@ def test_the_latency_scorer_weighs_ttft_and_tpot_by_the_expected_answers_predict
     short = latency_scores(ExpectedOutput(2, OutputSource.HINT))
     long = latency_scores(ExpectedOutput(1000, OutputSource.SESSION))
     assert short[0] > short[1] and long[1] > long[0]
-    # Without an estimate (or with the weighting off) the configured 0.8/0.2 blend: TTFT wins.
+    # Without an estimate, under the threshold or with the weighting off, the configured 0.8/0.2
+    # blend: TTFT wins.
     for unweighted in (
         latency_scores(None),
         latency_scores(ExpectedOutput(1000, OutputSource.DEFAULT)),
-        latency_scores(ExpectedOutput(1000, OutputSource.HINT), weigh=False),
+        latency_scores(ExpectedOutput(1000, OutputSource.HINT), weigh_from=1001),
+        latency_scores(ExpectedOutput(1000, OutputSource.HINT), weigh_from=None),
     ):
         assert unweighted[0] > unweighted[1]
 

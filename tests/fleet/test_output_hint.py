@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 
-from sim.fleet import FleetConfig, FleetSimulator, Workload
+from epp.configs import config_path
+from sim.fleet import FleetConfig, FleetSimulator, Workload, make_router
 from sim.fleet.replica import Replica
 from sim.fleet.routers import Router, RoutingCall
-from tests.fleet.sessions import random_sessions
+from tests.fleet.sessions import fingerprint, random_sessions
 
 
 class Recorder(Router):
@@ -53,3 +55,28 @@ def test_a_noisy_hint_is_lognormal_around_the_truth_and_the_same_for_every_route
     # log(hint / truth) ~ N(0, 0.5); answers of 20 tokens or more, so rounding hardly matters.
     logs = [math.log(hint / truth) for _, hint, truth in noisy.values() if hint is not None and truth >= 20]
     assert len(logs) >= 12 and 0.25 < statistics.pstdev(logs) < 0.8 and abs(statistics.fmean(logs)) < 0.4
+
+
+OUTPUT_KNOBS = ("weighByExpectedOutput", "gateOnExpectedOutput", "predictOutputsFrom")
+
+
+def test_without_a_hint_the_output_length_knobs_change_no_decision(tmp_path: Path) -> None:
+    shipped = config_path("predicted-latency-token-load").read_text()
+    assert all(knob in shipped for knob in OUTPUT_KNOBS)
+    stripped = tmp_path / "without-knobs.yaml"
+    stripped.write_text(
+        "".join(
+            line for line in shipped.splitlines(keepends=True) if not any(k in line for k in OUTPUT_KNOBS)
+        )
+    )
+    workload = Workload("t", random_sessions(40, 3, seed=5, spread_s=15.0), slo_ttft_ms=500, slo_tpot_ms=50)
+    config = FleetConfig(
+        replicas=3, profile="llama-3.1-8b-h100:2,llama-3.1-8b-h100+slowdown=2.5:1", retrain_interval_s=2.0
+    )
+
+    def run(router: str) -> list[tuple]:
+        result = FleetSimulator(workload, lambda clock: make_router(router, clock, 3), config).run()
+        assert any(r.predicted_ttft_ms is not None for r in result.records)
+        return fingerprint(result)
+
+    assert run("predicted-latency-token-load") == run(str(stripped))
