@@ -221,6 +221,29 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         default=(),
         help="virtual seconds at which the last replicas join the pool, e.g. 60 (the last one at 60 s)",
     )
+    p.add_argument(
+        "--output-hint",
+        type=_output_hint,
+        default=None,
+        help="clients send x-expected-output-tokens: 'exact' (the true length) or 'noisy:SIGMA' "
+        "(the true length times exp(N(0, SIGMA)))",
+    )
+
+
+def _output_hint(text: str) -> float:
+    """``exact`` → 0, ``noisy:SIGMA`` → SIGMA (the hint's lognormal noise)."""
+    if text == "exact":
+        return 0.0
+    kind, _, sigma = text.partition(":")
+    try:
+        value = float(sigma)
+    except ValueError:
+        value = -1.0
+    if kind != "noisy" or not 0 < value <= 5:
+        raise argparse.ArgumentTypeError(
+            f"--output-hint is 'exact' or 'noisy:SIGMA' (0 < SIGMA <= 5), got {text!r}"
+        )
+    return value
 
 
 def _join_times(text: str) -> tuple[float, ...]:
@@ -565,6 +588,7 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         retrain_interval_s=args.retrain_interval_s,
         estimated_tokens=args.estimated_tokens,
         joins_at_s=args.joins_at_s,
+        output_hint_sigma=args.output_hint,
     )
     try:
         compare.run(settings, args.out)

@@ -46,6 +46,8 @@ class CompareSettings:
     tokenizer), once per bytes-a-token of the text given here; labelled ``ROUTER~estB``."""
     joins_at_s: tuple[float, ...] = ()
     """When the last replicas join the pool (``FleetConfig.joins_at_s``)."""
+    output_hint_sigma: float | None = None
+    """Clients send ``x-expected-output-tokens`` (``FleetConfig.output_hint_sigma``)."""
 
 
 def variants(settings: CompareSettings) -> list[tuple[str, str, float | None]]:
@@ -73,6 +75,7 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
         retrain_interval_s=settings.retrain_interval_s,
         seed=settings.seed,
         joins_at_s=settings.joins_at_s,
+        output_hint_sigma=settings.output_hint_sigma,
     )
     runs: list[dict[str, Any]] = []
     described: dict[str, str] = {}

@@ -27,7 +27,19 @@ parameter                  default  meaning
 headroomSelectionStrategy  least    ``least`` (best fit) or ``most`` (most slack)
 ttftWeight                 0.8      weight of TTFT in blended latency and headroom
 tpotWeight                 0.2      weight of TPOT
+weighByExpectedOutputFrom  none     when the request's output length is estimated (a
+                                    hint or learned, ``EXPECTED_OUTPUT``) at this many
+                                    tokens or more, weigh TTFT and TPOT by their shares of
+                                    its predicted end-to-end time
 =========================  =======  ======================================================
+
+With ``weighByExpectedOutputFrom`` a request expected to answer ``O`` tokens (at least that
+many) weighs TTFT by the lowest predicted TTFT and TPOT by ``(O − 1) ×`` the lowest predicted
+TPOT: the two terms of its predicted end-to-end time, ``TTFT + (O − 1) · TPOT``; with no SLO that
+ranks candidates by predicted E2E. A long answer is routed for its decoding speed. Shorter ones
+keep the configured weights: weighed by E2E, a 1k-token answer's TPOT term is 100 times its TTFT
+term even between equal engines, where TPOT predictions differ by noise, and in the fleet
+simulator that cost TTFT p99 (``docs/output-length.md``).
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ from epp.load.token_load import NO_LOAD
 from epp.plugins.kv_cache_utilization_scorer import free_kv_scores
 from epp.plugins.prefix_cache import PREFIX_MATCH, prefix_scores
 from epp.plugins.token_load import TOKEN_LOAD
+from epp.scheduling.cycle_data import EXPECTED_OUTPUT
 from epp.scheduling.framework import CycleState, PluginParameters, Scorer
 from epp.scheduling.registry import register
 from epp.scheduling.scores import min_max_inverse
@@ -66,6 +79,7 @@ class LatencyScorerParameters(PluginParameters):
     )
     ttft_weight: float = Field(default=0.8, ge=0.0, alias="ttftWeight")
     tpot_weight: float = Field(default=0.2, ge=0.0, alias="tpotWeight")
+    weigh_by_expected_output_from: int | None = Field(default=None, ge=1, alias="weighByExpectedOutputFrom")
 
 
 def _normalised(values: Sequence[float], min_span: float) -> list[float]:
@@ -129,18 +143,31 @@ class LatencyScorer(Scorer):
         if predictions is None or not any(e.name in predictions.by_endpoint for e in endpoints):
             return fallback_scores(request, endpoints, state)
         by_endpoint = predictions.by_endpoint
+        weights = self._weights(state, list(by_endpoint.values()))
         if not predictions.has_slo:
-            return self._lowest_latency(endpoints, by_endpoint, predictions.tpot_applies)
+            return self._lowest_latency(endpoints, by_endpoint, predictions.tpot_applies, weights)
         eligible = [e for e in endpoints if e.name in by_endpoint and by_endpoint[e.name].meets_slo]
         if eligible:
-            return self._best_headroom(endpoints, eligible, by_endpoint)
+            return self._best_headroom(endpoints, eligible, by_endpoint, weights)
         return self._least_deficit(endpoints, by_endpoint)
+
+    def _weights(self, state: CycleState, predicted: Sequence[EndpointPrediction]) -> tuple[float, float]:
+        """(TTFT weight, TPOT weight) for this request (see ``weighByExpectedOutputFrom``)."""
+        configured = self.params.ttft_weight, self.params.tpot_weight
+        threshold = self.params.weigh_by_expected_output_from
+        expected = state.get(EXPECTED_OUTPUT) if threshold is not None else None
+        if threshold is None or expected is None or not expected.estimated or expected.tokens < threshold:
+            return configured
+        ttft = min(p.ttft_ms for p in predicted)
+        decode = (expected.tokens - 1) * min(p.tpot_ms for p in predicted)
+        return (ttft, decode) if ttft + decode > 0 else configured
 
     def _blend(
         self,
         ttft: Sequence[float],
         tpot: Sequence[float] | None,
         predicted: Sequence[EndpointPrediction],
+        weights: tuple[float, float],
     ) -> list[float]:
         """Each value's normalised offset, TTFT and TPOT blended. A difference counts in full only
         when it is as large as the lowest predicted latency itself: plain min-max would turn a 2 ms
@@ -150,18 +177,23 @@ class LatencyScorer(Scorer):
         if tpot is None:
             return ttft_n
         tpot_n = _normalised(tpot, min(p.tpot_ms for p in predicted))
-        w1, w2 = self.params.ttft_weight, self.params.tpot_weight
+        w1, w2 = weights
         total = (w1 + w2) or 1.0
         return [(w1 * a + w2 * b) / total for a, b in zip(ttft_n, tpot_n, strict=True)]
 
     def _lowest_latency(
-        self, endpoints: Sequence[EndpointState], by: dict[str, EndpointPrediction], tpot_applies: bool
+        self,
+        endpoints: Sequence[EndpointState],
+        by: dict[str, EndpointPrediction],
+        tpot_applies: bool,
+        weights: tuple[float, float],
     ) -> list[float]:
         known = [e for e in endpoints if e.name in by]
         blended = self._blend(
             [by[e.name].ttft_ms for e in known],
             [by[e.name].tpot_ms for e in known] if tpot_applies else None,
             [by[e.name] for e in known],
+            weights,
         )
         scores = {e.name: _FLOOR + (1 - _FLOOR) * (1.0 - b) for e, b in zip(known, blended, strict=True)}
         return [scores.get(e.name, 0.0) for e in endpoints]
@@ -171,12 +203,14 @@ class LatencyScorer(Scorer):
         endpoints: Sequence[EndpointState],
         eligible: list[EndpointState],
         by: dict[str, EndpointPrediction],
+        weights: tuple[float, float],
     ) -> list[float]:
         tpot_binds = all(by[e.name].tpot_headroom_ms is not None for e in eligible)
         blended = self._blend(
             [by[e.name].ttft_headroom_ms for e in eligible],
             [by[e.name].tpot_headroom_ms or 0.0 for e in eligible] if tpot_binds else None,
             [by[e.name] for e in eligible],
+            weights,
         )
         if self.params.headroom_selection_strategy == "least":
             blended = [1.0 - b for b in blended]

@@ -19,6 +19,9 @@ predictionBasedSchedulingDefault   true     whether requests without an
                                             ``x-prediction-based-scheduling`` header use it
 skipWhenCachedAt                   none     a prefix match at least this on an endpoint
                                             with no queue: do not predict (see below)
+predictOutputsFrom                 none     predict anyway when the request's answer is
+                                            estimated (``EXPECTED_OUTPUT``: a hint or
+                                            learned) at this many tokens or more
 driftMapeThreshold                 0.5      rolling MAPE above which the model drifts
                                             (0: never); see ``epp.latency.drift``
 driftRecoverMapeThreshold          0.3      rolling MAPE at or below which drift ends
@@ -43,7 +46,10 @@ opens only for a penalty of seconds, which an endpoint with no queue does not ha
 routed without predictions (reason ``cached``); its feature rows are still written, and it
 still trains the model. In the live replay of agentic-weka sessions (rate scale 4, 150 s) that
 was 78% of the requests, each of which otherwise waited for a round trip (p50 6 ms, p99 80 ms on
-the shared 2-core machine) whose answer no plugin used.
+the shared 2-core machine) whose answer no plugin used. ``predictOutputsFrom`` exempts long
+answers: where decoding thousands of tokens on a slow or crowded endpoint costs more than
+re-prefilling the prompt elsewhere, the affinity filter's ``gateOnExpectedOutput`` needs the
+predictions to see it.
 
 With ``endpointCorrection``, each endpoint's predictions are the model's times a factor learned
 from that endpoint's own completed requests (``epp.latency.correction``): the model cannot tell a
@@ -77,7 +83,7 @@ from epp.latency.predictions import (
 )
 from epp.load.token_load import NO_LOAD, EndpointLoad
 from epp.scheduling.config import ConfigError
-from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
+from epp.scheduling.cycle_data import EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import (
     CycleState,
     DataKey,
@@ -101,6 +107,7 @@ class PredictedLatencyParameters(PluginParameters):
     slo_buffer_factor: float = Field(default=1.0, gt=0, le=10, alias="sloBufferFactor")
     prediction_based_scheduling_default: bool = Field(default=True, alias="predictionBasedSchedulingDefault")
     skip_when_cached_at: float | None = Field(default=None, gt=0.0, le=1.0, alias="skipWhenCachedAt")
+    predict_outputs_from: int | None = Field(default=None, ge=1, alias="predictOutputsFrom")
     drift_mape_threshold: float = Field(default=0.5, ge=0.0, alias="driftMapeThreshold")
     drift_recover_mape_threshold: float = Field(default=0.3, gt=0.0, alias="driftRecoverMapeThreshold")
     drift_window: int = Field(default=100, ge=5, le=100_000, alias="driftWindow")
@@ -136,6 +143,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
     Parameters = PredictedLatencyParameters
     produces = (LATENCY_PREDICTIONS, FEATURE_ROWS, PREDICTION_FALLBACK)
     consumes = (PREFIX_MATCH, TOKEN_LOAD)
+    reads_if_present = (EXPECTED_OUTPUT,)
     params: PredictedLatencyParameters
 
     def __init__(self, name: str, params: PredictedLatencyParameters, context: PluginContext) -> None:
@@ -171,7 +179,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         if not enabled:
             state.put(PREDICTION_FALLBACK, "disabled")
             return None
-        if self._cached_without_queue(endpoints, rows):
+        if self._cached_without_queue(endpoints, rows) and not self._long_answer(state):
             state.put(PREDICTION_FALLBACK, "cached")
             return None
         return self._predict(request, rows, state)
@@ -185,6 +193,14 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         return any(
             rows[e.name]["prefix_cache_score"] >= threshold and e.metrics.waiting == 0 for e in endpoints
         )
+
+    def _long_answer(self, state: CycleState) -> bool:
+        """The request's answer is estimated at ``predictOutputsFrom`` tokens or more."""
+        threshold = self.params.predict_outputs_from
+        if threshold is None:
+            return False
+        expected = state.get(EXPECTED_OUTPUT)
+        return expected is not None and expected.estimated and expected.tokens >= threshold
 
     async def _predict(self, request: LLMRequest, rows: dict[str, FeatureRowDict], state: CycleState) -> None:
         try:

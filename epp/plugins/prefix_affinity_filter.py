@@ -7,7 +7,11 @@ work onto one endpoint:
 * exploration: with probability ``explorationProbability`` every candidate is kept;
 * the TTFT load gate: when the best sticky endpoint's predicted TTFT is more than
   ``maxTTFTPenaltyMs`` worse than the best non-sticky one's, every candidate is kept.
-  Without predictions the gate cannot judge and stays shut.
+  Without predictions the gate cannot judge and stays shut. With ``gateOnExpectedOutput``, a
+  request whose answer length is estimated (a hint or learned, ``EXPECTED_OUTPUT``) is judged
+  by its predicted end-to-end time, ``TTFT + (expected output − 1) · TPOT``, instead: a long
+  answer cached on a slow or crowded endpoint moves when decoding it elsewhere saves more than
+  ``maxTTFTPenaltyMs`` (re-prefilling the prompt included in the other endpoint's TTFT).
 
 Prefix scores are bimodal in practice (a prompt is cached somewhere, or nowhere), which is
 why a high threshold works.
@@ -18,6 +22,7 @@ parameter               default  meaning
 affinityThreshold       0.80     minimum prefix match (fraction of prompt blocks) to stick
 explorationProbability  0.0      chance of ignoring affinity for one request
 maxTTFTPenaltyMs        5000     predicted-TTFT cost (ms) beyond which affinity is dropped
+gateOnExpectedOutput    false    judge requests with an estimated output by predicted E2E
 ======================  =======  ==========================================================
 """
 
@@ -27,8 +32,8 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from epp.latency.predictions import LATENCY_PREDICTIONS
-from epp.scheduling.cycle_data import PREFIX_MATCH
+from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction
+from epp.scheduling.cycle_data import EXPECTED_OUTPUT, PREFIX_MATCH
 from epp.scheduling.framework import CycleState, Filter, PluginParameters
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
@@ -38,6 +43,7 @@ class PrefixAffinityParameters(PluginParameters):
     affinity_threshold: float = Field(default=0.80, ge=0.0, le=1.0, alias="affinityThreshold")
     exploration_probability: float = Field(default=0.0, ge=0.0, le=1.0, alias="explorationProbability")
     max_ttft_penalty_ms: float = Field(default=5000.0, ge=0.0, alias="maxTTFTPenaltyMs")
+    gate_on_expected_output: bool = Field(default=False, alias="gateOnExpectedOutput")
 
 
 @register
@@ -69,10 +75,16 @@ class PrefixCacheAffinityFilter(Filter):
         if predictions is None:
             return False
         sticky_names = {e.name for e in sticky}
-        ttft = predictions.by_endpoint
-        best_sticky = min((ttft[e.name].ttft_ms for e in sticky if e.name in ttft), default=None)
+        by = predictions.by_endpoint
+        expected = state.get(EXPECTED_OUTPUT) if self.params.gate_on_expected_output else None
+        decode_tokens = expected.tokens - 1 if expected is not None and expected.estimated else 0
+
+        def cost(p: EndpointPrediction) -> float:
+            return p.ttft_ms + decode_tokens * p.tpot_ms
+
+        best_sticky = min((cost(by[e.name]) for e in sticky if e.name in by), default=None)
         best_other = min(
-            (ttft[e.name].ttft_ms for e in endpoints if e.name not in sticky_names and e.name in ttft),
+            (cost(by[e.name]) for e in endpoints if e.name not in sticky_names and e.name in by),
             default=None,
         )
         if best_sticky is None or best_other is None:

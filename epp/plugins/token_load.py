@@ -17,13 +17,25 @@ arrives. Prompts are matched by the prefix match's block hashes (the approximate
 producer's, when the config has one) against the tails the peers publish with their bookings;
 one router alone releases its own bookings at once and never needs this.
 
-==============  =======  =================================================================
-parameter       default  meaning
-==============  =======  =================================================================
-outputRatio     1.5      expected output tokens per prompt token when the request gives no
-                         ``max_tokens``; the estimate is corrected as tokens arrive
-maxOutputGuess  8192     cap on that estimate
-==============  =======  =================================================================
+==================  ============  =============================================================
+parameter           default       meaning
+==================  ============  =============================================================
+outputRatio         1.5           expected output tokens per prompt token when the request gives
+                                  no hint, no session estimate and no ``max_tokens``; the
+                                  estimate is corrected as tokens arrive
+maxOutputGuess      8192          cap on that estimate
+learnSessionOutput  false         estimate a request's output from its session's earlier
+                                  answers (``epp.load.output_length``)
+sessionHeader       x-session-id  request header holding the session key
+sessionHalfLife     2             turns after which a session's earlier answers weigh half
+sessionCapacity     100000        sessions remembered (least recently answered forgotten first)
+sessionTtlS         3600          seconds after its last answer that a session is forgotten
+==================  ============  =============================================================
+
+A request's expected output (``EXPECTED_OUTPUT``, which it books, and which the latency and
+token-load scorers may read) is the client's ``x-expected-output-tokens`` hint, else (with
+``learnSessionOutput``) its session's mean answer, else the pool's mean answer, else
+``max_tokens``, else ``outputRatio`` times the prompt.
 """
 
 from __future__ import annotations
@@ -32,9 +44,10 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import Field
 
+from epp.load.output_length import ExpectedOutput, OutputSource, SessionOutputLengths
 from epp.load.peer_totals import PeerTotals
 from epp.load.token_load import EndpointLoad, TokenLoadTracker
-from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
+from epp.scheduling.cycle_data import EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import (
     CycleState,
     DataProducer,
@@ -52,13 +65,18 @@ from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
 class TokenLoadParameters(PluginParameters):
     output_ratio: float = Field(default=1.5, gt=0, le=100, alias="outputRatio")
     max_output_guess: int = Field(default=8192, ge=1, alias="maxOutputGuess")
+    learn_session_output: bool = Field(default=False, alias="learnSessionOutput")
+    session_header: str = Field(default="x-session-id", min_length=1, alias="sessionHeader")
+    session_half_life: float = Field(default=2.0, gt=0, le=1000, alias="sessionHalfLife")
+    session_capacity: int = Field(default=100_000, ge=1, alias="sessionCapacity")
+    session_ttl_s: float = Field(default=3600.0, gt=0, alias="sessionTtlS")
 
 
 @register_default_producer
 class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
     type_name = "token-load-producer"
     Parameters = TokenLoadParameters
-    produces = (TOKEN_LOAD,)
+    produces = (TOKEN_LOAD, EXPECTED_OUTPUT)
     reads_if_present = (PREFIX_MATCH,)
     params: TokenLoadParameters
 
@@ -67,6 +85,11 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
         self.tracker = TokenLoadTracker()
         self.peers = PeerTotals()
         """The load of peer EPP replicas (filled by ``epp.sync``; empty without it)."""
+        self.sessions = (
+            SessionOutputLengths(params.session_half_life, params.session_capacity, params.session_ttl_s)
+            if params.learn_session_output
+            else None
+        )
 
     def load(self, endpoint: str) -> EndpointLoad:
         """The token load on ``endpoint``: this replica's bookings plus its peers'."""
@@ -78,6 +101,7 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
         if match is not None and self.peers.has_tails():
             self.release_continued_peer_turns(request.input_tokens, match)
         state.put(TOKEN_LOAD, {e.name: self.load(e.name) for e in endpoints})
+        state.put(EXPECTED_OUTPUT, self.expected_output(request))
 
     def release_continued_peer_turns(self, prompt_tokens: int, match: PrefixMatch) -> list[str]:
         """Release the peer bookings this prompt continues (see the module); returns their endpoints.
@@ -92,18 +116,30 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
             and self.peers.continue_turn(endpoint, match.block_hashes[blocks - 1], prompt_tokens)
         ]
 
-    def expected_output(self, request: LLMRequest) -> int:
+    def _session(self, request: LLMRequest) -> str | None:
+        return request.headers.get(self.params.session_header)
+
+    def expected_output(self, request: LLMRequest) -> ExpectedOutput:
+        """The request's expected output tokens and where the figure comes from (see the module)."""
+        if request.expected_output_tokens is not None:
+            return ExpectedOutput(request.expected_output_tokens, OutputSource.HINT)
+        if self.sessions is not None:
+            learned = self.sessions.expected(self._session(request), self.context.clock())
+            if learned is not None:
+                return learned
         if request.max_tokens is not None:
-            return request.max_tokens
-        return min(
+            return ExpectedOutput(request.max_tokens, OutputSource.DEFAULT)
+        guess = min(
             self.params.max_output_guess, max(1, round(self.params.output_ratio * request.input_tokens))
         )
+        return ExpectedOutput(guess, OutputSource.DEFAULT)
 
     def pre_request(self, request: LLMRequest, result: SchedulingResult, state: CycleState) -> None:
         target = result.endpoint.name
         match = state.get(PREFIX_MATCH)
         cached = match.cached_tokens(target, request.input_tokens) if match else 0
-        self.tracker.admit(state.key, target, request.input_tokens, cached, self.expected_output(request))
+        expected = state.get(EXPECTED_OUTPUT) or self.expected_output(request)
+        self.tracker.admit(state.key, target, request.input_tokens, cached, expected.tokens)
 
     def on_first_token(
         self, request: LLMRequest, result: SchedulingResult, state: CycleState, now: float
@@ -119,6 +155,8 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
         self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
     ) -> None:
         self.tracker.finish(state.key)
+        if self.sessions is not None and outcome.completed and outcome.completion_tokens:
+            self.sessions.observe(self._session(request), outcome.completion_tokens, outcome.finished_at)
 
 
 def find_token_load(plugins: Iterable[Plugin]) -> TokenLoadProducer | None:

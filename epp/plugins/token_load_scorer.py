@@ -3,6 +3,7 @@
 Per candidate, in blocks of ``blockSizeTokens`` (B)::
 
     cost = prefillLoadScale · (active_prefill_tokens + ISL − overlap_tokens) / B + active_decode_blocks
+           + expectedOutputWeight · expected_remaining_output_tokens / B
 
 ``active_prefill_tokens`` (uncached prompt tokens not yet prefilled) and
 ``active_decode_blocks`` (KV tokens of every active request there, prompt + generated, / B;
@@ -15,15 +16,23 @@ highest → 0 (all 1 when equal), which is exactly Dynamo's normalisation
 (argmin, ties at random) and ``softmax-picker`` with ``temperature: T`` reproduces its
 sampling at T > 0.
 
-=================  =======  ==========================================================
-parameter          default  meaning
-=================  =======  ==========================================================
-prefillLoadScale   1.0      weight of a prefill block against a decode block
-blockSizeTokens    16       tokens per block (vLLM's default KV block size)
-replicaMoveMargin  0        on synced EPP replicas only (below): extra cost of moving a
-                            conversation off its endpoint, per live peer, in units of
-                            the prompt's blocks
-=================  =======  ==========================================================
+``expected_remaining_output_tokens`` are the output tokens the requests booked there are still
+expected to generate (each one's expected output less what it streamed, ``EXPECTED_OUTPUT``):
+the decoding still to come, which the blocks held now do not show (a 1k-token answer and an
+8k-token one that just started hold the same blocks). Off (0) by default: without a client's
+hint or learned lengths (``token-load-producer``'s ``learnSessionOutput``) the expectation is
+only ``max_tokens`` or a ratio of the prompt.
+
+====================  =======  ==========================================================
+parameter             default  meaning
+====================  =======  ==========================================================
+prefillLoadScale      1.0      weight of a prefill block against a decode block
+blockSizeTokens       16       tokens per block (vLLM's default KV block size)
+replicaMoveMargin     0        on synced EPP replicas only (below): extra cost of moving a
+                               conversation off its endpoint, per live peer, in units of
+                               the prompt's blocks
+expectedOutputWeight  0        weight of a block of expected remaining output (above)
+====================  =======  ==========================================================
 
 ``replicaMoveMargin`` (m). Synced replicas see each other's picks a sync lag late, so in a burst
 (RL rollouts whose turns all end together) each replica reads an endpoint as emptier than it is
@@ -56,6 +65,7 @@ class TokenLoadScorerParameters(PluginParameters):
     prefill_load_scale: float = Field(default=1.0, ge=0.0, le=1000.0, alias="prefillLoadScale")
     block_size_tokens: int = Field(default=16, ge=1, alias="blockSizeTokens")
     replica_move_margin: float = Field(default=0.0, ge=0.0, le=100.0, alias="replicaMoveMargin")
+    expected_output_weight: float = Field(default=0.0, ge=0.0, le=100.0, alias="expectedOutputWeight")
 
 
 @register
@@ -83,12 +93,14 @@ class TokenLoadScorer(Scorer):
         isl = request.input_tokens
         block = self.params.block_size_tokens
         scale = self.params.prefill_load_scale
+        future = self.params.expected_output_weight
         costs = []
         for e in endpoints:
             load = loads.get(e.name, NO_LOAD)
             overlap = match.cached_tokens(e.name, isl) if match else 0
             prefill = load.prefill_tokens + isl - overlap
-            costs.append(scale * prefill / block + load.kv_tokens / block)
+            decode = load.kv_tokens + future * load.expected_remaining_tokens
+            costs.append(scale * prefill / block + decode / block)
         margin = self._move_margin(isl) if match is not None and match.matched_blocks else 0.0
         if margin and match is not None:
             home = max(match.matched_blocks.values())

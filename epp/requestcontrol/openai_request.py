@@ -202,6 +202,7 @@ def parse_openai_request(
             priority=hints.priority,
             prediction_based=hints.prediction_based,
             debug=hints.debug,
+            expected_output_tokens=hints.expected_output_tokens,
         )
     data = _decode(body)
     if kind is ApiKind.CHAT:
@@ -244,4 +245,5 @@ def parse_openai_request(
         priority=hints.priority,
         prediction_based=hints.prediction_based,
         debug=hints.debug,
+        expected_output_tokens=hints.expected_output_tokens,
     )

@@ -9,6 +9,9 @@ header                             meaning
 ``x-gateway-inference-objective``  an InferenceObjective's name: its priority applies unless a
                                    priority header is given (unknown names mean priority 0)
 ``x-prediction-based-scheduling``  ``true``/``false``: use predicted latency for this request
+``x-expected-output-tokens``       the client's estimate of the answer's length in tokens (an
+                                   integer, 1 to 10,000,000): the EPP books and predicts the
+                                   request with it (``docs/output-length.md``)
 ``x-llm-epp-debug``                ``true``: the response carries the routing decision
                                    (``x-llm-epp-endpoint``, ``x-llm-epp-predicted-ttft-ms``,
                                    ``x-llm-epp-predicted-tpot-ms``, every candidate's
@@ -16,9 +19,9 @@ header                             meaning
 =================================  =========================================================
 
 A malformed value is a 400 whose message names the header; nothing is silently ignored.
-Numbers are plain ASCII decimals (SLOs ``250`` or ``12.5``, priorities ``-1``): Python's
-``float()`` and ``int()`` would also take ``1_000``, ``1e3``, ``nan``, ``inf`` and digits of
-other scripts (``١٢``), which no client means to send.
+Numbers are plain ASCII decimals (SLOs ``250`` or ``12.5``, priorities ``-1``, output tokens
+``512``): Python's ``float()`` and ``int()`` would also take ``1_000``, ``1e3``, ``nan``,
+``inf`` and digits of other scripts (``١٢``), which no client means to send.
 """
 
 from __future__ import annotations
@@ -35,10 +38,13 @@ PRIORITY_HEADERS = ("x-llm-d-priority", "x-priority")
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
 PREDICTION_HEADER = "x-prediction-based-scheduling"
 DEBUG_HEADER = "x-llm-epp-debug"
+EXPECTED_OUTPUT_HEADER = "x-expected-output-tokens"
+MAX_EXPECTED_OUTPUT = 10_000_000
 MAX_SLO_MS = 3_600_000.0
 MAX_ABS_PRIORITY = 1_000_000
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _INTEGER = re.compile(r"-?[0-9]+")
+_COUNT = re.compile(r"[0-9]+")
 # HTTP's optional whitespace; str.strip() would also drop Unicode spaces.
 _OWS = " \t"
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -51,6 +57,7 @@ class RequestHints:
     priority: int = 0
     prediction_based: bool | None = None
     debug: bool = False
+    expected_output_tokens: int | None = None
 
 
 def _first(headers: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
@@ -92,6 +99,24 @@ def _priority(headers: Mapping[str, str], objective_priorities: Mapping[str, int
     return value
 
 
+def _expected_output(headers: Mapping[str, str]) -> int | None:
+    found = _first(headers, (EXPECTED_OUTPUT_HEADER,))
+    if found is None:
+        return None
+    name, raw = found
+    # Bounded before int(): no count in range has more digits (and int() refuses over 4,300).
+    if not _COUNT.fullmatch(raw) or len(raw.lstrip("0")) > len(str(MAX_EXPECTED_OUTPUT)):
+        raise BadRequest(
+            f"header {name!r} must be a whole number of tokens (like 512), got {raw[:40]!r}", param=name
+        )
+    value = int(raw)
+    if not 1 <= value <= MAX_EXPECTED_OUTPUT:
+        raise BadRequest(
+            f"header {name!r} must be in [1, {MAX_EXPECTED_OUTPUT}], got {raw[:40]!r}", param=name
+        )
+    return value
+
+
 def _boolean(headers: Mapping[str, str], name: str) -> bool | None:
     raw = headers.get(name)
     if raw is None:
@@ -113,4 +138,5 @@ def parse_request_hints(
         priority=_priority(headers, objective_priorities or {}),
         prediction_based=_boolean(headers, PREDICTION_HEADER),
         debug=bool(_boolean(headers, DEBUG_HEADER)),
+        expected_output_tokens=_expected_output(headers),
     )

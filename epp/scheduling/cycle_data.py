@@ -12,6 +12,7 @@ key                written by                       read by
                                                     predicted-latency-producer, replica sync
 ``TOKEN_LOAD``     token-load-producer (default)    token-load-scorer, power-of-two,
                                                     session-affinity, predicted-latency-producer
+``EXPECTED_OUTPUT``  token-load-producer (default)  token-load-scorer, latency-scorer
 =================  ===============================  ===============================================
 
 The predicted-latency producer's own keys (``LATENCY_PREDICTIONS``, ``PREDICTION_FALLBACK``,
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from epp.load.output_length import ExpectedOutput
 from epp.load.token_load import EndpointLoad
 from epp.scheduling.framework import DataKey
 
@@ -50,3 +52,6 @@ PREFIX_MATCH: DataKey[PrefixMatch] = DataKey("prefix-cache-match")
 
 TOKEN_LOAD: DataKey[dict[str, EndpointLoad]] = DataKey("token-load")
 """Each candidate's booked token load (prefill, decode, KV) by endpoint name, before this request."""
+
+EXPECTED_OUTPUT: DataKey[ExpectedOutput] = DataKey("expected-output")
+"""The request's expected output tokens and their source (``epp.load.output_length``)."""

@@ -91,6 +91,8 @@ class LLMRequest:
     """Per-request opt in/out of predicted-latency scheduling; None means the configured default."""
     debug: bool = False
     """Report the routing decision in response headers."""
+    expected_output_tokens: int | None = None
+    """The client's estimate of the answer's length (``x-expected-output-tokens``); None: none given."""
 
     @property
     def input_tokens(self) -> int:

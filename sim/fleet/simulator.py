@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ import numpy as np
 
 from epp.flowcontrol.types import Outcome
 from epp.latency.drift import DriftEvent
+from epp.requestcontrol.request_headers import EXPECTED_OUTPUT_HEADER
 from epp.scheduling.types import ApiKind, LLMRequest
 from sim.engine import EngineRequest, Profile, RequestOutput, RequestRejectedError, load_profile
 from sim.engine.pool import pool_profiles
@@ -73,6 +75,10 @@ class FleetConfig:
     joins_at_s: tuple[float, ...] = ()
     """When the last ``len(joins_at_s)`` replicas join the pool, in order (virtual seconds); until
     then the router is not offered them (a replica scaled out into a warm pool)."""
+    output_hint_sigma: float | None = None
+    """The client sends ``x-expected-output-tokens``: each turn's true output length times
+    exp(N(0, sigma)), drawn per request from the seed (0: the exact length, the most a hint can
+    tell); None: no hint."""
 
 
 @dataclass(slots=True)
@@ -346,6 +352,10 @@ class FleetSimulator:
         else:
             tokens, digests = self.prompts.fresh(key, turn.input_tokens)
         request_id = f"{session.session_id}#{index}"
+        headers = {"x-session-id": session.session_id, **session_headers(session)}
+        hint = None if self.config.output_hint_sigma is None else self._hint(request_id, turn.output_tokens)
+        if hint is not None:
+            headers[EXPECTED_OUTPUT_HEADER] = str(hint)
         record = SimulatedRequest(
             request_id, session.session_id, session.group, index, now, len(tokens), turn.output_tokens
         )
@@ -360,7 +370,8 @@ class FleetSimulator:
             prompt_token_ids=tokens if self._router_ids is None else self._router_ids(tokens),
             stream=True,
             max_tokens=workload.max_tokens,
-            headers={"x-session-id": session.session_id, **session_headers(session)},
+            headers=headers,
+            expected_output_tokens=hint,
             slo_ttft_ms=workload.slo_ttft_ms if session.slo_ttft_ms is None else session.slo_ttft_ms,
             slo_tpot_ms=workload.slo_tpot_ms,
             priority=session.priority,
@@ -375,6 +386,13 @@ class FleetSimulator:
                 self._reject(record, state, shed_reason(outcome))
                 return
         self._route(*payload)
+
+    def _hint(self, request_id: str, output_tokens: int) -> int:
+        """The client's guess at ``output_tokens``: the truth times lognormal noise, the same for a
+        request whichever router runs (seeded by the seed and the request id)."""
+        sigma = self.config.output_hint_sigma or 0.0
+        noise = random.Random(f"{self.config.seed}:{request_id}").gauss(0.0, sigma) if sigma else 0.0
+        return max(1, round(output_tokens * math.exp(noise)))
 
     def _route(
         self,

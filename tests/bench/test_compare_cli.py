@@ -120,3 +120,38 @@ def test_the_mixed_benchmarks_pools_load_and_differ_in_speed_and_config() -> Non
         assert profiles[-1].cost.step_time(0, 0, 8, 8000, 0.1) > 2 * profiles[0].cost.step_time(
             0, 0, 8, 8000, 0.1
         )
+
+
+@pytest.mark.parametrize("hint", ["noisy", "noisy:0", "noisy:x", "exactly", "noisy:9"])
+def test_compare_rejects_a_malformed_output_hint(tmp_path: Path, hint: str) -> None:
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "compare",
+                "--workload",
+                "rl-stragglers",
+                "--routers",
+                "oracle",
+                "--output-hint",
+                hint,
+                "--out",
+                str(tmp_path),
+            ]
+        )
+
+
+def test_compare_records_the_output_hint(tmp_path: Path) -> None:
+    args = [
+        "compare",
+        "--workload",
+        "rl-stragglers",
+        "--limit",
+        "1",
+        "--replicas",
+        "2",
+        "--routers",
+        "oracle",
+    ]
+    main([*args, "--output-hint", "noisy:0.5", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "compare-rl-stragglers.json").read_text())
+    assert data["settings"]["output_hint_sigma"] == 0.5

@@ -249,3 +249,17 @@ def test_any_body_is_a_request_or_a_bad_request(path: str, body: bytes, max_mode
     assert all(type(t) is int for t in request.prompt_token_ids)
     if max_model_len is not None:
         assert request.input_tokens <= max_model_len
+
+
+def test_the_expected_output_hint_reaches_the_request_and_a_bad_one_is_a_400() -> None:
+    body = json.dumps({"model": "m", "prompt": "Hi"}).encode()
+    hinted = parse_openai_request(
+        "/v1/completions", {"x-expected-output-tokens": "300"}, body, TOKENIZER, "r"
+    )
+    assert (
+        hinted.expected_output_tokens == 300
+        and parse("/v1/completions", {"prompt": "Hi"}).expected_output_tokens is None
+    )
+    with pytest.raises(BadRequest) as info:
+        parse_openai_request("/v1/completions", {"x-expected-output-tokens": "lots"}, body, TOKENIZER, "r")
+    assert info.value.status == 400 and info.value.param == "x-expected-output-tokens"

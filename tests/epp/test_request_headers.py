@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from epp.errors import BadRequest
 from epp.requestcontrol.request_headers import (
+    EXPECTED_OUTPUT_HEADER,
     MAX_ABS_PRIORITY,
+    MAX_EXPECTED_OUTPUT,
     MAX_SLO_MS,
     PRIORITY_HEADERS,
     SLO_TPOT_HEADERS,
@@ -20,6 +22,7 @@ from epp.requestcontrol.request_headers import (
 # The plain references: ASCII digits with at most one inner decimal point; an optional minus.
 SLO_REFERENCE = re.compile(r"\A(?:\d+|\d+\.\d+)\Z", re.ASCII)
 PRIORITY_REFERENCE = re.compile(r"\A-?\d+\Z", re.ASCII)
+COUNT_REFERENCE = re.compile(r"\A\d+\Z", re.ASCII)
 # Text that looks numeric to float()/int() or to a reader: digits of other scripts, signs,
 # exponents, underscores, points, spaces and the words for non-finite numbers.
 NUMERIC_LOOKING = st.lists(
@@ -67,6 +70,13 @@ def test_llm_d_forms_win_over_aliases_and_values_are_parsed() -> None:
         ("x-llm-d-priority", "٣"),
         ("x-llm-d-priority", "+1"),
         ("x-prediction-based-scheduling", "maybe"),
+        ("x-expected-output-tokens", "0"),
+        ("x-expected-output-tokens", "-3"),
+        ("x-expected-output-tokens", "12.5"),
+        ("x-expected-output-tokens", "1e3"),
+        ("x-expected-output-tokens", "long"),
+        ("x-expected-output-tokens", "10000001"),
+        ("x-expected-output-tokens", "9" * 5000),
     ],
 )
 def test_bad_values_are_400s_naming_the_header(header: str, value: str) -> None:
@@ -117,3 +127,20 @@ def test_priority_headers_take_exactly_the_plain_integers_in_range(name: str, va
     plain = value.strip(" \t")
     in_range = PRIORITY_REFERENCE.match(plain) and abs(int(plain)) <= MAX_ABS_PRIORITY
     assert (None if hints is None else hints.priority) == (int(plain) if in_range else None)
+
+
+def test_expected_output_header_is_read() -> None:
+    assert parse_request_hints({EXPECTED_OUTPUT_HEADER: " 512\t"}).expected_output_tokens == 512
+    assert parse_request_hints({}).expected_output_tokens is None
+
+
+@given(value=HEADER_VALUES)
+@example(value="1")
+@example(value="000000000000010")
+@example(value="10000000")
+@example(value="10000001")
+def test_expected_output_header_takes_exactly_the_plain_counts_in_range(value: str) -> None:
+    hints = _accepted({EXPECTED_OUTPUT_HEADER: value})
+    plain = value.strip(" \t")
+    in_range = COUNT_REFERENCE.match(plain) and 1 <= int(plain) <= MAX_EXPECTED_OUTPUT
+    assert (None if hints is None else hints.expected_output_tokens) == (int(plain) if in_range else None)

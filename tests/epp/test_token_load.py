@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epp.extproc.stream import ExtProcStream
+from epp.load.output_length import ExpectedOutput, OutputSource
 from epp.load.token_load import EndpointLoad, TokenLoadTracker
 from epp.plugins.token_load import TokenLoadParameters, TokenLoadProducer
 from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
@@ -118,7 +119,7 @@ def test_producer_books_on_pick_and_releases_on_finish_however_it_ends() -> None
     producer.on_finished(request, result, state, aborted)
     assert producer.tracker.load("e1") == EndpointLoad()
     unbounded = make_request(list(range(10)))
-    assert producer.expected_output(unbounded) == 15
+    assert producer.expected_output(unbounded) == ExpectedOutput(15, OutputSource.DEFAULT)
 
 
 def test_a_bookings_row_follows_it_from_prefill_to_decode() -> None:

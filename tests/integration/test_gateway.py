@@ -95,6 +95,17 @@ def test_bad_requests_get_json_errors(stack: LocalStack, body: bytes, status: in
     assert ok.status_code == 200
 
 
+def test_the_expected_output_hint_is_read_at_the_gateway(stack: LocalStack) -> None:
+    url = f"{stack.gateway_url}/v1/completions"
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    bad = httpx.post(url, json=body, headers={"x-expected-output-tokens": "about 100"}, timeout=10)
+    assert bad.status_code == 400 and bad.headers["content-type"] == "application/json"
+    error = bad.json()["error"]
+    assert error["param"] == "x-expected-output-tokens" and "x-expected-output-tokens" in error["message"]
+    good = httpx.post(url, json=body, headers={"x-expected-output-tokens": "100"}, timeout=10)
+    assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 2
+
+
 @pytest.mark.parametrize(
     ("method", "path"),
     [
