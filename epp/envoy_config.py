@@ -706,7 +706,7 @@ def gateway_bootstrap(
             ]
         },
         "http_filters": [
-            *([sse_done_filter()] if with_epp and access_log_to_epp else []),
+            *([sse_marks_filter()] if with_epp and access_log_to_epp else []),
             {
                 "name": "envoy.filters.http.header_mutation",
                 "typed_config": {
@@ -807,7 +807,7 @@ end
 )
 
 
-def sse_done_filter() -> dict[str, Any]:
+def sse_marks_filter() -> dict[str, Any]:
     """The Lua filter that marks a streamed answer's first body chunk and its ``data: [DONE]``
     (see the module doc); it reads each chunk as it goes by and holds none back."""
     return {

@@ -16,6 +16,7 @@ import grpc
 from envoy.data.accesslog.v3.accesslog_pb2 import AccessLogCommon, AccessLogType, HTTPAccessLogEntry
 from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsMessage, StreamAccessLogsResponse
+from google.protobuf.struct_pb2 import Value
 
 from epp.envoy_config import FIRST_BODY_BYTE_METADATA, SSE_DONE_METADATA, SSE_EVENTS_METADATA
 from epp.requestcontrol.completion_log import Ending, LogEntry
@@ -25,32 +26,30 @@ log = logging.getLogger(__name__)
 _PERIODIC = frozenset((AccessLogType.DownstreamPeriodic, AccessLogType.UpstreamPeriodic))
 
 
-def _sse_done(entry: HTTPAccessLogEntry) -> bool:
-    namespace, key = SSE_DONE_METADATA
+def _mark(entry: HTTPAccessLogEntry, where: tuple[str, str]) -> Value | None:
+    """The gateway's mark ``where`` (namespace, key) in the entry's dynamic metadata, if set."""
+    namespace, key = where
     marks = entry.common_properties.metadata.filter_metadata.get(namespace)
-    return marks is not None and key in marks.fields and marks.fields[key].bool_value
+    return marks.fields[key] if marks is not None and key in marks.fields else None
+
+
+def _sse_done(entry: HTTPAccessLogEntry) -> bool:
+    mark = _mark(entry, SSE_DONE_METADATA)
+    return mark is not None and mark.bool_value
 
 
 def _first_body_byte_s(entry: HTTPAccessLogEntry) -> float | None:
     """When the answer's first body chunk passed the gateway, from the request's start."""
-    namespace, key = FIRST_BODY_BYTE_METADATA
-    marks = entry.common_properties.metadata.filter_metadata.get(namespace)
-    if marks is None or key not in marks.fields:
-        return None
-    try:
-        at_us = int(marks.fields[key].string_value)
-    except ValueError:
+    mark = _mark(entry, FIRST_BODY_BYTE_METADATA)
+    if mark is None or not (mark.string_value.isascii() and mark.string_value.isdigit()):
         return None
     start = entry.common_properties.start_time
-    return max(0.0, (at_us - start.seconds * 1_000_000 - start.nanos // 1000) / 1e6)
+    return max(0.0, (int(mark.string_value) - start.seconds * 1_000_000 - start.nanos // 1000) / 1e6)
 
 
 def _sse_events(entry: HTTPAccessLogEntry) -> int | None:
-    namespace, key = SSE_EVENTS_METADATA
-    marks = entry.common_properties.metadata.filter_metadata.get(namespace)
-    if marks is None or key not in marks.fields:
-        return None
-    return int(marks.fields[key].number_value)
+    mark = _mark(entry, SSE_EVENTS_METADATA)
+    return None if mark is None else int(mark.number_value)
 
 
 def _ending(entry: HTTPAccessLogEntry) -> Ending:
