@@ -5,7 +5,8 @@ Envoy sends it (request headers announcing a BUFFERED body, the body, response h
 reply to those skips the response body), routed by a shipped config over four endpoints with
 the live EPP's lifecycle observers (prediction report, decision log, the live page's recent
 decisions, the director's request metrics) and its tokenizer cache. The predictor is an
-in-process stand-in answering constant predictions, so its HTTP round trip is not counted.
+in-process stand-in answering constant predictions: the rows and the answer go through the
+predictor client's wire form, but its HTTP round trip is not counted.
 
 Cases: the same prompt every time (what ``stack_overhead``'s short requests send: the prefix
 is cached, so the predicted-latency producer skips the prediction), and a new prompt every time
@@ -32,6 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
@@ -46,6 +48,7 @@ from bench.tokenize_bench import CHAT_PATH, Conversations, TokenizeBenchSettings
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
 from epp.extproc.stream import ExtProcStream
+from epp.latency.client import read_predictions
 from epp.latency.metrics import PredictionMetrics
 from epp.latency.predictions import Prediction
 from epp.latency.report import PredictionReport
@@ -60,6 +63,8 @@ from epp.scheduling.framework import PluginContext
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.settings import EppSettings
 from epp.tokenization import ModelTokenizer
+from wire.latency import FeatureRowDict
+from wire.latency_binary import MODEL_VERSION_HEADER, encode_predictions, encode_rows
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 10
 
@@ -68,10 +73,14 @@ BUFFERED = ProtocolConfiguration(request_body_mode=ProcessingMode.BUFFERED)
 
 
 class ConstantPredictor:
-    """100 ms TTFT, 10 ms TPOT on every endpoint; training samples are dropped."""
+    """100 ms TTFT, 10 ms TPOT on every endpoint, through the wire form as the predictor client
+    sends and reads it (the rows encoded, the answer decoded), without the HTTP between;
+    training samples are dropped."""
 
-    async def predict(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
-        return [Prediction(100.0, 10.0, 1) for _ in rows]
+    async def predict(self, rows: Sequence[FeatureRowDict]) -> list[Prediction]:
+        encode_rows(rows)
+        answer = encode_predictions(np.full(len(rows), 100.0), np.full(len(rows), 10.0))
+        return read_predictions(answer, {MODEL_VERSION_HEADER.lower(): "1"})
 
     def add_training(self, samples: Sequence[dict[str, Any]]) -> None:
         pass

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -265,12 +265,7 @@ class PredictorClient:
                 raise PredictionUnavailable(f"http_{answer.status}")
             if answer.headers.get("content-type", "").split(";")[0].strip() != PREDICTIONS_TYPE:
                 raise PredictionUnavailable("bad_response")
-            pairs = decode_predictions(answer.body)
-            version_text = answer.headers.get(MODEL_VERSION_HEADER.lower())
-            constant_text = answer.headers.get(CONSTANT_MODELS_HEADER.lower())
-            version = None if version_text is None else int(version_text)
-            constant = tuple(constant_text.split(",")) if constant_text else ()
-            predictions = [Prediction(ttft, tpot, version, constant) for ttft, tpot in pairs]
+            predictions = read_predictions(answer.body, answer.headers)
             if len(predictions) != len(rows):
                 raise PredictionUnavailable("bad_response")
         except PredictionUnavailable as exc:
@@ -345,6 +340,16 @@ class PredictorClient:
             await asyncio.sleep(self.flush_interval_s)
             while await self.flush_training() >= self.max_training_rows_per_flush:
                 pass
+
+
+def read_predictions(body: bytes, headers: Mapping[str, str]) -> list[Prediction]:
+    """The predictions of a ``/predict/bulk/strict`` answer (headers keyed in lower case);
+    raises ValueError on a malformed body or version."""
+    version_text = headers.get(MODEL_VERSION_HEADER.lower())
+    constant_text = headers.get(CONSTANT_MODELS_HEADER.lower())
+    version = None if version_text is None else int(version_text)
+    constant = tuple(constant_text.split(",")) if constant_text else ()
+    return [Prediction(ttft, tpot, version, constant) for ttft, tpot in decode_predictions(body)]
 
 
 def _fail(batch: list[_Waiter], error: PredictionUnavailable) -> None:

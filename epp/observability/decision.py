@@ -5,7 +5,8 @@ One JSON-able dict per routed request, built from what the scheduling cycle reco
 
 =================  =========================================================================
 ``profile``        the scheduling profile
-``candidates``     how many endpoints the cycle started with
+``candidates``     how many endpoints the profile started with
+``sampled_from``   the pool's size, when a candidate sampler narrowed it to ``candidates``
 ``removed``        per filter that removed any, the endpoints it removed
 ``scores``         per scorer, its weighted score (weight × score) per endpoint
 ``total``          the summed score per endpoint (what the picker saw)
@@ -97,6 +98,8 @@ def _build(source: TraceSource) -> dict[str, Any]:
     candidates = steps.candidates if steps is not None else tuple(total)
     listed = _listed(ranking, total, candidates)
     trace: dict[str, Any] = {"profile": result.profile, "candidates": len(candidates)}
+    if steps is not None and steps.sampled_from is not None:
+        trace["sampled_from"] = steps.sampled_from
     if steps is not None:
         trace["removed"] = {name: list(removed) for name, removed in steps.removed}
         trace["scores"] = {

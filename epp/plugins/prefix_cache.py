@@ -11,7 +11,8 @@
   maxPrefixBlocksToMatch      2048     blocks considered (2048 × 64 = 131,072 tokens)
   lruCapacityPerServer        auto     blocks remembered per endpoint; ``auto`` sizes it
                                        from the engine's ``vllm:cache_config_info``
-                                       (num_gpu_blocks × block_size tokens), else 31,250
+                                       (num_gpu_blocks × block_size tokens; looked at
+                                       once a second), else 31,250
   ==========================  =======  ==================================================
 
 ``prefix-cache-scorer``
@@ -20,6 +21,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -40,6 +42,7 @@ from epp.scheduling.registry import register, register_default_producer
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
 
 DEFAULT_LRU_BLOCKS = 31_250
+CAPACITY_REFRESH_S = 1.0
 
 
 class ApproximatePrefixParameters(PluginParameters):
@@ -59,11 +62,17 @@ class ApproximatePrefixCacheProducer(DataProducer, PreRequest):
         super().__init__(name, params, context)
         self.index = ApproximatePrefixIndex()
         self._capacity: dict[str, int] = {}
+        self._capacity_due = -math.inf
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState) -> None:
         hashes = self.block_hashes(request)
-        for e in endpoints:
-            self._capacity[e.name] = self._capacity_for(e)
+        now = self.context.clock()
+        if now >= self._capacity_due or len(self._capacity) < len(endpoints):
+            # An engine's KV size is scraped once and rarely changes: worked out per endpoint
+            # once a second, not per request.
+            self._capacity_due = now + CAPACITY_REFRESH_S
+            for e in endpoints:
+                self._capacity[e.name] = self._capacity_for(e)
         matched = self.matched_blocks(hashes, endpoints)
         state.put(PREFIX_MATCH, PrefixMatch(len(hashes), matched, hashes, self.params.block_size_tokens))
 

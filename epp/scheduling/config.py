@@ -21,7 +21,8 @@ Decoding is strict: unknown fields, plugin types, parameters and references fail
 with a message that names them. Defaults are injected as in the anchor: a missing profile
 list becomes one ``default`` profile over every filter, scorer and picker; a profile without a
 picker gets ``max-score-picker``; a scorer without a weight gets 1.0; a plugin that consumes
-data nobody produces gets that data's default producer.
+data nobody produces gets that data's default producer. A ``candidate-sampler`` (at most one)
+is listed under plugins only; the pipeline runs it before every producer it does not read.
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from epp.flowcontrol.spec import FlowControlSpec
-from epp.scheduling.framework import DataKey, DataProducer, Filter, Picker, Plugin, PluginContext, Scorer
+from epp.scheduling.framework import (
+    CandidateSampler,
+    DataKey,
+    DataProducer,
+    Filter,
+    Picker,
+    Plugin,
+    PluginContext,
+    Scorer,
+)
 from epp.scheduling.pipeline import Pipeline, SchedulingProfile, WeightedScorer
 from epp.scheduling.registry import UnknownPluginType, default_producer_type, plugin_class
 
@@ -214,4 +224,29 @@ def build_pipeline(config: EndpointPickerConfig, context: PluginContext) -> Pipe
     profile = _build_profile(profile_specs[0], plugins, context)
     _add_missing_producers(plugins, context)
     producers = _order_producers([p for p in plugins.values() if isinstance(p, DataProducer)])
-    return Pipeline(plugins=dict(plugins), producers=producers, profile=profile)
+    samplers = [p for p in plugins.values() if isinstance(p, CandidateSampler)]
+    if len(samplers) > 1:
+        raise ConfigError(f"{len(samplers)} candidate samplers configured; at most one is allowed")
+    if not samplers:
+        return Pipeline(plugins=dict(plugins), producers=producers, profile=profile)
+    inputs = _inputs_of(samplers[0], producers)
+    return Pipeline(
+        plugins=dict(plugins),
+        producers=[p for p in producers if p not in inputs],
+        profile=profile,
+        sampler=samplers[0],
+        sampling_inputs=inputs,
+    )
+
+
+def _inputs_of(sampler: CandidateSampler, ordered: list[DataProducer]) -> list[DataProducer]:
+    """The producers ``sampler`` reads from, and theirs in turn, in ``ordered``'s order."""
+    by_key = {key: p for p in ordered for key in p.produces}
+    needed: set[str] = set()
+    keys = [*sampler.consumes, *sampler.reads_if_present]
+    while keys:
+        producer = by_key.get(keys.pop())
+        if producer is not None and producer.name not in needed:
+            needed.add(producer.name)
+            keys.extend((*producer.consumes, *producer.reads_if_present))
+    return [p for p in ordered if p.name in needed]

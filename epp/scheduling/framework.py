@@ -3,8 +3,9 @@
 A request is scheduled in this order (see ``epp.scheduling.pipeline``):
 data producers (ordered by what they produce and consume; they may await, e.g. a remote
 predictor) → admitters → filters → scorers (weighted sum of [0, 1] scores) → picker →
-pre-request hooks. Response observers then follow the request's lifecycle, as the request
-lifecycle (``epp.requestcontrol.lifecycle``) reports it.
+pre-request hooks. With a candidate sampler, the producers it reads from run first, over every
+endpoint; everything after it sees only its sample. Response observers then follow the
+request's lifecycle, as the request lifecycle (``epp.requestcontrol.lifecycle``) reports it.
 
 Plugins are plain classes registered by kebab-case type name. They receive everything they
 need through arguments and a :class:`PluginContext` (injected clock and RNG), never by
@@ -134,6 +135,18 @@ class DataProducer(Plugin, ABC):
     def produce(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
     ) -> Awaitable[None] | None: ...
+
+
+class CandidateSampler(Plugin, ABC):
+    """Narrows a large pool to the endpoints one cycle examines, so that the per-endpoint work
+    after it (token loads, feature rows, predictions, filters, scorers) does not grow with the
+    pool. Runs after the producers of the data it reads and before every other producer."""
+
+    @abstractmethod
+    def sample(
+        self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
+    ) -> Sequence[EndpointState]:
+        """A subset of ``endpoints``, in their order (all of them when the pool is small)."""
 
 
 class Admitter(Plugin, ABC):

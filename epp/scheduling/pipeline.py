@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from epp.scheduling.framework import (
     Admitter,
+    CandidateSampler,
     CycleState,
     DataProducer,
     Filter,
@@ -77,11 +78,16 @@ class SchedulingProfile:
 
 @dataclass(slots=True)
 class Pipeline:
-    """Everything a request goes through: producers in dependency order, then one profile."""
+    """Everything a request goes through: producers in dependency order, then one profile.
+
+    With a ``sampler``, the ``sampling_inputs`` producers (what it reads) run over every
+    endpoint, and the ``producers``, admitters and profile over its sample."""
 
     plugins: dict[str, Plugin]
     producers: list[DataProducer]
     profile: SchedulingProfile
+    sampler: CandidateSampler | None = None
+    sampling_inputs: list[DataProducer] = field(default_factory=list)
     admitters: list[Admitter] = field(init=False)
     pre_request: list[PreRequest] = field(init=False)
     observers: list[ResponseObserver] = field(init=False)
@@ -104,7 +110,30 @@ class Pipeline:
         """
         if not endpoints:
             raise NoCandidates("no ready endpoint")
-        for producer in self.producers:
+        pool = len(endpoints)
+        if self.sampler is not None:
+            await self._produce(self.sampling_inputs, request, endpoints, state)
+            endpoints = self.sampler.sample(request, endpoints, state)
+        await self._produce(self.producers, request, endpoints, state)
+        for admitter in self.admitters:
+            admitter.admit(request, endpoints, state)
+        result = self.profile.run(request, endpoints, state)
+        if len(endpoints) < pool:
+            trace = state.get(SCHEDULING_TRACE)
+            if trace is not None:
+                trace.sampled_from = pool
+        for hook in self.pre_request:
+            hook.pre_request(request, result, state)
+        return result
+
+    async def _produce(
+        self,
+        producers: list[DataProducer],
+        request: LLMRequest,
+        endpoints: Sequence[EndpointState],
+        state: CycleState,
+    ) -> None:
+        for producer in producers:
             try:
                 pending = producer.produce(request, endpoints, state)
                 if pending is not None:
@@ -112,9 +141,3 @@ class Pipeline:
             except Exception:
                 self.producer_failures[producer.name] += 1
                 log.exception("producer %s failed; its consumers fall back", producer.name)
-        for admitter in self.admitters:
-            admitter.admit(request, endpoints, state)
-        result = self.profile.run(request, endpoints, state)
-        for hook in self.pre_request:
-            hook.pre_request(request, result, state)
-        return result

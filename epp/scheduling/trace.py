@@ -25,7 +25,9 @@ class ScorerStep:
 @dataclass(slots=True)
 class SchedulingTrace:
     candidates: tuple[str, ...]
-    """Every endpoint the cycle started with."""
+    """Every endpoint the profile started with (the candidate sampler's sample, if any)."""
+    sampled_from: int | None = None
+    """The pool's size, when a candidate sampler narrowed it to ``candidates``."""
     removed: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     """(filter, the endpoints it removed), in filter order."""
     scored: tuple[str, ...] = ()
