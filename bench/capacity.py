@@ -34,7 +34,7 @@ import math
 import multiprocessing
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -145,11 +145,14 @@ class CapacitySettings:
     """How the gateway asks the EPP in the plan: the cheap callout, where the gateway is an Envoy
     the operator configures (``epp.extauthz``); the other's plan goes beside it."""
     request_rate: RequestRateSettings = field(
-        default_factory=lambda: RequestRateSettings(rates=(50.0, 150.0), callouts=CALLOUTS)
+        default_factory=lambda: RequestRateSettings(
+            rates=(50.0, 150.0), callouts=CALLOUTS, tokenizer_sources=("dir", "estimate")
+        )
     )
-    """The live request cells (``bench.request_rate``), for each callout: the plan takes the cost
-    at the last (highest) rate, which every replica of a plan at 1,000 QPS or more carries or
-    exceeds."""
+    """The live request cells (``bench.request_rate``), for each callout, with the model's
+    tokenizer and with counts estimated from the text: the plan takes the cost at the last
+    (highest) rate, which every replica of a plan at 1,000 QPS or more carries or exceeds, with
+    the model's tokenizer; the others' plans go beside it."""
     handler_requests: int = 300
     progress_streams: int = 1_000
     progress_rounds: int = 5
@@ -301,15 +304,19 @@ def plan(
 
 
 def callout_plans(
-    costs: UnitCosts, s: CapacitySettings, request_us: dict[str, float]
+    costs: UnitCosts, s: CapacitySettings, request_us: Sequence[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """The plan at the fastest scrape tick with each callout's request cost."""
+    """The plan at the fastest scrape tick with each request cost measured: per callout and
+    tokenizer (``{"callout", "tokenizer", "us"}``)."""
+    fastest = s.scrape_intervals_s[0]
     return [
         {
-            "callout": callout,
-            **plan(replace(costs, request_us=us), replace(s, callout=callout), qps, s.scrape_intervals_s[0]),
+            "callout": r["callout"],
+            "tokenizer": r["tokenizer"],
+            "request_us": r["us"],
+            **plan(replace(costs, request_us=r["us"]), replace(s, callout=r["callout"]), qps, fastest),
         }
-        for callout, us in request_us.items()
+        for r in request_us
         for qps in s.qps
     ]
 
@@ -575,9 +582,14 @@ def measure(s: CapacitySettings) -> tuple[UnitCosts, dict[str, Any]]:
     sync = measure_sync_us(s.pods, s.sync_bookings_per_endpoint, s.sync_messages)
     predictor = measure_row_us(s.predictor_requests)
     share = scrape_share_cost.measure_share_apply_us(s.pods, s.sync_messages)
-    by_callout = {c["callout"]: c["epp_us"] + pool[str(s.pods)] - pool["4"] for c in rates["cells"]}
+    top, pool_us = max(s.request_rate.rates), pool[str(s.pods)] - pool["4"]
+    request_us = [
+        {"callout": c["callout"], "tokenizer": c["tokenizer"], "us": c["epp_us"] + pool_us}
+        for c in rates["cells"]
+        if c["rate"] == top
+    ]
     costs = UnitCosts(
-        request_us=by_callout[s.callout],
+        request_us=next(r["us"] for r in request_us if r["callout"] == s.callout and r["tokenizer"] == "dir"),
         chunk_us=streams["chunk_us"],
         log_entry_us=measure_log_entry_us(s.log_entries, s.log_batches),
         scrape_us=scrape["scrape_us"],
@@ -588,7 +600,7 @@ def measure(s: CapacitySettings) -> tuple[UnitCosts, dict[str, Any]]:
         share_apply_us=share["figure_us"],
     )
     sources = {
-        "request_us_by_callout": by_callout,
+        "request_us": request_us,
         "rates": rates,
         "streams": streams,
         "handler_us_by_endpoints": pool,
@@ -718,15 +730,17 @@ def _markdown(data: dict[str, Any]) -> str:
             "takes (at most one per 5 ms), heartbeats and shared scrapes (one a tick), delivered to "
             "every peer. llm-d's EPP "
             "cores: ~4 ms per request + ~31 µs per chunk.",
-            f"Each callout at the {s['scrape_intervals_s'][0] * 1e3:g} ms tick (the plan above is "
-            f"{s['callout']}'s; ext_proc's requests also read one stream in {s['sample_every']:,} "
-            "chunk by chunk):",
+            f"Each callout and tokenizer at the {s['scrape_intervals_s'][0] * 1e3:g} ms tick (the plan "
+            f"above is {s['callout']}'s with the model's tokenizer; ext_proc's requests also read one "
+            f"stream in {s['sample_every']:,} chunk by chunk; estimated counts: `--tokenizer-source "
+            "estimate`, docs/tokenizer.md):",
             markdown_table(
-                ["callout", "EPP µs / request", "QPS", "EPP cores in all", "EPP replicas"],
+                ["callout", "tokenizer", "EPP µs / request", "QPS", "EPP cores in all", "EPP replicas"],
                 [
                     [
                         p["callout"],
-                        f"{m['request_us_by_callout'][p['callout']]:,.0f}",
+                        "the model's" if p["tokenizer"] == "dir" else "estimated counts",
+                        f"{p['request_us']:,.0f}",
                         f"{p['qps']:,}",
                         f"{p['epp_cores']:.1f}" if p["fits"] else "none fits",
                         str(p["replicas"]),
@@ -788,7 +802,7 @@ def run(out_dir: Path, settings: CapacitySettings | None = None) -> dict[str, An
         "unit_costs": asdict(costs),
         "measured": measured,
         "plans": [plan(costs, s, qps, interval) for interval in s.scrape_intervals_s for qps in s.qps],
-        "callout_plans": callout_plans(costs, s, measured["request_us_by_callout"]),
+        "callout_plans": callout_plans(costs, s, measured["request_us"]),
         "llm_d": [asdict(p) for p in LLM_D],
     }
     out_dir.mkdir(parents=True, exist_ok=True)

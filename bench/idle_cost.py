@@ -81,7 +81,7 @@ def _measure(endpoints: int, flags: tuple[str, ...], settings: IdleSettings, wor
             health_port=free_port(),
             metrics_port=free_port(),
             expected_endpoints=endpoints,
-            tokenizer_dir=TINY_MODEL_DIR,
+            tokenizer=TINY_MODEL_DIR,
             extra_args=["--log-level", "WARNING", *flags],
         )
         components.append(epp)

@@ -42,7 +42,7 @@ from bench.metering_cost import SLO_HEADERS, _prompt
 from bench.report import machine, markdown_table, write_results
 from bench.stack_overhead import idle_cpu_rate, rare_scrape_args, task_cpu_seconds
 from epp.envoy_config import Callout
-from sim.stack import LocalStack, StackConfig, StackPorts
+from sim.stack import LocalStack, StackConfig, StackPorts, TokenizerSource
 
 
 @dataclass
@@ -62,6 +62,9 @@ class RequestRateSettings:
     per request: rare here so that they weigh nothing in any cell."""
     callouts: tuple[Callout, ...] = ("ext-proc",)
     """How the gateway asks the EPP (``llm-epp-stack --callout``): a stack for each, in turn."""
+    tokenizer_sources: tuple[TokenizerSource, ...] = ("dir",)
+    """The EPP's tokenizer (``llm-epp-stack --tokenizer-source``): the model's, or estimated
+    counts; a stack for each, with each callout."""
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: Any) -> float:
@@ -216,7 +219,11 @@ def _profile(stack: LocalStack, url: str, settings: RequestRateSettings, path: P
 
 def measure(settings: RequestRateSettings, profile_path: Path | None = None) -> dict[str, Any]:
     """Each callout's cells in turn, on a stack of its own (the cells of the last come last)."""
-    runs = [_measure_callout(settings, callout, profile_path) for callout in settings.callouts]
+    runs = [
+        _measure_callout(settings, callout, tokenizer, profile_path)
+        for callout in settings.callouts
+        for tokenizer in settings.tokenizer_sources
+    ]
     return {
         "idle_ms_per_s": runs[-1]["idle_ms_per_s"],
         "cells": [cell for run in runs for cell in run["cells"]],
@@ -225,7 +232,7 @@ def measure(settings: RequestRateSettings, profile_path: Path | None = None) -> 
 
 
 def _measure_callout(
-    settings: RequestRateSettings, callout: Callout, profile_path: Path | None
+    settings: RequestRateSettings, callout: Callout, tokenizer: TokenizerSource, profile_path: Path | None
 ) -> dict[str, Any]:
     stack = LocalStack(
         StackConfig(
@@ -235,6 +242,7 @@ def _measure_callout(
             ports=StackPorts.free(),
             epp_args=rare_scrape_args(settings.scrape_interval_s),
             callout=callout,
+            tokenizer_source=tokenizer,
         )
     )
     try:
@@ -245,7 +253,11 @@ def _measure_callout(
         time.sleep(2.0)
         idle_rate = idle_cpu_rate(stack.epp.process.pid, settings.idle_s)
         cells = [
-            {"callout": callout, **_cell(stack, url, rate, settings, idle_rate, first=i * 100_000)}
+            {
+                "callout": callout,
+                "tokenizer": tokenizer,
+                **_cell(stack, url, rate, settings, idle_rate, first=i * 100_000),
+            }
             for i, rate in enumerate(settings.rates)
         ]
         shares = _profile(stack, url, settings, profile_path) if profile_path else {}
@@ -259,6 +271,7 @@ def _markdown(data: dict[str, Any]) -> str:
     rows = [
         [
             c["callout"],
+            c["tokenizer"],
             f"{c['rate']:g}",
             f"{c['achieved_rate']:.1f}",
             f"{c['epp_us']:.0f}",
@@ -281,6 +294,7 @@ def _markdown(data: dict[str, Any]) -> str:
             markdown_table(
                 [
                     "callout",
+                    "tokenizer",
                     "rate (req/s)",
                     "achieved",
                     "EPP µs / request",
@@ -334,10 +348,19 @@ def main() -> None:
     parser.add_argument(
         "--callouts", default="ext-proc,ext-authz", help="how the gateway asks the EPP: a stack for each"
     )
+    parser.add_argument(
+        "--tokenizer-sources",
+        default="dir",
+        help="the EPP's tokenizer, dir (the model's) or estimate (counts from the text): a stack for each",
+    )
     args = parser.parse_args()
-    rates = tuple(float(r) for r in args.rates.split(","))
-    callouts = tuple(args.callouts.split(","))
-    settings = RequestRateSettings(rates=rates, seconds=args.seconds, profile=args.profile, callouts=callouts)  # type: ignore[arg-type]
+    settings = RequestRateSettings(
+        rates=tuple(float(r) for r in args.rates.split(",")),
+        seconds=args.seconds,
+        profile=args.profile,
+        callouts=tuple(args.callouts.split(",")),  # type: ignore[arg-type]
+        tokenizer_sources=tuple(args.tokenizer_sources.split(",")),  # type: ignore[arg-type]
+    )
     print(json.dumps(run(args.out, settings)["cells"], indent=1))
 
 

@@ -92,7 +92,7 @@ class GatewayRig:
             health_port=free_port(),
             metrics_port=self.epp_metrics_port,
             expected_endpoints=self.endpoints,
-            tokenizer_dir=TINY_MODEL_DIR,
+            tokenizer=TINY_MODEL_DIR,
             extra_args=["--log-level", "WARNING", *self.epp_args],
         )
         self.components.append(self.epp)

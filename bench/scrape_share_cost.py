@@ -89,7 +89,7 @@ def _measure(k: int, share: bool, settings: ScrapeShareSettings, workdir: Path) 
                 health_port=free_port(),
                 metrics_port=metrics_port,
                 expected_endpoints=settings.endpoints,
-                tokenizer_dir=TINY_MODEL_DIR,
+                tokenizer=TINY_MODEL_DIR,
                 name=f"epp-{i}",
                 extra_args=[
                     "--log-level",

@@ -186,6 +186,8 @@ class EppApp:
         self.auto_tokenizer: AutoTokenizer | None = None
         if settings.tokenizer_dir is not None:
             tokenizer = self._exporting(load_tokenizer(settings.tokenizer_dir, *self._cache_settings()))
+        elif settings.tokenizer_source == "estimate":
+            self.tokenizer_metrics.estimated.set(1)
         else:
             self.auto_tokenizer = AutoTokenizer(
                 self.store,

@@ -91,13 +91,14 @@ class EppSettings(BaseModel):
         "then cancel the rest and exit",
     )
     config: str = Field("gie-default", description="EndpointPickerConfig: a shipped name or a YAML path")
-    tokenizer_source: Literal["dir", "auto"] = Field(
+    tokenizer_source: Literal["dir", "auto", "estimate"] = Field(
         "dir",
         description="where the tokenizer comes from. dir: --tokenizer-dir. auto: the Hugging Face Hub "
         "repository the pool's /v1/models names as its model's root (with HF_TOKEN for gated ones, "
         "HF_ENDPOINT for a mirror), loaded once the pool's endpoints agree on one; until then, or "
         "if it cannot be had, token counts are estimated from the text (4 bytes a token; "
-        "llm_epp_tokenizer_estimated is 1)",
+        "llm_epp_tokenizer_estimated is 1). estimate: always those estimates, no tokenizer (the "
+        "cheapest: no tokenizing; precise-prefix matching finds nothing; docs/tokenizer.md)",
     )
     tokenizer_dir: Path | None = Field(None, description=f"with --tokenizer-source dir: {TOKENIZER_HELP}")
     max_model_len: int | None = Field(
@@ -249,8 +250,8 @@ class EppSettings(BaseModel):
     def _tokenizer_inputs(self) -> EppSettings:
         if self.tokenizer_source == "dir" and self.tokenizer_dir is None:
             raise ValueError(f"--tokenizer-dir is required: {TOKENIZER_HELP} (or --tokenizer-source auto)")
-        if self.tokenizer_source == "auto" and self.tokenizer_dir is not None:
-            raise ValueError("--tokenizer-dir is for --tokenizer-source dir; auto downloads the tokenizer")
+        if self.tokenizer_source != "dir" and self.tokenizer_dir is not None:
+            raise ValueError(f"--tokenizer-dir is for --tokenizer-source dir, not {self.tokenizer_source}")
         return self
 
     @model_validator(mode="after")

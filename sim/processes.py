@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import yaml
@@ -229,14 +229,14 @@ def start_epp(
     health_port: int,
     metrics_port: int,
     expected_endpoints: int,
-    tokenizer_dir: Path | None,
+    tokenizer: Path | Literal["auto", "estimate"],
     extra_args: Sequence[str] = (),
     name: str = "epp",
     env: Mapping[str, str] | None = None,
 ) -> Component:
-    """Run the EPP (logging to ``name``.log), tokenizing with the model in ``tokenizer_dir`` (None:
-    ``--tokenizer-source auto``), with ``env`` added to its environment, and wait until it has
-    scraped ``expected_endpoints`` healthy endpoints."""
+    """Run the EPP (logging to ``name``.log), tokenizing with the model in the ``tokenizer``
+    directory, or with ``--tokenizer-source auto`` or ``estimate``, with ``env`` added to its
+    environment, and wait until it has scraped ``expected_endpoints`` healthy endpoints."""
     argv = [
         str(BIN / "llm-epp"),
         "--host",
@@ -252,9 +252,9 @@ def start_epp(
         "--endpoints-poll-s",
         "0.2",
         *(
-            ["--tokenizer-source", "auto"]
-            if tokenizer_dir is None
-            else ["--tokenizer-dir", str(tokenizer_dir)]
+            ["--tokenizer-source", tokenizer]
+            if isinstance(tokenizer, str)
+            else ["--tokenizer-dir", str(tokenizer)]
         ),
         *extra_args,
     ]

@@ -58,6 +58,9 @@ from sim.processes import (
 )
 from sim.real_vllm import VllmReplicaSpec, start_vllm_replicas
 
+TokenizerSource = Literal["dir", "auto", "estimate"]
+"""The EPP's ``--tokenizer-source``."""
+
 
 @dataclass
 class StackPorts:
@@ -108,9 +111,10 @@ class StackConfig:
     model: str = "tiny"
     model_dir: Path = TINY_MODEL_DIR
     """The served model: the replicas serve it and the EPP tokenizes with its tokenizer."""
-    tokenizer_source: Literal["dir", "auto"] = "dir"
+    tokenizer_source: TokenizerSource = "dir"
     """dir: the EPP reads ``model_dir``; auto: it downloads the tokenizer the replicas' /v1/models
-    names (give them ``--model-root`` in ``sim_args``, the Hub's address in ``epp_env``)."""
+    names (give them ``--model-root`` in ``sim_args``, the Hub's address in ``epp_env``);
+    estimate: it counts tokens from the text, no tokenizer."""
     epp_env: Mapping[str, str] = field(default_factory=dict)
     """Added to the EPPs' environment (e.g. ``HF_ENDPOINT``, ``HF_HOME``)."""
     workdir: Path | None = None
@@ -392,7 +396,7 @@ class LocalStack:
                 health_port=ports.epp_health,
                 metrics_port=ports.epp_metrics,
                 expected_endpoints=self.config.replicas,
-                tokenizer_dir=self._epp_tokenizer_dir,
+                tokenizer=self._epp_tokenizer,
                 env=self.config.epp_env,
                 # One EPP: no other replica takes new streams while it drains, so no grace.
                 extra_args=["--shutdown-grace-s", "0", *epp_args, *self._ext_authz_args(0)],
@@ -407,8 +411,9 @@ class LocalStack:
         return ["--ext-authz-port", str(self.ext_authz_ports[replica])] if self.ext_authz_ports else []
 
     @property
-    def _epp_tokenizer_dir(self) -> Path | None:
-        return self.config.model_dir if self.config.tokenizer_source == "dir" else None
+    def _epp_tokenizer(self) -> Path | TokenizerSource:
+        source = self.config.tokenizer_source
+        return self.config.model_dir if source == "dir" else source
 
     def _start_synced_epps(self, epp_args: list[str]) -> None:
         """A nats-server, then every EPP replica syncing through it (``epp-0``, ``epp-1``, ...)."""
@@ -429,7 +434,7 @@ class LocalStack:
                     health_port=health,
                     metrics_port=metrics,
                     expected_endpoints=self.config.replicas,
-                    tokenizer_dir=self._epp_tokenizer_dir,
+                    tokenizer=self._epp_tokenizer,
                     env=self.config.epp_env,
                     extra_args=[*epp_args, *sync_args, *self._ext_authz_args(i)],
                     name=f"epp-{i}",
@@ -549,6 +554,13 @@ def main(argv: list[str] | None = None) -> None:
         help="how Envoy asks the EPP: an ext_proc stream per request, or one HTTP ext_authz check "
         "(cheaper; plaintext; the access log finishes every request)",
     )
+    parser.add_argument(
+        "--tokenizer-source",
+        choices=["dir", "estimate"],
+        default="dir",
+        help="the EPP's tokenizer: the served model's (dir), or token counts estimated from the "
+        "text (estimate: no tokenizing; docs/tokenizer.md)",
+    )
     args = parser.parse_args(argv)
     if args.epp_replicas < 1:
         parser.error("--epp-replicas must be at least 1")
@@ -573,6 +585,7 @@ def main(argv: list[str] | None = None) -> None:
             tls=args.tls,
             response_metering=args.response_metering,
             callout=args.callout,
+            tokenizer_source=args.tokenizer_source,
         )
     )
     kind = "real vLLM (CPU, up to a few minutes)" if args.engine == "vllm" else "simulated"

@@ -165,11 +165,15 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
     cell = {"tokens": 500, "chunks": 502.0, "window_s": 15.0}
     rate = {"achieved_rate": 149.0, "envoy_us": 900.0, "ttft_p50_ms": 9.0, "ttft_p99_ms": 20.0}
     measured = {
-        "request_us_by_callout": {"ext-proc": 1_000.0, "ext-authz": 700.0},
+        "request_us": [
+            {"callout": "ext-proc", "tokenizer": "dir", "us": 1_000.0},
+            {"callout": "ext-authz", "tokenizer": "dir", "us": 700.0},
+            {"callout": "ext-authz", "tokenizer": "estimate", "us": 400.0},
+        ],
         "rates": {
             "cells": [
-                {**rate, "callout": "ext-proc", "rate": 50.0, "epp_us": 1_400.0},
-                {**rate, "callout": "ext-proc", "rate": 150.0, "epp_us": 1_000.0},
+                {**rate, "callout": "ext-proc", "tokenizer": "dir", "rate": 50.0, "epp_us": 1_400.0},
+                {**rate, "callout": "ext-proc", "tokenizer": "dir", "rate": 150.0, "epp_us": 1_000.0},
             ]
         },
         "streams": {
@@ -194,9 +198,12 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
     assert "Routing over 100 endpoints instead of 4 adds 700 µs" in report
     assert "ext-proc at 150 requests/s (achieved 149): 1,000 µs of EPP CPU" in report
     # Each callout's plan at the fast tick: ext_authz's requests cost 700 µs and read no chunk.
-    authz = next(p for p in data["callout_plans"] if p["callout"] == "ext-authz" and p["qps"] == 10_000)
-    assert authz["request_cores"] == pytest.approx(10_000 * (700 + 2.0 * 5) / 1e6)
-    assert "| ext-authz | 700 | 10,000 |" in report
+    authz = [p for p in data["callout_plans"] if p["callout"] == "ext-authz" and p["qps"] == 10_000]
+    assert [p["tokenizer"] for p in authz] == ["dir", "estimate"]
+    assert authz[0]["request_cores"] == pytest.approx(10_000 * (700 + 2.0 * 5) / 1e6)
+    assert authz[1]["request_cores"] == pytest.approx(10_000 * (400 + 2.0 * 5) / 1e6)
+    assert "| ext-authz | the model's | 700 | 10,000 |" in report
+    assert "| ext-authz | estimated counts | 400 | 10,000 |" in report
     assert "| decode progress of a handed-off stream moved on (once a second) | 2.00 | – |" in report
     assert (tmp_path / data["plot"]).stat().st_size > 0 and (tmp_path / "capacity.json").exists()
 

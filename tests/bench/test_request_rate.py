@@ -60,12 +60,12 @@ def test_the_report_gives_each_rates_cost(tmp_path: Path, monkeypatch) -> None:
     }
     measured = {
         "idle_ms_per_s": 2.0,
-        "cells": [{**cell, "callout": "ext-proc", "rate": 50.0, "epp_us": 1_234.0, "requests": 500}],
+        "cells": [{**cell, "callout": "ext-proc", "tokenizer": "estimate", "rate": 50.0, "epp_us": 1_234.0}],
     }
     monkeypatch.setattr(request_rate, "measure", lambda settings, profile_path: measured)
     request_rate.run(tmp_path, RequestRateSettings(rates=(50.0,)))
     report = (tmp_path / "request_rate.md").read_text()
-    assert "| ext-proc | 50 | 49.5 | 1234 | 900 | 0.10 | 4.20 / 3.50 | 9.0 / 20.0 |" in report
+    assert "| ext-proc | estimate | 50 | 49.5 | 1234 | 900 | 0.10 | 4.20 / 3.50 | 9.0 / 20.0 |" in report
     assert json.loads((tmp_path / "request_rate.json").read_text())["cells"][0]["epp_us"] == 1_234.0
 
 

@@ -50,3 +50,18 @@ def test_the_max_model_len_flag_is_the_directors_fallback_context(tmp_path: Path
     assert parse_args(base)[0].max_model_len is None
     with pytest.raises(SystemExit):
         parse_args([*base, "--max-model-len", "0"])
+
+
+def test_the_estimate_source_routes_on_counts_from_the_text_and_says_so(tmp_path: Path) -> None:
+    endpoints = write_endpoints_file(tmp_path / "endpoints.yaml", [("127.0.0.1", 1)])
+    settings, _ = parse_args(["--endpoints-file", str(endpoints), "--tokenizer-source", "estimate"])
+    app = EppApp(settings)
+    assert app.auto_tokenizer is None and not app.director.tokenizer.exact
+    # 4 bytes a token, the ids those bytes: no vocabulary involved.
+    assert app.director.tokenizer.encode("abcdefgh") == [0x61626364, 0x65666768]
+    assert app.registry.get_sample_value("llm_epp_tokenizer_estimated", {"name": settings.pool_name}) == 1
+    result = _run_epp(tmp_path, "--tokenizer-source", "estimate", "--tokenizer-dir", str(TINY_MODEL_DIR))
+    assert (
+        result.returncode == 2
+        and "--tokenizer-dir is for --tokenizer-source dir, not estimate" in result.stderr
+    )

@@ -228,3 +228,17 @@ def test_an_explicit_source_gives_the_epp_its_directory(source: str) -> None:
     settings, _ = epp_args(_epp(rendered)["args"])
     assert settings.tokenizer_source == "dir" and settings.tokenizer_dir is not None
     assert f"from source {source}" in rendered.notes
+
+
+def test_the_estimate_source_runs_the_epp_without_a_tokenizer() -> None:
+    rendered = render(_ci_with("estimate"))
+    assert not rendered.lint["Errors"]
+    epp = _epp(rendered)
+    settings, _ = epp_args(epp["args"])
+    assert settings.tokenizer_source == "estimate" and settings.tokenizer_dir is None
+    pod = _pod(rendered)
+    assert "initContainers" not in pod
+    assert "tokenizer" not in {v["name"] for v in pod["volumes"]}
+    assert "tokenizer" not in {m["name"] for m in epp["volumeMounts"]}
+    assert "HF_HOME" not in {e["name"] for e in epp.get("env", [])}
+    assert "token counts are estimated from the text" in rendered.notes

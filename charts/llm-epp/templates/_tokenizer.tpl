@@ -1,7 +1,8 @@
 {{/*
 The served model's tokenizer for the EPP. auto (the default): the EPP itself downloads the
 tokenizer of the model the pool's /v1/models names, from the Hugging Face Hub (the hub
-environment below), and estimates token counts until it has it; no volume. Every other source
+environment below), and estimates token counts until it has it; no volume. estimate: no
+tokenizer at all, token counts always estimated from the text; no volume. Every other source
 gives --tokenizer-dir: a pod volume mounted read-only at llm-epp.tokenizerDir, either a volume
 that holds the files (configMap, secret, volume) or an emptyDir that an init container fills
 (image: copy from an image; hub: download).
@@ -19,7 +20,7 @@ tokenizer.json tokenizer_config.json
 {{- define "llm-epp.tokenizerSource" -}}
 {{- $t := .Values.inferenceExtension.tokenizer -}}
 {{- if not $t.source -}}
-{{- fail "inferenceExtension.tokenizer.source is required: the EPP needs the served model's tokenizer (tokenizer.json, tokenizer_config.json), e.g. auto (the default), or --set inferenceExtension.tokenizer.source=hub --set inferenceExtension.tokenizer.hub.repo=meta-llama/Llama-3.1-8B-Instruct (sources: auto, configMap, secret, volume, image, hub; see the README, 'Deploy on Kubernetes')" -}}
+{{- fail "inferenceExtension.tokenizer.source is required: the EPP needs the served model's tokenizer (tokenizer.json, tokenizer_config.json), e.g. auto (the default), or --set inferenceExtension.tokenizer.source=hub --set inferenceExtension.tokenizer.hub.repo=meta-llama/Llama-3.1-8B-Instruct (sources: auto, estimate, configMap, secret, volume, image, hub; see the README, 'Deploy on Kubernetes')" -}}
 {{- else if eq $t.source "configMap" -}}
 {{- $_ := required "inferenceExtension.tokenizer.configMap.name is required with source configMap" $t.configMap.name -}}
 {{- else if eq $t.source "secret" -}}
@@ -37,10 +38,15 @@ tokenizer.json tokenizer_config.json
 {{- $t.source -}}
 {{- end -}}
 
+{{/* Whether the tokenizer's files come in a pod volume (not with sources auto and estimate). */}}
+{{- define "llm-epp.tokenizerMounted" -}}
+{{- if not (has (include "llm-epp.tokenizerSource" .) (list "auto" "estimate")) -}}true{{- end -}}
+{{- end -}}
+
 {{/* The EPP's flags that say where its tokenizer comes from. */}}
 {{- define "llm-epp.tokenizerArgs" -}}
-{{- if eq (include "llm-epp.tokenizerSource" .) "auto" -}}
-- "--tokenizer-source=auto"
+{{- if not (include "llm-epp.tokenizerMounted" .) -}}
+- "--tokenizer-source={{ include "llm-epp.tokenizerSource" . }}"
 {{- else -}}
 - "--tokenizer-dir={{ include "llm-epp.tokenizerDir" . }}"
 {{- end -}}
@@ -62,11 +68,11 @@ tokenizer.json tokenizer_config.json
 {{- end }}
 {{- end -}}
 
-{{/* The pod volume named "tokenizer" (none with source auto). */}}
+{{/* The pod volume named "tokenizer" (none with sources auto and estimate). */}}
 {{- define "llm-epp.tokenizerVolume" -}}
 {{- $t := .Values.inferenceExtension.tokenizer -}}
 {{- $source := include "llm-epp.tokenizerSource" . -}}
-{{- if ne $source "auto" -}}
+{{- if include "llm-epp.tokenizerMounted" . -}}
 - name: tokenizer
 {{- if eq $source "configMap" }}
   configMap:
@@ -91,10 +97,10 @@ tokenizer.json tokenizer_config.json
 {{- end }}
 {{- end -}}
 
-{{/* The EPP container's mount of the tokenizer volume (none with source auto). */}}
+{{/* The EPP container's mount of the tokenizer volume (none with sources auto and estimate). */}}
 {{- define "llm-epp.tokenizerMount" -}}
 {{- $t := .Values.inferenceExtension.tokenizer -}}
-{{- if ne (include "llm-epp.tokenizerSource" .) "auto" -}}
+{{- if include "llm-epp.tokenizerMounted" . -}}
 - name: tokenizer
   mountPath: {{ include "llm-epp.tokenizerDir" . }}
   readOnly: true
