@@ -190,18 +190,26 @@ def _epp(rendered: Rendered) -> dict[str, Any]:
     return epp
 
 
+def _epp_without_tokenizer_volume(rendered: Rendered, source: str) -> dict[str, Any]:
+    """The EPP container of a chart that lints cleanly and gives it ``--tokenizer-source``
+    ``source``, with no tokenizer volume, mount or init container."""
+    assert not rendered.lint["Errors"]
+    epp = _epp(rendered)
+    settings, _ = epp_args(epp["args"])
+    assert settings.tokenizer_source == source and settings.tokenizer_dir is None
+    pod = _pod(rendered)
+    assert "initContainers" not in pod
+    assert "tokenizer" not in {v["name"] for v in pod["volumes"]}
+    assert "tokenizer" not in {m["name"] for m in epp["volumeMounts"]}
+    return epp
+
+
 def test_the_guides_command_alone_installs_with_the_auto_source() -> None:
     values = _set_values(GUIDE_SETS)
     assert CI_VALUES["guide-command"] == values  # chart-testing lints the same values
     rendered = render(values)  # installed into the test API server; raises if Helm refuses
-    assert not rendered.lint["Errors"]
     assert all(m["Severity"] <= 1 for m in rendered.lint["Messages"]), rendered.lint  # info only
-    epp = _epp(rendered)
-    settings, _ = epp_args(epp["args"])
-    assert settings.tokenizer_source == "auto" and settings.tokenizer_dir is None
-    pod = _pod(rendered)
-    assert "initContainers" not in pod
-    assert "tokenizer" not in {v["name"] for v in pod["volumes"]}
+    epp = _epp_without_tokenizer_volume(rendered, "auto")
     env = {e["name"]: e for e in epp["env"]}
     # The EPP downloads into HF_HOME, which must be on a writable mount (the root is read-only).
     assert epp["securityContext"]["readOnlyRootFilesystem"] is True
@@ -232,13 +240,6 @@ def test_an_explicit_source_gives_the_epp_its_directory(source: str) -> None:
 
 def test_the_estimate_source_runs_the_epp_without_a_tokenizer() -> None:
     rendered = render(_ci_with("estimate"))
-    assert not rendered.lint["Errors"]
-    epp = _epp(rendered)
-    settings, _ = epp_args(epp["args"])
-    assert settings.tokenizer_source == "estimate" and settings.tokenizer_dir is None
-    pod = _pod(rendered)
-    assert "initContainers" not in pod
-    assert "tokenizer" not in {v["name"] for v in pod["volumes"]}
-    assert "tokenizer" not in {m["name"] for m in epp["volumeMounts"]}
+    epp = _epp_without_tokenizer_volume(rendered, "estimate")
     assert "HF_HOME" not in {e["name"] for e in epp.get("env", [])}
     assert "token counts are estimated from the text" in rendered.notes
