@@ -15,7 +15,9 @@ rest of the cycle at most ``maxCandidates`` endpoints, chosen in this order:
 
 The sample keeps the pool's order. A pool of ``maxCandidates`` endpoints or fewer passes whole,
 so the sampler changes nothing there. An admitter after it judges the sample: a sheddable
-request is refused when no sampled endpoint is predicted to meet its SLO.
+request is refused when no sampled endpoint is predicted to meet its SLO. A plugin that must see
+the whole pool does not go with it: ``session-affinity``'s hash ring, built over the sample,
+would move sessions from request to request.
 
 ========================  =======  ===========================================================
 parameter                 default  meaning
