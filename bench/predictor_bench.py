@@ -203,6 +203,7 @@ def _router_view(engine: Engine) -> dict[str, Any]:
         "pod_type": "",
         "prefill_tokens_in_flight": prefill,
         "decode_tokens_in_flight": decode,
+        "endpoint_class": 0,
     }
 
 

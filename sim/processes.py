@@ -194,14 +194,17 @@ def write_endpoints_file(
     path: Path,
     endpoints: Sequence[tuple[str, int]],
     kv_events: Sequence[tuple[str, str | None]] | None = None,
+    labels: Sequence[Mapping[str, str]] | None = None,
 ) -> Path:
     """Atomically write the EPP's static endpoints file (names ``replica-0`` ...), with each
-    endpoint's KV-events (publisher, replay) sockets when given."""
+    endpoint's KV-events (publisher, replay) sockets and labels when given."""
     entries: list[dict[str, Any]] = [
         {"name": f"replica-{i}", "address": a, "port": p} for i, (a, p) in enumerate(endpoints)
     ]
     for entry, (events, replay) in zip(entries, kv_events or (), strict=False):
         entry.update(kv_events_endpoint=events, kv_events_replay_endpoint=replay)
+    for entry, endpoint_labels in zip(entries, labels or (), strict=False):
+        entry["labels"] = dict(endpoint_labels)
     spec = {"endpoints": entries}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(spec))

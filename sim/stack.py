@@ -41,7 +41,7 @@ from epp.requestcontrol.completion_log import ResponseMetering
 from epp.tokenization import TINY_MODEL_DIR
 from sim.certs import LocalPki, write_local_pki
 from sim.engine import ProfileError
-from sim.engine.pool import pool_profiles, pool_size, pool_variants
+from sim.engine.pool import PROFILE_LABEL, pool_profiles, pool_size, pool_variants
 from sim.nats_server import start_nats_server
 from sim.processes import (
     BIN,
@@ -287,7 +287,15 @@ class LocalStack:
             self.workdir / "endpoints.yaml",
             endpoints,
             [self.kv_event_sockets(i) for i in indexes] if self.config.kv_events else None,
+            [self.replica_labels(i) for i in indexes],
         )
+
+    def replica_labels(self, index: int) -> dict[str, str]:
+        """Replica ``index``'s labels: a simulated one's profile variant (``PROFILE_LABEL``), as a
+        real pod carries its accelerator type."""
+        if self.config.engine == "vllm":
+            return {}
+        return {PROFILE_LABEL: pool_variants(self.config.sim_profile, self.config.replicas)[index]}
 
     def kv_event_sockets(self, index: int) -> tuple[str, str]:
         """Replica ``index``'s KV-event publisher and replay sockets (``ipc://`` in the workdir)."""

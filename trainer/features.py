@@ -36,11 +36,15 @@ FEATURE_COLUMNS = (
     "prefix_cache_score",
     "prefill_tokens_in_flight",
     "decode_tokens_in_flight",
+    "endpoint_class",
     "effective_input_tokens",
     "is_queued",
     "is_prefill_pod",
     "is_decode_pod",
 )
+
+_DERIVED = FEATURE_COLUMNS.index("effective_input_tokens")
+"""Columns before this one are row fields as sent; from it on, computed from them."""
 
 Columns = Mapping[str, np.ndarray]
 """Validated rows by field: numbers as float64, literal fields as int8 indexes into their values."""
@@ -53,12 +57,12 @@ def matrix_from_columns(columns: Columns) -> np.ndarray:
     pod = columns["pod_type"]
     n = len(length)
     out = np.empty((n, len(FEATURE_COLUMNS)), dtype=np.float32)
-    for i, name in enumerate(FEATURE_COLUMNS[:8]):
+    for i, name in enumerate(FEATURE_COLUMNS[:_DERIVED]):
         out[:, i] = columns[name]
-    out[:, 8] = (1.0 - prefix) * length
-    out[:, 9] = columns["num_request_waiting"] > 0
-    out[:, 10] = pod == POD_TYPES.index("prefill")
-    out[:, 11] = pod == POD_TYPES.index("decode")
+    out[:, _DERIVED] = (1.0 - prefix) * length
+    out[:, _DERIVED + 1] = columns["num_request_waiting"] > 0
+    out[:, _DERIVED + 2] = pod == POD_TYPES.index("prefill")
+    out[:, _DERIVED + 3] = pod == POD_TYPES.index("decode")
     return out
 
 

@@ -2,9 +2,11 @@
 
 Samples are sorted into buckets by the regime they were taken in: queue length
 {0, 1–2, 3–5, 6–10, 11+} × KV-cache usage in 5% steps × prefix-cache score quartile
-(400 buckets, as the llm-d training server does). Each bucket keeps its newest
-``bucket_capacity`` samples, so a flood of samples from a common regime evicts only that
-regime's old samples: rare regimes (a long queue, a full KV cache) are not forgotten.
+(400 buckets, as the llm-d training server does), and apart for each endpoint class (the
+``endpoint_class`` field; llm-d's pools are of one class). Each stratum, a bucket of one
+class, keeps its newest ``bucket_capacity`` samples, so a flood of samples from a common regime
+or a common class evicts only its own old samples: rare regimes (a long queue, a full KV cache)
+and the few endpoints of a rare class are not forgotten.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ NUM_BUCKETS = len(QUEUE_LABELS) * KV_STEPS * PREFIX_STEPS
 _WAITING = FEATURE_COLUMNS.index("num_request_waiting")
 _KV = FEATURE_COLUMNS.index("kv_cache_percentage")
 _PREFIX = FEATURE_COLUMNS.index("prefix_cache_score")
+_CLASS = FEATURE_COLUMNS.index("endpoint_class")
 
 
 def bucket_of(features: np.ndarray) -> np.ndarray:
@@ -47,11 +50,41 @@ def bucket_label(bucket: int) -> dict[str, str]:
     }
 
 
-class StratifiedWindow:
-    """Bounded per-bucket FIFO of (feature row, target) pairs.
+def stratum_of(features: np.ndarray) -> np.ndarray:
+    """Stratum of each row: its endpoint class's own set of regime buckets (``bucket_of``)."""
+    return features[:, _CLASS].astype(np.int64) * NUM_BUCKETS + bucket_of(features)
 
-    Each bucket is a ring buffer allocated on its first sample. Not thread-safe: mutate it from
-    one thread (the server's event loop) and hand :meth:`snapshot` copies to trainers.
+
+class _Ring:
+    """One stratum's newest samples, at most ``capacity``, in a ring buffer."""
+
+    __slots__ = ("features", "filled", "next", "targets")
+
+    def __init__(self, capacity: int, n_features: int) -> None:
+        self.features = np.empty((capacity, n_features), np.float32)
+        self.targets = np.empty(capacity, np.float64)
+        self.filled = 0
+        self.next = 0
+
+    def append(self, features: np.ndarray, targets: np.ndarray) -> None:
+        capacity = len(self.targets)
+        if len(features) > capacity:
+            features, targets = features[-capacity:], targets[-capacity:]
+        count = len(features)
+        slots = (self.next + np.arange(count)) % capacity
+        self.features[slots] = features
+        self.targets[slots] = targets
+        self.next = (self.next + count) % capacity
+        self.filled = min(self.filled + count, capacity)
+
+
+class StratifiedWindow:
+    """Bounded per-stratum FIFO of (feature row, target) pairs.
+
+    A stratum is a regime bucket of one endpoint class, so a class with few endpoints keeps its
+    samples however many the others send. Each stratum's ring buffer is allocated on its first
+    sample. Not thread-safe: mutate it from one thread (the server's event loop) and hand
+    :meth:`snapshot` copies to trainers.
     """
 
     def __init__(self, n_features: int, bucket_capacity: int) -> None:
@@ -59,70 +92,62 @@ class StratifiedWindow:
             raise ValueError("bucket_capacity must be at least 1")
         self.n_features = n_features
         self.bucket_capacity = bucket_capacity
-        self._features: list[np.ndarray | None] = [None] * NUM_BUCKETS
-        self._targets: list[np.ndarray | None] = [None] * NUM_BUCKETS
-        self._filled = np.zeros(NUM_BUCKETS, dtype=np.int64)
-        self._next = np.zeros(NUM_BUCKETS, dtype=np.int64)
+        self._rings: dict[int, _Ring] = {}
         self.added_total = 0
         """Samples ever added (evicted ones included): changes whenever the window does."""
 
     def __len__(self) -> int:
-        return int(self._filled.sum())
+        return sum(ring.filled for ring in self._rings.values())
 
     def bucket_counts(self) -> np.ndarray:
-        """Samples held in each bucket (a copy)."""
-        return self._filled.copy()
+        """Samples held in each stratum that holds any."""
+        return np.array([ring.filled for ring in self._rings.values()], dtype=np.int64)
 
     def add(self, features: np.ndarray, targets: np.ndarray) -> None:
-        """Add samples in arrival order; each bucket evicts its oldest beyond its capacity."""
+        """Add samples in arrival order; each stratum evicts its oldest beyond its capacity."""
         if features.ndim != 2 or features.shape[1] != self.n_features or len(targets) != len(features):
             raise ValueError(f"expected an (n, {self.n_features}) matrix and n targets")
         if len(features) == 0:
             return
-        buckets = bucket_of(features)
-        order = np.argsort(buckets, kind="stable")  # stable: arrival order within a bucket
-        sorted_buckets = buckets[order]
-        starts = np.flatnonzero(np.r_[True, sorted_buckets[1:] != sorted_buckets[:-1]])
+        strata = stratum_of(features)
+        order = np.argsort(strata, kind="stable")  # stable: arrival order within a stratum
+        sorted_strata = strata[order]
+        starts = np.flatnonzero(np.r_[True, sorted_strata[1:] != sorted_strata[:-1]])
         ends = np.r_[starts[1:], len(order)]
         for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
             rows = order[start:end]
-            self._append(int(sorted_buckets[start]), features[rows], targets[rows])
+            stratum = int(sorted_strata[start])
+            ring = self._rings.get(stratum)
+            if ring is None:
+                ring = self._rings[stratum] = _Ring(self.bucket_capacity, self.n_features)
+            ring.append(features[rows], targets[rows])
         self.added_total += len(features)
 
-    def _append(self, bucket: int, features: np.ndarray, targets: np.ndarray) -> None:
-        capacity = self.bucket_capacity
-        ring_features, ring_targets = self._features[bucket], self._targets[bucket]
-        if ring_features is None or ring_targets is None:
-            ring_features = self._features[bucket] = np.empty((capacity, self.n_features), np.float32)
-            ring_targets = self._targets[bucket] = np.empty(capacity, np.float64)
-        if len(features) > capacity:
-            features, targets = features[-capacity:], targets[-capacity:]
-        count = len(features)
-        slots = (self._next[bucket] + np.arange(count)) % capacity
-        ring_features[slots] = features
-        ring_targets[slots] = targets
-        self._next[bucket] = (self._next[bucket] + count) % capacity
-        self._filled[bucket] = min(self._filled[bucket] + count, capacity)
-
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of every held sample: the feature matrix and the targets (bucket by bucket)."""
-        held = np.flatnonzero(self._filled).tolist()
+        """Copies of every held sample: the feature matrix and the targets (stratum by stratum)."""
+        held = [ring for _, ring in sorted(self._rings.items())]
         if not held:
             return np.empty((0, self.n_features), np.float32), np.empty(0, np.float64)
-        features = np.concatenate([self._features[b][: self._filled[b]] for b in held])  # type: ignore[index]
-        targets = np.concatenate([self._targets[b][: self._filled[b]] for b in held])  # type: ignore[index]
+        features = np.concatenate([ring.features[: ring.filled] for ring in held])
+        targets = np.concatenate([ring.targets[: ring.filled] for ring in held])
         return features, targets
 
     def status(self) -> dict[str, Any]:
-        """Sample counts, in total and for every non-empty bucket."""
-        counts = self._filled
+        """Sample counts, in total and for every non-empty stratum."""
+        strata = sorted(self._rings.items())
         return {
-            "samples": int(counts.sum()),
+            "samples": len(self),
             "added_total": self.added_total,
             "bucket_capacity": self.bucket_capacity,
-            "buckets_used": int(np.count_nonzero(counts)),
-            "buckets_total": NUM_BUCKETS,
+            "buckets_used": len(strata),
+            "buckets_per_class": NUM_BUCKETS,
+            "endpoint_classes": len({stratum // NUM_BUCKETS for stratum, _ in strata}),
             "buckets": [
-                {**bucket_label(b), "count": int(counts[b])} for b in np.flatnonzero(counts).tolist()
+                {
+                    "endpoint_class": stratum // NUM_BUCKETS,
+                    **bucket_label(stratum % NUM_BUCKETS),
+                    "count": ring.filled,
+                }
+                for stratum, ring in strata
             ],
         }

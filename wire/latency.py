@@ -12,6 +12,11 @@ microseconds per row, and the EPP builds one per candidate endpoint of every req
 
 Types are strict (JSON integers for integer fields, numbers for float fields, one of the
 ``PodType`` strings for ``pod_type``): a row that needs coercion is a wrong row.
+
+``endpoint_class`` is ours, not llm-d's (its clients leave it out and get 0): which kind of
+endpoint the row is about (an accelerator type, a serving config), as the code
+:func:`endpoint_class_code` gives the value of a pod label the operator names. The model learns
+each class's speed from its samples, and the trainer keeps every class's samples apart.
 """
 
 from __future__ import annotations
@@ -20,11 +25,23 @@ import typing
 from typing import Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
+from xxhash import xxh3_64_intdigest
 
 PodType = Literal["", "prefill", "decode"]
 POD_TYPES: tuple[str, ...] = typing.get_args(PodType)
 MAX_TOKENS_FEATURE = 10_000_000
 MAX_LATENCY_MS = 3_600_000.0
+MAX_ENDPOINT_CLASS = (1 << 24) - 1
+"""Codes stay below 2**24, where float32 (the model's input) holds every integer exactly."""
+
+
+def endpoint_class_code(value: str) -> int:
+    """The ``endpoint_class`` of an endpoint whose class label has ``value``: 0 for "" (no label,
+    unknown), else a stable code in 1..MAX_ENDPOINT_CLASS (the same in every process and release,
+    so that EPP replicas, the trainer's window and a model agree without a shared table)."""
+    if not value:
+        return 0
+    return xxh3_64_intdigest(value.encode()) % MAX_ENDPOINT_CLASS + 1
 
 
 class FeatureRow(BaseModel):
@@ -50,6 +67,9 @@ class FeatureRow(BaseModel):
     )
     decode_tokens_in_flight: int = Field(
         default=0, ge=0, le=MAX_TOKENS_FEATURE, description="KV tokens of requests decoding"
+    )
+    endpoint_class: int = Field(
+        default=0, ge=0, le=MAX_ENDPOINT_CLASS, description="code of its class label; 0: unknown"
     )
 
 
@@ -79,6 +99,7 @@ class FeatureRowDict(TypedDict):
     pod_type: PodType
     prefill_tokens_in_flight: int
     decode_tokens_in_flight: int
+    endpoint_class: int
 
 
 class TrainingSampleDict(FeatureRowDict):

@@ -96,7 +96,7 @@ def composite_heuristic(endpoints: Sequence[EndpointState], state: CycleState) -
     """The fallback: short queue, free KV and prefix match, weighted 2, 2, 3 as in the GIE
     default profile, in [0, 1]."""
     queue = min_max_inverse([e.metrics.waiting for e in endpoints])
-    parts = zip(queue, free_kv_scores(endpoints), prefix_scores(endpoints, state), strict=True)
+    parts = zip(queue, free_kv_scores(endpoints, "percent"), prefix_scores(endpoints, state), strict=True)
     return [(_QUEUE_WEIGHT * q + _KV_WEIGHT * k + _PREFIX_WEIGHT * p) / _FALLBACK_TOTAL for q, k, p in parts]
 
 

@@ -30,6 +30,9 @@ endpointCorrection                 false    correct each endpoint's predictions 
                                             samples (``epp.latency.correction``)
 correctionHalfLife                 20       predicted requests of an endpoint after which a
                                             correction has moved half way to its bias
+endpointClassLabel                 none     the pod label whose value is the endpoint's
+                                            class (accelerator, serving config), sent to the
+                                            model as ``endpoint_class``; none: class 0
 =================================  =======  ===============================================
 
 TTFT headroom is ``SLO × buffer − prediction`` (``−prediction`` with no SLO, so the lowest
@@ -53,7 +56,11 @@ predictions to see it.
 
 With ``endpointCorrection``, each endpoint's predictions are the model's times a factor learned
 from that endpoint's own completed requests (``epp.latency.correction``): the model cannot tell a
-slow accelerator from a fast one at the same load, and no label is needed to learn it.
+slow accelerator from a fast one at the same load, and no label is needed to learn it. With
+``endpointClassLabel`` (for example GKE's ``cloud.google.com/gke-accelerator``, copied onto the
+pods), the model itself tells them apart: each row carries its endpoint's class code
+(``wire.latency.endpoint_class_code``) and the trainer keeps each class's samples apart. An
+endpoint without the label is class 0, as every endpoint is without the parameter.
 
 Each completed request's chosen prediction and actuals feed the drift monitor (``drift``). While
 the model drifts, predictions go to ``DRIFTED_PREDICTIONS`` instead, the reason is ``drift``,
@@ -96,8 +103,8 @@ from epp.scheduling.framework import (
     ResponseObserver,
 )
 from epp.scheduling.registry import register_default_producer
-from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
-from wire.latency import FeatureRowDict, TrainingSampleDict
+from epp.scheduling.types import Endpoint, EndpointState, LLMRequest, SchedulingResult
+from wire.latency import FeatureRowDict, TrainingSampleDict, endpoint_class_code
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +120,7 @@ class PredictedLatencyParameters(PluginParameters):
     drift_window: int = Field(default=100, ge=5, le=100_000, alias="driftWindow")
     endpoint_correction: bool = Field(default=False, alias="endpointCorrection")
     correction_half_life: float = Field(default=20.0, gt=0, le=100_000, alias="correctionHalfLife")
+    endpoint_class_label: str | None = Field(default=None, min_length=1, alias="endpointClassLabel")
 
 
 RAW_PREDICTIONS: DataKey[dict[str, Prediction]] = DataKey("latency-predictions-uncorrected")
@@ -120,9 +128,9 @@ RAW_PREDICTIONS: DataKey[dict[str, Prediction]] = DataKey("latency-predictions-u
 
 
 def feature_row(
-    request: LLMRequest, endpoint: EndpointState, prefix_score: float, load: EndpointLoad
+    request: LLMRequest, endpoint: EndpointState, prefix_score: float, load: EndpointLoad, endpoint_class: int
 ) -> FeatureRowDict:
-    """The model's view of ``request`` on ``endpoint`` now."""
+    """The model's view of ``request`` on ``endpoint`` (of class ``endpoint_class``) now."""
     m = endpoint.metrics
     return FeatureRowDict(
         kv_cache_percentage=m.kv_cache_usage,
@@ -134,6 +142,7 @@ def feature_row(
         pod_type="",
         prefill_tokens_in_flight=load.prefill_tokens,
         decode_tokens_in_flight=load.decode_tokens,
+        endpoint_class=endpoint_class,
     )
 
 
@@ -162,13 +171,18 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         self.corrections = (
             EndpointCorrections(params.correction_half_life) if params.endpoint_correction else None
         )
+        self._class_codes: dict[str, int] = {}
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState):
         match = state.get(PREFIX_MATCH)
         loads = state.get(TOKEN_LOAD) or {}
         rows = {
             e.name: feature_row(
-                request, e, match.fraction(e.name) if match else 0.0, loads.get(e.name, NO_LOAD)
+                request,
+                e,
+                match.fraction(e.name) if match else 0.0,
+                loads.get(e.name, NO_LOAD),
+                self._class_of(e.endpoint),
             )
             for e in endpoints
         }
@@ -183,6 +197,16 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
             state.put(PREDICTION_FALLBACK, "cached")
             return None
         return self._predict(request, rows, state)
+
+    def _class_of(self, endpoint: Endpoint) -> int:
+        label = self.params.endpoint_class_label
+        if label is None:
+            return 0
+        value = endpoint.labels.get(label, "")
+        code = self._class_codes.get(value)
+        if code is None:
+            code = self._class_codes[value] = endpoint_class_code(value)
+        return code
 
     def _cached_without_queue(
         self, endpoints: Sequence[EndpointState], rows: dict[str, FeatureRowDict]

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from sim.engine.config import EngineConfigError
 from sim.engine.profile import Profile, ProfileError, load_profile
 
+PROFILE_LABEL = "llm-epp.io/profile"
+"""The endpoint label under which a simulated replica carries its pool entry's variant, as a real
+pod carries its accelerator type (the ``endpointClassLabel`` of ``predicted-latency-producer``)."""
 ENGINE_OVERRIDES = ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks")
 OVERRIDES = (*ENGINE_OVERRIDES, "slowdown")
 

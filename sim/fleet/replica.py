@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from epp.scheduling.types import Endpoint, EndpointState, EngineMetrics
 from sim.engine import Engine, EngineRequest, Profile, RequestOutput, ScheduledStep
+from sim.engine.pool import PROFILE_LABEL
 from sim.fleet.prompts import OUTPUT_VOCAB
 
 LifecycleSink = Callable[[float, "Replica", RequestOutput], None]
@@ -31,7 +32,12 @@ class Replica:
         """Requests routed here and still in the server's front end (not yet in the engine)."""
         config = profile.engine
         self.state = EndpointState(
-            Endpoint(name=f"replica-{index}", address="10.0.0.1", port=8000 + index),
+            Endpoint(
+                name=f"replica-{index}",
+                address="10.0.0.1",
+                port=8000 + index,
+                labels={PROFILE_LABEL: profile.name},
+            ),
             EngineMetrics(block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks),
         )
         self.shared_lag_s: float | None = None

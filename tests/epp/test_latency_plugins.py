@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -26,7 +27,7 @@ from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
 from tests.epp.latency_fakes import produce, producer, streaming_request
-from wire.latency import FeatureRow
+from wire.latency import FeatureRow, endpoint_class_code
 
 
 def test_producer_predicts_every_candidate_in_one_call_with_headroom() -> None:
@@ -53,6 +54,26 @@ def test_feature_rows_carry_each_candidates_tokens_in_flight() -> None:
     assert (e0["prefill_tokens_in_flight"], e0["decode_tokens_in_flight"]) == (0, 0)
     assert (e1["prefill_tokens_in_flight"], e1["decode_tokens_in_flight"]) == (300, 700)
     FeatureRow.model_validate(e1)  # the trainer's schema accepts the row as is
+
+
+def test_feature_rows_carry_each_endpoints_class_from_the_named_label() -> None:
+    fake = FakePredictor()
+    plugin = producer(fake, endpointClassLabel="accelerator")
+    fast, slow, unlabeled = endpoint_state(0), endpoint_state(1), endpoint_state(2)
+    endpoints = [
+        dataclasses.replace(
+            fast, endpoint=dataclasses.replace(fast.endpoint, labels={"accelerator": "h100"})
+        ),
+        dataclasses.replace(slow, endpoint=dataclasses.replace(slow.endpoint, labels={"accelerator": "l4"})),
+        unlabeled,
+    ]
+    run(plugin.produce(make_request(list(range(50))), endpoints, CycleState()))
+    classes = [row["endpoint_class"] for row in fake.calls[0]]
+    assert classes == [endpoint_class_code("h100"), endpoint_class_code("l4"), 0]
+    assert len(set(classes)) == 3
+    FeatureRow.model_validate(fake.calls[0][1])
+    run(producer(fake).produce(make_request(list(range(50))), endpoints, CycleState()))
+    assert [row["endpoint_class"] for row in fake.calls[1]] == [0, 0, 0]  # no label named: class 0
 
 
 def test_a_prompt_cached_where_there_is_no_queue_is_not_predicted() -> None:

@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import random
 from collections import Counter
 
-from epp.plugins.kv_cache_utilization_scorer import KVCacheUtilizationScorer
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from epp.plugins.kv_cache_utilization_scorer import KVCacheUtilizationParameters, KVCacheUtilizationScorer
 from epp.plugins.pickers import MaxScorePicker, PickerParameters, RandomPicker, WeightedRandomPicker
 from epp.plugins.prefix_cache import (
     PREFIX_MATCH,
@@ -12,8 +17,8 @@ from epp.plugins.prefix_cache import (
 )
 from epp.plugins.queue_scorer import QueueScorer
 from epp.scheduling.framework import CycleState, NoParameters, PluginContext, ScoredEndpoint
-from epp.scheduling.types import SchedulingResult
-from tests.epp.factories import endpoint_state, make_request
+from epp.scheduling.types import EndpointState, SchedulingResult
+from tests.epp.factories import FakeClock, endpoint_state, make_request
 
 
 def test_queue_scorer_is_min_max_inverse(context: PluginContext) -> None:
@@ -25,9 +30,49 @@ def test_queue_scorer_is_min_max_inverse(context: PluginContext) -> None:
 
 
 def test_kv_scorer_prefers_free_cache(context: PluginContext) -> None:
-    scorer = KVCacheUtilizationScorer("kv", NoParameters(), context)
+    scorer = KVCacheUtilizationScorer("kv", KVCacheUtilizationParameters(), context)
     endpoints = [endpoint_state(0, kv=0.25), endpoint_state(1, kv=1.0)]
     assert scorer.score(make_request([]), endpoints, CycleState()) == [0.75, 0.0]
+
+
+def _sized(i: int, kv: float, blocks: int | None) -> EndpointState:
+    state = endpoint_state(i, kv=kv)
+    state.metrics.num_gpu_blocks = blocks
+    return state
+
+
+def test_kv_scorer_by_blocks_compares_free_blocks_across_cache_sizes(context: PluginContext) -> None:
+    scorer = KVCacheUtilizationScorer("kv", KVCacheUtilizationParameters(measure="blocks"), context)
+    # Half free on 29,000 blocks is 14,500 free; 80% free on 8,000 is 6,400; full holds none.
+    endpoints = [_sized(0, 0.5, 29_000), _sized(1, 0.2, 8_000), _sized(2, 1.0, 8_000)]
+    assert scorer.score(make_request([]), endpoints, CycleState()) == pytest.approx(
+        [1.0, 6_400 / 14_500, 0.0]
+    )
+    percent = KVCacheUtilizationScorer("kv", KVCacheUtilizationParameters(), context)
+    assert percent.score(make_request([]), endpoints, CycleState()) == pytest.approx([0.5, 0.8, 0.0])
+
+
+def test_kv_scorer_by_blocks_falls_back_to_percent_while_a_size_is_unknown(context: PluginContext) -> None:
+    scorer = KVCacheUtilizationScorer("kv", KVCacheUtilizationParameters(measure="blocks"), context)
+    endpoints = [_sized(0, 0.5, 29_000), _sized(1, 0.2, None)]
+    assert scorer.score(make_request([]), endpoints, CycleState()) == pytest.approx([0.5, 0.8])
+    full = [_sized(0, 1.0, 29_000), _sized(1, 1.0, 8_000)]
+    assert scorer.score(make_request([]), full, CycleState()) == [0.0, 0.0]
+
+
+@given(
+    usage=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8),
+    blocks=st.integers(1, 100_000),
+)
+def test_kv_scorer_by_blocks_on_one_cache_size_is_percent_rescaled(usage: list[float], blocks: int) -> None:
+    context = PluginContext(clock=FakeClock(), rng=random.Random(0))
+    endpoints = [_sized(i, u, blocks) for i, u in enumerate(usage)]
+    by_blocks = KVCacheUtilizationScorer("kv", KVCacheUtilizationParameters(measure="blocks"), context)
+    by_percent = KVCacheUtilizationScorer("kv", KVCacheUtilizationParameters(), context)
+    b = by_blocks.score(make_request([]), endpoints, CycleState())
+    p = by_percent.score(make_request([]), endpoints, CycleState())
+    most = max(p)
+    assert b == pytest.approx([x / most for x in p] if most > 0 else p)  # the same order and ties
 
 
 def test_prefix_producer_remembers_where_a_prompt_went(context: PluginContext) -> None:

@@ -21,6 +21,7 @@ from epp.app import HEALTH_SERVICES
 from epp.envoy_config import INFERENCE_API_PATHS
 from epp.k8s.pool import parse_pool
 from epp.main import parse_args as epp_args
+from epp.plugins.predicted_latency import PredictedLatencyParameters
 from epp.scheduling.config import EndpointPickerConfig
 from predictor.server import create_app as predictor_app
 from predictor.settings import PredictorSettings
@@ -376,3 +377,37 @@ def test_the_ext_authz_port_is_off_by_default_and_served_and_reachable_when_set(
     } in service["spec"]["ports"]
     gateway_rule = rendered.named("NetworkPolicy", EPP)["spec"]["ingress"][0]
     assert {"port": "http-ext-authz", "protocol": "TCP"} in gateway_rule["ports"]
+
+
+def test_an_endpoint_class_label_reaches_the_latency_producer() -> None:
+    label = "cloud.google.com/gke-accelerator"
+    rendered = render(
+        merged(GUIDE, {"inferenceExtension": {"latencyPredictor": {"endpointClassLabel": label}}})
+    )
+    settings, _ = epp_args(_containers(rendered)["epp"]["args"])
+    text = rendered.named("ConfigMap", f"{EPP}-config")["data"][Path(settings.config).name]
+    config = EndpointPickerConfig.model_validate(yaml.safe_load(text))
+    [producer] = [p for p in config.plugins if p.type == "predicted-latency-producer"]
+    assert PredictedLatencyParameters.model_validate(producer.parameters).endpoint_class_label == label
+    without = render(GUIDE)
+    assert (
+        text.replace(f'    endpointClassLabel: "{label}"\n', "")
+        == without.named("ConfigMap", f"{EPP}-config")["data"][Path(settings.config).name]
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"pluginsCustomConfig": {"custom.yaml": "plugins: []"}}, "set endpointClassLabel in its"),
+        ({"latencyPredictor": {"enabled": False}}, "has no predicted-latency-producer"),
+    ],
+)
+def test_an_endpoint_class_label_where_no_shipped_producer_takes_it_is_refused(
+    override: dict[str, Any], message: str
+) -> None:
+    values = merged(
+        GUIDE, {"inferenceExtension": {"latencyPredictor": {"endpointClassLabel": "accelerator"}}}
+    )
+    with pytest.raises(HelmFailed, match=message):
+        render(merged(values, {"inferenceExtension": override}))

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from epp.datalayer.static_file import load_endpoints
 from sim import stack
+from sim.engine.pool import PROFILE_LABEL
 from sim.stack import LocalStack, StackConfig
 
 
@@ -34,3 +36,14 @@ def test_a_bad_pool_is_refused_before_anything_starts(pool: str, capsys: pytest.
         stack.main(["--sim-profile", pool])
     assert exit_info.value.code == 2
     assert "usage: llm-epp-stack" in capsys.readouterr().err
+
+
+def test_the_epp_sees_each_replicas_variant_as_a_label(tmp_path: Path) -> None:
+    config = StackConfig(replicas=3, sim_profile="default:2,default+slowdown=2.5:1", workdir=tmp_path)
+    local = LocalStack(config)
+    endpoints = load_endpoints(local.write_endpoints())
+    assert [e.labels for e in endpoints] == [
+        {PROFILE_LABEL: "default"},
+        {PROFILE_LABEL: "default"},
+        {PROFILE_LABEL: "default+slowdown=2.5"},
+    ]

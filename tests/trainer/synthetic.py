@@ -22,6 +22,7 @@ ROW_FIELDS = (
     "pod_type",
     "prefill_tokens_in_flight",
     "decode_tokens_in_flight",
+    "endpoint_class",
 )
 
 
@@ -54,6 +55,7 @@ def feature_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
             "pod_type": "",
             "prefill_tokens_in_flight": int(rng.integers(0, 20_000)),
             "decode_tokens_in_flight": int(rng.integers(0, 50_000)),
+            "endpoint_class": 0,
         }
         for _ in range(n)
     ]

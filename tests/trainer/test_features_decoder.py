@@ -70,6 +70,7 @@ VALID_ROW = st.fixed_dictionaries(
         "pod_type": st.sampled_from(["", "prefill", "decode"]),
         "prefill_tokens_in_flight": st.integers(0, 10_000_000),
         "decode_tokens_in_flight": st.integers(0, 10_000_000),
+        "endpoint_class": st.integers(0, (1 << 24) - 1),
     },
 )
 

@@ -20,6 +20,7 @@ from trainer.training import (
     monotone_constraints,
     train_model,
 )
+from wire.latency import endpoint_class_code
 
 
 def dataset(n: int, seed: int = 0, noise: float = 0.02) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -177,3 +178,28 @@ def test_monotone_constraints_follow_the_feature_columns() -> None:
     assert sum(map(abs, directions)) == 2
     with pytest.raises(ValueError, match="not feature columns"):
         monotone_constraints({"prompt_colour": 1})
+
+
+def test_a_model_learns_each_endpoint_class_speed_from_its_samples() -> None:
+    """Two classes at the same loads, one 2.5x slower: the model predicts each class its own
+    latency, where without the class it could only predict their mix."""
+    samples = training_samples(4000)
+    slow = endpoint_class_code("slow-accelerator")
+    for i, sample in enumerate(samples):
+        if i % 4 == 0:  # a quarter of the pool is slow
+            sample.update(
+                endpoint_class=slow,
+                actual_ttft_ms=2.5 * sample["actual_ttft_ms"],
+                actual_tpot_ms=2.5 * sample["actual_tpot_ms"],
+            )
+    columns = TRAINING_SAMPLE_DECODER.decode(samples)
+    features = matrix_from_columns(columns)
+    settings = TrainingSettings()
+    model = train_model(features, columns["actual_ttft_ms"], settings, np.random.default_rng(0))
+    fresh = training_samples(500, seed=5)
+    fast_features = matrix_from_columns(TRAINING_SAMPLE_DECODER.decode(fresh))
+    slow_features = fast_features.copy()
+    slow_features[:, FEATURE_COLUMNS.index("endpoint_class")] = slow
+    fast = latency_from_margin(model.booster.inplace_predict(fast_features), settings.target_transform)
+    slowed = latency_from_margin(model.booster.inplace_predict(slow_features), settings.target_transform)
+    assert 2.2 < float(np.median(slowed / fast)) < 2.8

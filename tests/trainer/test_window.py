@@ -1,4 +1,5 @@
-"""The stratified window: which bucket a sample lands in, per-bucket bounds and eviction."""
+"""The stratified window: which bucket a sample lands in, per-bucket bounds and eviction, and
+each endpoint class's buckets apart."""
 
 from __future__ import annotations
 
@@ -7,18 +8,23 @@ import pytest
 
 from trainer.features import FEATURE_COLUMNS
 from trainer.window import KV_STEPS, NUM_BUCKETS, PREFIX_STEPS, StratifiedWindow, bucket_label, bucket_of
+from wire.latency import MAX_ENDPOINT_CLASS, endpoint_class_code
 
 WAITING = FEATURE_COLUMNS.index("num_request_waiting")
 KV = FEATURE_COLUMNS.index("kv_cache_percentage")
 PREFIX = FEATURE_COLUMNS.index("prefix_cache_score")
 LENGTH = FEATURE_COLUMNS.index("input_token_length")
+CLASS = FEATURE_COLUMNS.index("endpoint_class")
 
 
-def rows(waiting: float, kv: float, prefix: float, count: int = 1, first_id: int = 0) -> np.ndarray:
+def rows(
+    waiting: float, kv: float, prefix: float, count: int = 1, first_id: int = 0, endpoint_class: int = 0
+) -> np.ndarray:
     """``count`` feature rows in one regime; ``input_token_length`` numbers them."""
     matrix = np.zeros((count, len(FEATURE_COLUMNS)), np.float32)
     matrix[:, WAITING], matrix[:, KV], matrix[:, PREFIX] = waiting, kv, prefix
     matrix[:, LENGTH] = np.arange(first_id, first_id + count)
+    matrix[:, CLASS] = endpoint_class
     return matrix
 
 
@@ -129,7 +135,35 @@ def test_status_lists_nonempty_buckets() -> None:
     status = window.status()
     assert status["samples"] == 2
     assert status["added_total"] == 2
-    assert status["buckets"] == [{"queue": "1-2", "kv_percent": "10-15", "prefix_quartile": "q4", "count": 2}]
+    assert status["buckets"] == [
+        {"endpoint_class": 0, "queue": "1-2", "kv_percent": "10-15", "prefix_quartile": "q4", "count": 2}
+    ]
+    assert status["endpoint_classes"] == 1
+
+
+def test_a_rare_class_keeps_its_samples_through_a_flood_from_a_common_one() -> None:
+    window = StratifiedWindow(len(FEATURE_COLUMNS), bucket_capacity=3)
+    rare = endpoint_class_code("nvidia-l4")
+    window.add(rows(0, 0.1, 0.1, count=2, first_id=100, endpoint_class=rare), np.array([100.0, 101.0]))
+    common = endpoint_class_code("nvidia-h100-80gb")
+    window.add(rows(0, 0.1, 0.1, count=50, endpoint_class=common), np.arange(50.0))  # the same regime
+    features, targets = window.snapshot()
+    assert sorted(targets.tolist()) == [47.0, 48.0, 49.0, 100.0, 101.0]
+    assert sorted(features[:, CLASS].tolist()) == sorted([float(common)] * 3 + [float(rare)] * 2)
+    status = window.status()
+    assert status["endpoint_classes"] == 2
+    assert sorted((b["endpoint_class"], b["count"]) for b in status["buckets"]) == sorted(
+        [(common, 3), (rare, 2)]
+    )
+
+
+def test_class_codes_are_stable_nonzero_and_exact_in_float32() -> None:
+    assert endpoint_class_code("") == 0
+    codes = {endpoint_class_code(f"class-{i}") for i in range(1000)}
+    assert len(codes) == 1000 and 0 not in codes
+    assert all(code <= MAX_ENDPOINT_CLASS and float(np.float32(code)) == code for code in codes)
+    # Pinned: EPP replicas of different releases and the trainer's window must agree on it.
+    assert endpoint_class_code("nvidia-h100-80gb") == 9865865
 
 
 def test_add_refuses_mismatched_shapes() -> None:
