@@ -65,7 +65,9 @@ class TrainerSettings(TrainingSettings):
     # not publish them; on the fleet simulator (agentic-weka x4, seeds 0-2, first 150 s) 40 routed
     # 636 requests on predictions against 420 with 100, at the same TTFT.
     min_samples: int = Field(40, ge=10, description="samples a model's window needs before it is trained")
-    bucket_capacity: int = Field(500, ge=1, le=100_000, description="samples kept per window bucket")
+    bucket_capacity: int = Field(
+        500, ge=1, le=100_000, description="samples kept per window bucket (of each endpoint class)"
+    )
     keep_versions: int = Field(3, ge=1, le=100, description="model versions kept on disk")
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger request bodies get 413")
 
