@@ -11,11 +11,14 @@ and the few endpoints of a rare class are not forgotten.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
 from trainer.features import FEATURE_COLUMNS
+
+log = logging.getLogger(__name__)
 
 QUEUE_EDGES = np.array([1, 3, 6, 11])
 """Lower bounds of the queue buckets after the first: 0 | 1–2 | 3–5 | 6–10 | 11+."""
@@ -48,6 +51,12 @@ def bucket_label(bucket: int) -> dict[str, str]:
         "kv_percent": f"{kv * step}-{(kv + 1) * step}",
         "prefix_quartile": f"q{prefix + 1}",
     }
+
+
+MAX_ENDPOINT_CLASSES = 64
+"""Classes a window holds samples of; later ones' samples are refused. A pool has a handful
+(accelerator types × serving configs), and each class may hold 400 buckets' worth of samples, so
+the bound is what keeps the window's memory bounded whatever codes arrive."""
 
 
 def stratum_of(features: np.ndarray) -> np.ndarray:
@@ -93,8 +102,11 @@ class StratifiedWindow:
         self.n_features = n_features
         self.bucket_capacity = bucket_capacity
         self._rings: dict[int, _Ring] = {}
+        self._classes: set[int] = set()
         self.added_total = 0
         """Samples ever added (evicted ones included): changes whenever the window does."""
+        self.refused_total = 0
+        """Samples refused because their class came after ``MAX_ENDPOINT_CLASSES`` others."""
 
     def __len__(self) -> int:
         return sum(ring.filled for ring in self._rings.values())
@@ -107,9 +119,10 @@ class StratifiedWindow:
         """Add samples in arrival order; each stratum evicts its oldest beyond its capacity."""
         if features.ndim != 2 or features.shape[1] != self.n_features or len(targets) != len(features):
             raise ValueError(f"expected an (n, {self.n_features}) matrix and n targets")
+        strata = stratum_of(features)
+        features, targets, strata = self._admitted(features, targets, strata)
         if len(features) == 0:
             return
-        strata = stratum_of(features)
         order = np.argsort(strata, kind="stable")  # stable: arrival order within a stratum
         sorted_strata = strata[order]
         starts = np.flatnonzero(np.r_[True, sorted_strata[1:] != sorted_strata[:-1]])
@@ -122,6 +135,25 @@ class StratifiedWindow:
                 ring = self._rings[stratum] = _Ring(self.bucket_capacity, self.n_features)
             ring.append(features[rows], targets[rows])
         self.added_total += len(features)
+
+    def _admitted(
+        self, features: np.ndarray, targets: np.ndarray, strata: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The samples whose class the window holds or has room for (new classes in code order)."""
+        classes = strata // NUM_BUCKETS
+        new = sorted(set(np.unique(classes).tolist()) - self._classes)
+        room = max(MAX_ENDPOINT_CLASSES - len(self._classes), 0)
+        self._classes.update(new[:room])
+        refused = new[room:]
+        if not refused:
+            return features, targets, strata
+        keep = ~np.isin(classes, refused)
+        if self.refused_total == 0:
+            log.warning(
+                "more than %d endpoint classes: samples of classes %s refused", MAX_ENDPOINT_CLASSES, refused
+            )
+        self.refused_total += int((~keep).sum())
+        return features[keep], targets[keep], strata[keep]
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of every held sample: the feature matrix and the targets (stratum by stratum)."""
@@ -141,7 +173,8 @@ class StratifiedWindow:
             "bucket_capacity": self.bucket_capacity,
             "buckets_used": len(strata),
             "buckets_per_class": NUM_BUCKETS,
-            "endpoint_classes": len({stratum // NUM_BUCKETS for stratum, _ in strata}),
+            "endpoint_classes": len(self._classes),
+            "refused_samples": self.refused_total,
             "buckets": [
                 {
                     "endpoint_class": stratum // NUM_BUCKETS,

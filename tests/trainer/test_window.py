@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 
 from trainer.features import FEATURE_COLUMNS
-from trainer.window import KV_STEPS, NUM_BUCKETS, PREFIX_STEPS, StratifiedWindow, bucket_label, bucket_of
+from trainer.window import (
+    KV_STEPS,
+    MAX_ENDPOINT_CLASSES,
+    NUM_BUCKETS,
+    PREFIX_STEPS,
+    StratifiedWindow,
+    bucket_label,
+    bucket_of,
+)
 from wire.latency import MAX_ENDPOINT_CLASS, endpoint_class_code
 
 WAITING = FEATURE_COLUMNS.index("num_request_waiting")
@@ -172,3 +180,18 @@ def test_add_refuses_mismatched_shapes() -> None:
         window.add(np.zeros((2, 3), np.float32), np.ones(2))
     with pytest.raises(ValueError):
         window.add(rows(0, 0, 0, count=2), np.ones(3))
+
+
+def test_classes_beyond_the_bound_are_refused_and_counted() -> None:
+    window = StratifiedWindow(len(FEATURE_COLUMNS), bucket_capacity=2)
+    held = np.concatenate([rows(0, 0.1, 0.1, endpoint_class=c) for c in range(1, MAX_ENDPOINT_CLASSES + 1)])
+    window.add(held, np.ones(MAX_ENDPOINT_CLASSES))
+    late = MAX_ENDPOINT_CLASSES + 1
+    window.add(rows(0, 0.1, 0.1, count=3, endpoint_class=late), np.full(3, 9.0))
+    window.add(rows(0, 0.1, 0.1, count=2, endpoint_class=1, first_id=50), np.full(2, 5.0))  # a held class
+    features, targets = window.snapshot()
+    assert late not in features[:, CLASS].tolist() and 9.0 not in targets.tolist()
+    assert targets.tolist().count(5.0) == 2
+    status = window.status()
+    assert (status["endpoint_classes"], status["refused_samples"]) == (MAX_ENDPOINT_CLASSES, 3)
+    assert window.added_total == MAX_ENDPOINT_CLASSES + 2
