@@ -7,7 +7,7 @@
                                        JSON → 400; body over ``max_body_bytes`` → 413
 ``POST /retrain``                      → 202: retrain now (the EPP saw its predictions drift)
                                        instead of at the next interval; token-guarded
-``GET /data/status``                   window sizes, per bucket
+``GET /data/status``                   window sizes, per bucket of each endpoint class
 ``GET /model/download/info``           the current manifest (404 before the first version)
 ``GET /model/{ttft|tpot}/info``        that model's manifest entry (plus llm-d's
                                        ``last_modified``)
