@@ -283,19 +283,16 @@ class LocalStack:
         indexes = range(self.config.replicas) if indexes is None else indexes
         endpoints = [("127.0.0.1", self.replica_ports[i]) for i in indexes]
         write_cluster_endpoints(self.cluster_endpoints_file, endpoints)
+        labels = None  # a simulated replica carries its variant, as a pod carries its accelerator
+        if self.config.engine == "sim":
+            variants = pool_variants(self.config.sim_profile, self.config.replicas)
+            labels = [{PROFILE_LABEL: variants[i]} for i in indexes]
         return write_endpoints_file(
             self.workdir / "endpoints.yaml",
             endpoints,
             [self.kv_event_sockets(i) for i in indexes] if self.config.kv_events else None,
-            [self.replica_labels(i) for i in indexes],
+            labels,
         )
-
-    def replica_labels(self, index: int) -> dict[str, str]:
-        """Replica ``index``'s labels: a simulated one's profile variant (``PROFILE_LABEL``), as a
-        real pod carries its accelerator type."""
-        if self.config.engine == "vllm":
-            return {}
-        return {PROFILE_LABEL: pool_variants(self.config.sim_profile, self.config.replicas)[index]}
 
     def kv_event_sockets(self, index: int) -> tuple[str, str]:
         """Replica ``index``'s KV-event publisher and replay sockets (``ipc://`` in the workdir)."""

@@ -21,6 +21,7 @@ each class's speed from its samples, and the trainer keeps every class's samples
 
 from __future__ import annotations
 
+import functools
 import typing
 from typing import Literal, TypedDict
 
@@ -35,6 +36,7 @@ MAX_ENDPOINT_CLASS = (1 << 24) - 1
 """Codes stay below 2**24, where float32 (the model's input) holds every integer exactly."""
 
 
+@functools.lru_cache(maxsize=4096)  # asked per candidate endpoint of every request; few values
 def endpoint_class_code(value: str) -> int:
     """The ``endpoint_class`` of an endpoint whose class label has ``value``: 0 for "" (no label,
     unknown), else a stable code in 1..MAX_ENDPOINT_CLASS (the same in every process and release,

@@ -171,7 +171,6 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         self.corrections = (
             EndpointCorrections(params.correction_half_life) if params.endpoint_correction else None
         )
-        self._class_codes: dict[str, int] = {}
 
     def produce(self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState):
         match = state.get(PREFIX_MATCH)
@@ -202,11 +201,7 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         label = self.params.endpoint_class_label
         if label is None:
             return 0
-        value = endpoint.labels.get(label, "")
-        code = self._class_codes.get(value)
-        if code is None:
-            code = self._class_codes[value] = endpoint_class_code(value)
-        return code
+        return endpoint_class_code(endpoint.labels.get(label, ""))
 
     def _cached_without_queue(
         self, endpoints: Sequence[EndpointState], rows: dict[str, FeatureRowDict]
