@@ -48,6 +48,7 @@ from epp.observability.recent import RecentDecisions
 from epp.observability.server import start_metrics_server
 from epp.observability.tracing import RequestTracer, otlp_tracer_provider
 from epp.pipeline_metrics import export_producer_failures
+from epp.plugins.endpoint_speed import find_endpoint_speeds
 from epp.plugins.predicted_latency import find_predicted_latency
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.completion_log import MeteringSettings
@@ -169,6 +170,8 @@ class EppApp:
                 )
         if token_load is not None:
             self.pool_metrics.export_token_load(token_load.tracker, token_load.peers if self.sync else None)
+        if (speeds := find_endpoint_speeds(self.pipeline.plugins.values())) is not None:
+            self.pool_metrics.export_endpoint_speeds(speeds)
         # The live page's recent decisions.
         self.recent = RecentDecisions()
         self.lifecycle.add_observer(self.recent)

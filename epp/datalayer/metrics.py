@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.kvcache.precise_index import PreciseIndex
+from epp.load.endpoint_speed import EndpointSpeeds
 from epp.load.peer_totals import PeerTotals
 from epp.load.token_load import TokenLoadTracker
 
@@ -22,6 +23,7 @@ PREFILL_TOKENS_IN_FLIGHT = "llm_epp_endpoint_prefill_tokens_in_flight"
 DECODE_TOKENS_IN_FLIGHT = "llm_epp_endpoint_decode_tokens_in_flight"
 KV_TOKENS_IN_FLIGHT = "llm_epp_endpoint_kv_tokens_in_flight"
 EXPECTED_OUTPUT_TOKENS_IN_FLIGHT = "llm_epp_endpoint_expected_output_tokens_in_flight"
+ENDPOINT_SLOWNESS = "llm_epp_endpoint_slowness"
 TOKEN_LOAD_GAUGES = (
     PREFILL_TOKENS_IN_FLIGHT,
     DECODE_TOKENS_IN_FLIGHT,
@@ -38,6 +40,7 @@ class _PoolCollector(Collector):
         self.pool, self.store, self.clock = pool, store, clock
         self.token_load: TokenLoadTracker | None = None
         self.peers_token_load: PeerTotals | None = None
+        self.speeds: EndpointSpeeds | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["name", "model_server_pod"]
@@ -80,6 +83,16 @@ class _PoolCollector(Collector):
         yield from (queue, kv, running, in_flight, age, healthy, ready)
         if self.token_load is not None:
             yield from self._token_load(self.token_load, [s.name for s in states])
+        if self.speeds is not None:
+            slowness = GaugeMetricFamily(
+                ENDPOINT_SLOWNESS,
+                "The endpoint's decode step time over the pool's typical one under the same load, "
+                "measured from its requests (1 until measured); token-load scoring multiplies its cost by it",
+                labels=labels,
+            )
+            for s in states:
+                slowness.add_metric([self.pool, s.name], self.speeds.slowness(s.name))
+            yield slowness
 
     def _token_load(self, tracker: TokenLoadTracker, names: list[str]) -> Iterator[GaugeMetricFamily]:
         # "Routed by this EPP" includes, with replica sync, what its peers routed (as scoring sees it).
@@ -167,6 +180,10 @@ class PoolMetrics:
         ``peers``' (the load synced from peer replicas) when given."""
         self._pool.token_load = tracker
         self._pool.peers_token_load = peers
+
+    def export_endpoint_speeds(self, speeds: EndpointSpeeds) -> None:
+        """Export each endpoint's measured slowness (the pipeline's ``endpoint-speed-producer``)."""
+        self._pool.speeds = speeds
 
     def track_kv_index(self, index: PreciseIndex) -> None:
         """Export ``index`` per endpoint (blocks, staleness) and its memory."""

@@ -4,6 +4,7 @@ policies and saturation detectors, which live in ``epp.flowcontrol``)."""
 from epp.flowcontrol import fairness, ordering, saturation  # noqa: F401
 from epp.plugins import (  # noqa: F401
     candidate_sampler,
+    endpoint_speed,
     kv_affinity,
     kv_cache_utilization_scorer,
     latency_scorer,

@@ -20,6 +20,9 @@ not a queue): ``work = prefill tokens routed there and not yet prefilled + this 
 tokens not cached there``, scored ``(lowest work + S) / (work + S)`` with ``S`` = 1,024
 tokens, about what an engine step's fixed cost is worth in prefill (16.5 ms against 0.015 ms a
 token in the ``default`` profile), so that equal work ties and a few hundred tokens barely count.
+With ``endpoint-speed-producer`` in the config, each endpoint's ``work + S`` is multiplied by its
+measured slowness: until the model is trained, a replica 2.5 times slower is scored by the time
+its work takes, not sent as much as the others.
 
 =========================  =======  ======================================================
 parameter                  default  meaning
@@ -54,7 +57,7 @@ from epp.load.token_load import NO_LOAD
 from epp.plugins.kv_cache_utilization_scorer import free_kv_scores
 from epp.plugins.prefix_cache import PREFIX_MATCH, prefix_scores
 from epp.plugins.token_load import TOKEN_LOAD
-from epp.scheduling.cycle_data import EXPECTED_OUTPUT
+from epp.scheduling.cycle_data import ENDPOINT_SPEED, EXPECTED_OUTPUT
 from epp.scheduling.framework import CycleState, PluginParameters, Scorer
 from epp.scheduling.registry import register
 from epp.scheduling.scores import min_max_inverse
@@ -104,18 +107,26 @@ def prefill_work_scores(
     request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
 ) -> list[float] | None:
     """The prefill work the request would wait for and do on each endpoint, from the EPP's
-    token load, as a score in (0, 1]; None without a token load in ``state``."""
+    token load (in time, where ``ENDPOINT_SPEED`` measures each endpoint's slowness), as a score
+    in (0, 1]; None without a token load in ``state``."""
     loads = state.get(TOKEN_LOAD)
     if loads is None:
         return None
     match = state.get(PREFIX_MATCH)
     isl = request.input_tokens
+    slowness = state.get(ENDPOINT_SPEED) or {}
     work = [
-        loads.get(e.name, NO_LOAD).prefill_tokens + isl - (match.cached_tokens(e.name, isl) if match else 0)
+        (
+            loads.get(e.name, NO_LOAD).prefill_tokens
+            + isl
+            - (match.cached_tokens(e.name, isl) if match else 0)
+            + _STEP_TOKENS
+        )
+        * slowness.get(e.name, 1.0)
         for e in endpoints
     ]
     lowest = min(work)
-    return [(lowest + _STEP_TOKENS) / (w + _STEP_TOKENS) for w in work]
+    return [lowest / w for w in work]
 
 
 def fallback_scores(

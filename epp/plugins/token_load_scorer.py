@@ -34,6 +34,12 @@ replicaMoveMargin     0        on synced EPP replicas only (below): extra cost o
 expectedOutputWeight  0        weight of a block of expected remaining output (above)
 ====================  =======  ==========================================================
 
+With ``endpoint-speed-producer`` in the config (``ENDPOINT_SPEED``), each endpoint's cost is
+multiplied by its measured slowness, so the cost counts the time its work takes rather than its
+tokens: on a pool of 2 engines and 2 engines 2.5 times slower, a slow one with 400 blocks costs
+what a fast one with 1,000 does. Without it (or on an endpoint not yet measured) costs are in
+blocks as above.
+
 ``replicaMoveMargin`` (m). Synced replicas see each other's picks a sync lag late, so in a burst
 (RL rollouts whose turns all end together) each replica reads an endpoint as emptier than it is
 by what its peers sent there in the last lag, and several move conversations onto the same
@@ -54,7 +60,7 @@ from collections.abc import Callable, Sequence
 from pydantic import Field
 
 from epp.load.token_load import NO_LOAD
-from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
+from epp.scheduling.cycle_data import ENDPOINT_SPEED, PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import CycleState, PluginContext, PluginParameters, Scorer
 from epp.scheduling.registry import register
 from epp.scheduling.scores import min_max_inverse
@@ -73,6 +79,7 @@ class TokenLoadScorer(Scorer):
     type_name = "token-load-scorer"
     Parameters = TokenLoadScorerParameters
     consumes = (TOKEN_LOAD, PREFIX_MATCH)
+    reads_if_present = (ENDPOINT_SPEED,)
     params: TokenLoadScorerParameters
 
     def __init__(self, name: str, params: TokenLoadScorerParameters, context: PluginContext) -> None:
@@ -87,8 +94,9 @@ class TokenLoadScorer(Scorer):
     def costs(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
     ) -> list[float]:
-        """Each candidate's cost in blocks (lower is better)."""
+        """Each candidate's cost in blocks, times its slowness where measured (lower is better)."""
         loads = state.get(TOKEN_LOAD) or {}
+        slowness = state.get(ENDPOINT_SPEED) or {}
         match = state.get(PREFIX_MATCH)
         isl = request.input_tokens
         block = self.params.block_size_tokens
@@ -100,7 +108,7 @@ class TokenLoadScorer(Scorer):
             overlap = match.cached_tokens(e.name, isl) if match else 0
             prefill = load.prefill_tokens + isl - overlap
             decode = load.kv_tokens + future * load.expected_remaining_tokens
-            costs.append(scale * prefill / block + decode / block)
+            costs.append((scale * prefill / block + decode / block) * slowness.get(e.name, 1.0))
         margin = self._move_margin(isl) if match is not None and match.matched_blocks else 0.0
         if margin and match is not None:
             home = max(match.matched_blocks.values())

@@ -13,6 +13,7 @@ key                written by                       read by
 ``TOKEN_LOAD``     token-load-producer (default)    token-load-scorer, power-of-two,
                                                     session-affinity, predicted-latency-producer
 ``EXPECTED_OUTPUT``  token-load-producer (default)  token-load-scorer, latency-scorer
+``ENDPOINT_SPEED``   endpoint-speed-producer        token-load-scorer (when present)
 =================  ===============================  ===============================================
 
 The predicted-latency producer's own keys (``LATENCY_PREDICTIONS``, ``PREDICTION_FALLBACK``,
@@ -52,6 +53,10 @@ PREFIX_MATCH: DataKey[PrefixMatch] = DataKey("prefix-cache-match")
 
 TOKEN_LOAD: DataKey[dict[str, EndpointLoad]] = DataKey("token-load")
 """Each candidate's booked token load (prefill, decode, KV) by endpoint name, before this request."""
+
+ENDPOINT_SPEED: DataKey[dict[str, float]] = DataKey("endpoint-speed")
+"""Each candidate's measured slowness by endpoint name: its decode step time over the pool's
+typical one at the same batch (``epp.load.endpoint_speed``; 1 when not yet measured)."""
 
 EXPECTED_OUTPUT: DataKey[ExpectedOutput] = DataKey("expected-output")
 """The request's expected output tokens and their source (``epp.load.output_length``)."""

@@ -17,12 +17,17 @@ from epp.latency.predictions import (
     LatencyPredictions,
 )
 from epp.load.token_load import EndpointLoad
-from epp.plugins.latency_scorer import LatencyScorer, LatencyScorerParameters, composite_heuristic
+from epp.plugins.latency_scorer import (
+    LatencyScorer,
+    LatencyScorerParameters,
+    composite_heuristic,
+    prefill_work_scores,
+)
 from epp.plugins.latency_slo_admitter import LatencySloAdmitter, LatencySloAdmitterParameters
 from epp.plugins.prefix_affinity_filter import PrefixAffinityParameters, PrefixCacheAffinityFilter
 from epp.plugins.slo_headroom_tier_filter import SloHeadroomTierFilter, SloHeadroomTierParameters
 from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
-from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
+from epp.scheduling.cycle_data import ENDPOINT_SPEED, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
@@ -302,6 +307,21 @@ def test_with_the_token_load_the_fallback_also_weighs_the_prefill_work_ahead() -
     assert long_prefill[1] - long_prefill[0] > 0.4  # 17k tokens of prefill to wait for and do, against 1k
     few_tokens = scores(200)
     assert 0 < few_tokens[1] - few_tokens[0] < 0.05  # a few hundred tokens: about a tie
+
+
+def test_with_measured_speeds_the_fallback_weighs_prefill_work_in_time() -> None:
+    """Without speeds a 1k-token prompt ties on two empty endpoints; with e1 measured 2.5 times
+    slower, its work takes 2.5 times as long and it scores 1/2.5 of e0 on that half."""
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    request = make_request(list(range(1000)))
+    state = state_with(None)
+    state.put(TOKEN_LOAD, {})
+    assert prefill_work_scores(request, endpoints, state) == [1.0, 1.0]
+    state.put(ENDPOINT_SPEED, {"e0": 0.8, "e1": 2.0})
+    assert prefill_work_scores(request, endpoints, state) == pytest.approx([1.0, 0.4])
+    state.put(TOKEN_LOAD, {"e0": EndpointLoad(requests=2, prefill_tokens=6_000)})
+    # e0: (6,000 + 1,000 + 1,024) · 0.8 = 6,419;  e1: (1,000 + 1,024) · 2 = 4,048
+    assert prefill_work_scores(request, endpoints, state) == pytest.approx([4048 / 6419.2, 1.0])
 
 
 def test_the_fallback_ranks_endpoints_as_the_gie_default_profile_does() -> None:

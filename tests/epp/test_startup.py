@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from epp.app import TOKENIZER_FILES, EppApp
+from epp.load.endpoint_speed import DecodeConditions
 from epp.main import parse_args
+from epp.plugins.endpoint_speed import find_endpoint_speeds
+from epp.scheduling.types import Endpoint
 from epp.tokenization import TINY_MODEL_DIR
 from sim.processes import BIN, write_endpoints_file
 
@@ -65,3 +68,33 @@ def test_the_estimate_source_routes_on_counts_from_the_text_and_says_so(tmp_path
         result.returncode == 2
         and "--tokenizer-dir is for --tokenizer-source dir, not estimate" in result.stderr
     )
+
+
+def test_measured_endpoint_speeds_are_exported_per_endpoint(tmp_path: Path) -> None:
+    endpoints = write_endpoints_file(tmp_path / "endpoints.yaml", [("127.0.0.1", 1), ("127.0.0.1", 2)])
+    config = tmp_path / "speed.yaml"
+    config.write_text(
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+        "- type: endpoint-speed-producer\n- type: token-load-scorer\n"
+    )
+    base = ["--endpoints-file", str(endpoints), "--tokenizer-dir", str(TINY_MODEL_DIR)]
+    app = EppApp(parse_args([*base, "--config", str(config)])[0])
+    fast, slow = "replica-0", "replica-1"
+    app.store.replace(
+        [Endpoint(fast, "127.0.0.1", 1), Endpoint(slow, "127.0.0.1", 2)]
+    )  # as the file source will
+
+    def slowness(endpoint: str) -> float | None:
+        labels = {"name": app.settings.pool_name, "model_server_pod": endpoint}
+        return app.registry.get_sample_value("llm_epp_endpoint_slowness", labels)
+
+    assert (slowness(fast), slowness(slow)) == (1.0, 1.0)  # not measured yet
+    speeds = find_endpoint_speeds(app.pipeline.plugins.values())
+    assert speeds is not None
+    for _ in range(10):
+        speeds.observe(fast, DecodeConditions(4, 0.0), 0.01)
+        speeds.observe(slow, DecodeConditions(4, 0.0), 0.04)
+    assert (slowness(fast), slowness(slow)) == (speeds.slowness(fast), speeds.slowness(slow))
+    assert slowness(slow) / slowness(fast) == pytest.approx(4.0, rel=0.1)
+    without = EppApp(parse_args(base)[0])  # gie-default measures no speeds
+    assert without.registry.get_sample_value("llm_epp_endpoint_slowness", {"name": "x"}) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,24 @@ def test_a_late_replica_is_offered_only_after_it_joins() -> None:
     assert any(r.replica != 2 for r in result.records if r.arrival >= 10.0)
     with pytest.raises(ValueError, match="from the start"):
         _run("random", Workload("join", sessions), replicas=1, joins_at_s=(1.0,))
+
+
+def test_measured_speeds_send_a_slow_replica_its_share_of_the_work(tmp_path: Path) -> None:
+    """Dynamo's token-load cost on one H100 beside one 3x slower, a request every 100 ms: counted
+    in tokens, the slow one is sent about a quarter of the requests (it holds each one longer);
+    with ``endpoint-speed-producer`` the cost counts time, and a request waits where its work
+    ends sooner, mostly on the fast one."""
+    sessions = [Session(f"r{i}", 0.1 * i, (Turn(2000, 200),)) for i in range(300)]
+    pool = "llama-3.1-8b-h100:1,llama-3.1-8b-h100+slowdown=3:1"
+    shipped = (Path(__file__).parents[2] / "epp/configs/dynamo-kv-t0.yaml").read_text()
+    timed = tmp_path / "dynamo-kv-timed.yaml"
+    producer = "- type: token-load-producer\n"
+    timed.write_text(shipped.replace(producer, producer + "- type: endpoint-speed-producer\n"))
+
+    def slow_share(router: str) -> float:
+        records = _run(router, Workload("steady", sessions), replicas=2, profile=pool).records
+        return sum(r.replica == 1 for r in records) / len(records)
+
+    in_tokens, in_time = slow_share("dynamo-kv-t0"), slow_share(str(timed))
+    assert in_tokens > 0.2
+    assert in_time < 0.7 * in_tokens
