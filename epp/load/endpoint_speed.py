@@ -159,6 +159,7 @@ class EndpointSpeeds:
         self._cells: dict[str, dict[tuple[int, int], list[float]]] = {}
         """Per endpoint and bin: [mean log TPOT, requests]."""
         self._log_slowness: dict[str, float] = {}
+        self._rounded: dict[str, float] = {}
         self._unfitted = 0
         self._observed = 0
         self._last_seen: dict[str, int] = {}
@@ -194,7 +195,7 @@ class EndpointSpeeds:
     def slowness(self, endpoint: str) -> float:
         """``endpoint``'s step time over the pool's typical one, in steps of ``SLOWNESS_STEP`` (1
         until it has been measured)."""
-        return math.exp(round(self._log_slowness.get(endpoint, 0.0) / SLOWNESS_STEP) * SLOWNESS_STEP)
+        return self._rounded.get(endpoint, 1.0)
 
     def measured_slowness(self, endpoint: str) -> float:
         """The same, unrounded."""
@@ -204,7 +205,6 @@ class EndpointSpeeds:
         gone = [e for e, seen in self._last_seen.items() if self._observed - seen > FORGET_AFTER]
         for endpoint in gone:
             del self._cells[endpoint], self._last_seen[endpoint]
-            self._log_slowness.pop(endpoint, None)
         self.counts.forget(gone)
 
     def _fit(self) -> None:
@@ -223,6 +223,7 @@ class EndpointSpeeds:
             centre = sum(by_endpoint.values()) / len(by_endpoint)
             s = {e: v - centre for e, v in by_endpoint.items()}
         self._log_slowness = s
+        self._rounded = {e: math.exp(round(v / SLOWNESS_STEP) * SLOWNESS_STEP) for e, v in s.items()}
 
 
 def _weighted_means(rows: Iterable[tuple[K, float, float]]) -> dict[K, float]:

@@ -1,7 +1,8 @@
 """``endpoint-speed-producer``: each endpoint's measured slowness (``ENDPOINT_SPEED``), no label needed.
 
 Learns, from each completed streamed request, how long the endpoint that served it takes per
-decode step against the pool's other endpoints at the same batch (``epp.load.endpoint_speed``),
+decode step against the pool's other endpoints under the same conditions (the batch, and the
+prompt tokens prefilled beside it; ``epp.load.endpoint_speed``),
 and writes each candidate's slowness before scheduling: 1 for the pool's typical endpoint (and
 for one not yet measured), 2.5 for an engine 2.5 times slower. With it in a config,
 ``token-load-scorer`` counts each endpoint's load in time rather than tokens, so a slow replica
@@ -16,8 +17,9 @@ first tokens there (their uncached prompt, by the prefix match), per decode step
 ========  =======  ====================================================================
 parameter default  meaning
 ========  =======  ====================================================================
-halfLife  20       requests of an endpoint at one batch size after which its measured
-                   step time there weighs half (how fast a change of speed is followed)
+halfLife  20       requests of an endpoint under one condition bin after which its
+                   measured step time there weighs half (how fast a change of speed is
+                   followed)
 ========  =======  ====================================================================
 """
 
