@@ -411,3 +411,20 @@ def test_an_endpoint_class_label_where_no_shipped_producer_takes_it_is_refused(
     )
     with pytest.raises(HelmFailed, match=message):
         render(merged(values, {"inferenceExtension": override}))
+
+
+def test_our_config_ships_in_the_chart_and_needs_the_predictor() -> None:
+    ours = {"inferenceExtension": {"pluginsConfigFile": "predicted-latency-token-load"}}
+    rendered = render(merged(GUIDE, ours))
+    settings, _ = epp_args(_containers(rendered)["epp"]["args"])
+    name = Path(settings.config).name
+    assert name == "predicted-latency-token-load.yaml"
+    config = EndpointPickerConfig.model_validate(
+        yaml.safe_load(rendered.named("ConfigMap", f"{EPP}-config")["data"][name])
+    )
+    assert {"predicted-latency-producer", "endpoint-speed-producer"} <= {p.type for p in config.plugins}
+    off = {"inferenceExtension": {"latencyPredictor": {"enabled": False}}}
+    for shipped in ("predicted-latency", "predicted-latency-token-load"):
+        chosen = {"inferenceExtension": {"pluginsConfigFile": shipped}}
+        with pytest.raises(HelmFailed, match=f'"{shipped}.yaml" predicts latency: set inferenceExtension'):
+            render(merged(merged(GUIDE, off), chosen))
