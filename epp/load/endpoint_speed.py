@@ -166,14 +166,11 @@ class EndpointSpeeds:
         self.counts = DecodeCounts()
         """What the caller reports of each endpoint's load, to find each decode's conditions."""
 
-    def decode_started(self, endpoint: str, now: float) -> DecodeMark:
-        """A request's first token on ``endpoint``: the mark to pass to :meth:`decode_finished`."""
-        return self.counts.mark(endpoint, now)
-
     def decode_finished(
         self, endpoint: str, started: DecodeMark, now: float, output_tokens: int, tpot_s: float
     ) -> None:
-        """The request marked ``started`` ended at ``now``, ``output_tokens`` generated at ``tpot_s``."""
+        """The request whose decode began at ``started`` (``counts.mark`` at its first token)
+        ended at ``now``, ``output_tokens`` generated at ``tpot_s``."""
         conditions = self.counts.since(endpoint, started, now, output_tokens - 1)
         if conditions is not None:
             self.observe(endpoint, conditions, tpot_s)

@@ -79,7 +79,7 @@ class EndpointSpeedProducer(DataProducer, ResponseObserver):
         self, request: LLMRequest, result: SchedulingResult, state: CycleState, now: float
     ) -> None:
         target = result.endpoint.name
-        state.put(_DECODE_MARK, self.speeds.decode_started(target, now))
+        state.put(_DECODE_MARK, self.speeds.counts.mark(target, now))
         match = state.get(PREFIX_MATCH)
         cached = match.cached_tokens(target, request.input_tokens) if match else 0
         self.speeds.counts.prefilled(target, now, request.input_tokens - cached)
