@@ -65,6 +65,20 @@ NO_LOAD = EndpointLoad()
 """The load of an endpoint with nothing booked."""
 
 
+def token_cost(
+    load: EndpointLoad,
+    uncached_prompt_tokens: int,
+    prefill_scale: float = 1.0,
+    expected_output_weight: float = 0.0,
+) -> float:
+    """The Dynamo KV router's cost, in tokens, of one more request on an endpoint with ``load``:
+    the prefill still to do there (what is booked and the request's uncached prompt tokens,
+    times ``prefill_scale``) plus the KV tokens booked there, plus ``expected_output_weight``
+    times the output still expected from the requests booked there."""
+    prefill = load.prefill_tokens + uncached_prompt_tokens
+    return prefill_scale * prefill + load.kv_tokens + expected_output_weight * load.expected_remaining_tokens
+
+
 class BookingTerms(NamedTuple):
     """What a request was booked with when it was routed."""
 

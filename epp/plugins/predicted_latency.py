@@ -45,8 +45,10 @@ When the predictor cannot answer in time, nothing is written except the reason
 ``skipWhenCachedAt`` saves the predictor round trip where the predictions would change nothing:
 set to the threshold of the config's prefix-affinity filter, a request whose prompt is cached
 that well on an endpoint with no waiting requests is kept there by the filter (its TTFT gate
-opens only for a penalty of seconds, which an endpoint with no queue does not have), so it is
-routed without predictions (reason ``cached``); its feature rows are still written, and it
+opens only for a penalty of seconds, which an endpoint with no queue does not have; the EPP's
+own bookings there, which the engine's metrics show a scrape late, go to the filter's
+token-load gate instead), so it is routed without predictions (reason ``cached``); its feature
+rows are still written, and it
 still trains the model. In the live replay of agentic-weka sessions (rate scale 4, 150 s) that
 was 78% of the requests, each of which otherwise waited for a round trip (p50 6 ms, p99 80 ms on
 the shared 2-core machine) whose answer no plugin used. ``predictOutputsFrom`` exempts long

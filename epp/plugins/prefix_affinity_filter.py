@@ -7,11 +7,25 @@ work onto one endpoint:
 * exploration: with probability ``explorationProbability`` every candidate is kept;
 * the TTFT load gate: when the best sticky endpoint's predicted TTFT is more than
   ``maxTTFTPenaltyMs`` worse than the best non-sticky one's, every candidate is kept.
-  Without predictions the gate cannot judge and stays shut. With ``gateOnExpectedOutput``, a
+  With ``gateOnExpectedOutput``, a
   request whose answer length is estimated (a hint or learned, ``EXPECTED_OUTPUT``) is judged
   by its predicted end-to-end time, ``TTFT + (expected output − 1) · TPOT``, instead: a long
   answer cached on a slow or crowded endpoint moves when decoding it elsewhere saves more than
   ``maxTTFTPenaltyMs`` (re-prefilling the prompt included in the other endpoint's TTFT).
+* the token-load gate, where there are no predictions (the model warming up, the predictor
+  down, or the producer's ``skipWhenCachedAt``) and ``maxLoadPenaltyTokens`` is set: when the
+  best sticky endpoint's token-load cost is more than ``maxLoadPenaltyTokens`` above the best
+  non-sticky one's, every candidate is kept. The cost is the Dynamo KV router's
+  (``epp.load.token_load.token_cost``: prefill still to do there, this prompt's uncached part
+  included, plus the KV tokens booked there), times the endpoint's measured slowness where
+  ``ENDPOINT_SPEED`` is known. Without it, or without the EPP's token load, the filter cannot
+  judge without predictions and sticks.
+
+The token-load gate is what breaks a burst of one prompt up. RL rollouts and fan-out agents send
+the same prompt many times at once; after the first is routed the prompt reads as cached where
+it went, and the engines' metrics show no queue there for a scrape, so without the gate every
+copy sticks to one endpoint, and the conversations that grow from them stay there and queue
+behind each other at every later turn (``docs/mixed-pools.md``, "Bursts of one prompt").
 
 Prefix scores are bimodal in practice (a prompt is cached somewhere, or nowhere), which is
 why a high threshold works.
@@ -23,6 +37,8 @@ affinityThreshold       0.80     minimum prefix match (fraction of prompt blocks
 explorationProbability  0.0      chance of ignoring affinity for one request
 maxTTFTPenaltyMs        5000     predicted-TTFT cost (ms) beyond which affinity is dropped
 gateOnExpectedOutput    false    judge requests with an estimated output by predicted E2E
+maxLoadPenaltyTokens    none     without predictions: token-load cost (tokens) beyond
+                                 which affinity is dropped; none: stick
 ======================  =======  ==========================================================
 """
 
@@ -32,8 +48,9 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction
-from epp.scheduling.cycle_data import EXPECTED_OUTPUT, PREFIX_MATCH
+from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
+from epp.load.token_load import NO_LOAD, token_cost
+from epp.scheduling.cycle_data import ENDPOINT_SPEED, EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, Filter, PluginParameters
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
@@ -44,6 +61,7 @@ class PrefixAffinityParameters(PluginParameters):
     exploration_probability: float = Field(default=0.0, ge=0.0, le=1.0, alias="explorationProbability")
     max_ttft_penalty_ms: float = Field(default=5000.0, ge=0.0, alias="maxTTFTPenaltyMs")
     gate_on_expected_output: bool = Field(default=False, alias="gateOnExpectedOutput")
+    max_load_penalty_tokens: float | None = Field(default=None, ge=0.0, alias="maxLoadPenaltyTokens")
 
 
 @register
@@ -51,6 +69,7 @@ class PrefixCacheAffinityFilter(Filter):
     type_name = "prefix-cache-affinity-filter"
     Parameters = PrefixAffinityParameters
     consumes = (PREFIX_MATCH,)
+    reads_if_present = (LATENCY_PREDICTIONS, EXPECTED_OUTPUT, TOKEN_LOAD, ENDPOINT_SPEED)
     params: PrefixAffinityParameters
 
     def filter(
@@ -64,16 +83,44 @@ class PrefixCacheAffinityFilter(Filter):
             return list(endpoints)
         if self.context.rng.random() < self.params.exploration_probability:
             return list(endpoints)
-        if self._gate_open(sticky, endpoints, state):
-            return list(endpoints)
-        return sticky
-
-    def _gate_open(
-        self, sticky: list[EndpointState], endpoints: Sequence[EndpointState], state: CycleState
-    ) -> bool:
         predictions = state.get(LATENCY_PREDICTIONS)
         if predictions is None:
+            gate_open = self._load_gate_open(request, match, sticky, endpoints, state)
+        else:
+            gate_open = self._gate_open(predictions, sticky, endpoints, state)
+        return list(endpoints) if gate_open else sticky
+
+    def _load_gate_open(
+        self,
+        request: LLMRequest,
+        match: PrefixMatch,
+        sticky: list[EndpointState],
+        endpoints: Sequence[EndpointState],
+        state: CycleState,
+    ) -> bool:
+        penalty = self.params.max_load_penalty_tokens
+        loads = state.get(TOKEN_LOAD)
+        if penalty is None or loads is None:
             return False
+        slowness = state.get(ENDPOINT_SPEED) or {}
+        isl = request.input_tokens
+
+        def cost(e: EndpointState) -> float:
+            uncached = isl - match.cached_tokens(e.name, isl)
+            return token_cost(loads.get(e.name, NO_LOAD), uncached) * slowness.get(e.name, 1.0)
+
+        sticky_names = {e.name for e in sticky}
+        best_sticky = min(cost(e) for e in sticky)
+        best_other = min(cost(e) for e in endpoints if e.name not in sticky_names)
+        return best_sticky - best_other > penalty
+
+    def _gate_open(
+        self,
+        predictions: LatencyPredictions,
+        sticky: list[EndpointState],
+        endpoints: Sequence[EndpointState],
+        state: CycleState,
+    ) -> bool:
         sticky_names = {e.name for e in sticky}
         by = predictions.by_endpoint
         expected = state.get(EXPECTED_OUTPUT) if self.params.gate_on_expected_output else None

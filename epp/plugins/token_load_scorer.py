@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 
 from pydantic import Field
 
-from epp.load.token_load import NO_LOAD
+from epp.load.token_load import NO_LOAD, token_cost
 from epp.scheduling.cycle_data import ENDPOINT_SPEED, PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import CycleState, PluginContext, PluginParameters, Scorer
 from epp.scheduling.registry import register
@@ -104,11 +104,9 @@ class TokenLoadScorer(Scorer):
         future = self.params.expected_output_weight
         costs = []
         for e in endpoints:
-            load = loads.get(e.name, NO_LOAD)
-            overlap = match.cached_tokens(e.name, isl) if match else 0
-            prefill = load.prefill_tokens + isl - overlap
-            decode = load.kv_tokens + future * load.expected_remaining_tokens
-            costs.append((scale * prefill / block + decode / block) * slowness.get(e.name, 1.0))
+            uncached = isl - (match.cached_tokens(e.name, isl) if match else 0)
+            tokens = token_cost(loads.get(e.name, NO_LOAD), uncached, scale, future)
+            costs.append(tokens / block * slowness.get(e.name, 1.0))
         margin = self._move_margin(isl) if match is not None and match.matched_blocks else 0.0
         if margin and match is not None:
             home = max(match.matched_blocks.values())

@@ -225,6 +225,50 @@ def test_affinity_filter_sticks_unless_exploring_or_gated() -> None:
     assert explorer.filter(request, endpoints, state_with(None, {"e0": 9})) == endpoints
 
 
+def loaded_state(
+    loads: dict[str, EndpointLoad], match: dict[str, int], slowness: dict[str, float] | None = None
+) -> CycleState:
+    state = CycleState()
+    state.put(PREFIX_MATCH, PrefixMatch(10, match, block_size_tokens=10))
+    state.put(TOKEN_LOAD, loads)
+    if slowness is not None:
+        state.put(ENDPOINT_SPEED, slowness)
+    return state
+
+
+def test_without_predictions_the_load_gate_drops_affinity_when_staying_costs_more() -> None:
+    gated = PrefixCacheAffinityFilter("a", PrefixAffinityParameters(maxLoadPenaltyTokens=0), context())
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    request = make_request(list(range(100)))  # 9 of 10 blocks cached on e0: 10 tokens to prefill there
+    busy_home = {"e0": EndpointLoad(requests=1, prefill_tokens=60, kv_tokens=60)}
+    # Staying: 60 booked + 10 + 60 KV = 130 tokens; moving: 100 to prefill on e1.
+    assert gated.filter(request, endpoints, loaded_state(busy_home, {"e0": 9})) == endpoints
+    light_home = {"e0": EndpointLoad(requests=1, prefill_tokens=40, kv_tokens=40)}  # 90 against 100
+    assert gated.filter(request, endpoints, loaded_state(light_home, {"e0": 9})) == [endpoints[0]]
+    margin = PrefixCacheAffinityFilter("a", PrefixAffinityParameters(maxLoadPenaltyTokens=30), context())
+    assert margin.filter(request, endpoints, loaded_state(busy_home, {"e0": 9})) == [endpoints[0]]
+    off = PrefixCacheAffinityFilter("a", PrefixAffinityParameters(), context())
+    assert off.filter(request, endpoints, loaded_state(busy_home, {"e0": 9})) == [endpoints[0]]
+    # No token load to judge by: the gate stays shut.
+    assert gated.filter(request, endpoints, state_with(None, {"e0": 9})) == [endpoints[0]]
+
+
+def test_the_load_gate_counts_time_where_speeds_are_measured_and_yields_to_predictions() -> None:
+    gated = PrefixCacheAffinityFilter("a", PrefixAffinityParameters(maxLoadPenaltyTokens=0), context())
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    request = make_request(list(range(100)))
+    light_home = {"e0": EndpointLoad(requests=1, prefill_tokens=40, kv_tokens=40)}
+    # 90 tokens at home against 100 on e1, but e1 is twice as slow: 90 against 200.
+    slow_other = loaded_state(light_home, {"e0": 9}, {"e1": 2.0})
+    assert gated.filter(request, endpoints, slow_other) == [endpoints[0]]
+    slow_home = loaded_state(light_home, {"e0": 9}, {"e0": 2.0})
+    assert gated.filter(request, endpoints, slow_home) == endpoints  # 180 against 100
+    busy_home = {"e0": EndpointLoad(requests=1, prefill_tokens=60, kv_tokens=60)}
+    predicted = loaded_state(busy_home, {"e0": 9})
+    predicted.put(LATENCY_PREDICTIONS, LatencyPredictions({"e0": p(90, 0), "e1": p(100, 0)}, None, None))
+    assert gated.filter(request, endpoints, predicted) == [endpoints[0]]  # the TTFT gate judges
+
+
 def test_tier_filter_prefers_endpoints_meeting_the_slo() -> None:
     endpoints = [endpoint_state(0), endpoint_state(1), endpoint_state(2)]
     preds = {"e0": p(100, 200), "e1": p(500, -200), "e2": p(250, 50)}
@@ -345,11 +389,19 @@ def warming_up(config: str):
     return build_pipeline(EndpointPickerConfig.from_file(config_path(config)), ctx)
 
 
-def pick(pipeline, tokens: list[int], endpoints, request_id: str = "r") -> tuple[str, CycleState]:
+def pick(
+    pipeline, tokens: list[int], endpoints, request_id: str = "r", finish: bool = False
+) -> tuple[str, CycleState]:
+    """Route a request through ``pipeline``; with ``finish`` it also completes there at once."""
     state = CycleState()
     request = streaming_request(slo_ttft_ms=3000.0, slo_tpot_ms=50.0, request_id=request_id)
     request.prompt_token_ids = tokens
-    return run(pipeline.schedule(request, endpoints, state)).endpoint.name, state
+    result = run(pipeline.schedule(request, endpoints, state))
+    if finish:
+        done = dataclasses.replace(outcome(), endpoint=result.endpoint)
+        for observer in pipeline.observers:
+            observer.on_finished(request, result, state, done)
+    return result.endpoint.name, state
 
 
 def test_warming_up_a_new_prompt_goes_to_the_least_loaded_endpoint() -> None:
@@ -381,7 +433,7 @@ def test_warming_up_equal_engines_are_told_apart_by_the_tokens_routed_to_them() 
 def test_warming_up_a_follow_up_turn_stays_with_its_cache_on_a_busier_endpoint() -> None:
     pipeline = warming_up("predicted-latency-token-load")
     idle = [endpoint_state(i) for i in range(4)]
-    home, _ = pick(pipeline, list(range(2000)), idle, "turn-1")
+    home, _ = pick(pipeline, list(range(2000)), idle, "turn-1", finish=True)
     busier = [
         endpoint_state(i, waiting=2, running=3, kv=0.5) if f"e{i}" == home else endpoint_state(i)
         for i in range(4)
@@ -389,6 +441,19 @@ def test_warming_up_a_follow_up_turn_stays_with_its_cache_on_a_busier_endpoint()
     # The extension hits ~94% of its blocks at home: the affinity filter keeps it there.
     follow_up, _ = pick(pipeline, [*range(2000), *range(50_000, 50_120)], busier, "turn-2")
     assert follow_up == home
+
+
+@pytest.mark.parametrize(
+    ("config", "spread"), [("predicted-latency-token-load", True), ("predicted-latency", False)]
+)
+def test_warming_up_copies_of_one_prompt_in_a_burst_spread_where_the_load_gate_is_on(
+    config: str, spread: bool
+) -> None:
+    pipeline = warming_up(config)
+    idle = [endpoint_state(i) for i in range(4)]
+    # RL rollouts: one prompt sent four times at once, before any scrape shows a queue.
+    picked = [pick(pipeline, list(range(2000)), idle, f"rollout-{i}")[0] for i in range(4)]
+    assert len(set(picked)) == (4 if spread else 1)
 
 
 def test_admitter_sheds_only_sheddable_requests_nobody_can_serve_in_slo() -> None:
