@@ -83,17 +83,17 @@ class MaxScorePicker(_RankingPicker):
 
     def __init__(self, name: str, params: MaxScorePickerParameters, context: PluginContext) -> None:
         super().__init__(name, params, context)
-        self._has_peers: Callable[[], bool] | None = None
+        self._live_peers: Callable[[], int] | None = None
 
-    def join_replicas(self, has_peers: Callable[[], bool]) -> None:
+    def join_replicas(self, live_peers: Callable[[], int]) -> None:
         """This EPP syncs with peer replicas (``epp.sync.hook`` calls this): whenever
-        ``has_peers()`` says some are alive, ties are broken as ``replicaTieBreak`` says."""
-        self._has_peers = has_peers if self.params.replica_tie_break == "prompt-hash" else None
+        ``live_peers()`` says some are alive, ties are broken as ``replicaTieBreak`` says."""
+        self._live_peers = live_peers if self.params.replica_tie_break == "prompt-hash" else None
 
     def _keys(self, request: LLMRequest, scored: Sequence[ScoredEndpoint]) -> list[tuple[float, float]]:
         # A request with no prompt (a /v1/models call) has nothing to agree on: hashing it would
         # send every such tie to one endpoint.
-        if self._has_peers is not None and request.prompt_token_ids and self._has_peers():
+        if self._live_peers is not None and request.prompt_token_ids and self._live_peers():
             fingerprint = prompt_fingerprint(request.prompt_token_ids)
             return [(s.score, rendezvous_rank(fingerprint, s.state.name)) for s in scored]
         rng = self.context.rng

@@ -19,13 +19,18 @@ work onto one endpoint:
   (``epp.load.token_load.token_cost``: prefill still to do there, this prompt's uncached part
   included, plus the KV tokens booked there), times the endpoint's measured slowness where
   ``ENDPOINT_SPEED`` is known. Without it, or without the EPP's token load, the filter cannot
-  judge without predictions and sticks.
+  judge without predictions and sticks. On synced EPP replicas (``epp.sync.hook`` calls
+  :meth:`PrefixCacheAffinityFilter.join_replicas`), moving costs ``replicaMoveMargin`` · live
+  peers · the prompt's tokens more: what one unseen pick of the same prompt from each peer
+  would have added to the endpoint moved to (``token-load-scorer`` has the same margin).
 
 The token-load gate is what breaks a burst of one prompt up. RL rollouts and fan-out agents send
 the same prompt many times at once; after the first is routed the prompt reads as cached where
 it went, and the engines' metrics show no queue there for a scrape, so without the gate every
 copy sticks to one endpoint, and the conversations that grow from them stay there and queue
 behind each other at every later turn (``docs/mixed-pools.md``, "Bursts of one prompt").
+Replicas that see each other's picks a sync lag late would all move their copies onto the
+endpoint that looks emptiest to each, which the margin holds back.
 
 Prefix scores are bimodal in practice (a prompt is cached somewhere, or nowhere), which is
 why a high threshold works.
@@ -39,19 +44,21 @@ maxTTFTPenaltyMs        5000     predicted-TTFT cost (ms) beyond which affinity 
 gateOnExpectedOutput    false    judge requests with an estimated output by predicted E2E
 maxLoadPenaltyTokens    none     without predictions: token-load cost (tokens) beyond
                                  which affinity is dropped; none: stick
+replicaMoveMargin       0        on synced EPP replicas only: the token-load gate's extra
+                                 cost of moving, per live peer, in prompts' tokens
 ======================  =======  ==========================================================
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import Field
 
 from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
 from epp.load.token_load import NO_LOAD, token_cost
 from epp.scheduling.cycle_data import ENDPOINT_SPEED, EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
-from epp.scheduling.framework import CycleState, Filter, PluginParameters
+from epp.scheduling.framework import CycleState, Filter, PluginContext, PluginParameters
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
 
@@ -62,6 +69,7 @@ class PrefixAffinityParameters(PluginParameters):
     max_ttft_penalty_ms: float = Field(default=5000.0, ge=0.0, alias="maxTTFTPenaltyMs")
     gate_on_expected_output: bool = Field(default=False, alias="gateOnExpectedOutput")
     max_load_penalty_tokens: float | None = Field(default=None, ge=0.0, alias="maxLoadPenaltyTokens")
+    replica_move_margin: float = Field(default=0.0, ge=0.0, le=100.0, alias="replicaMoveMargin")
 
 
 @register
@@ -71,6 +79,14 @@ class PrefixCacheAffinityFilter(Filter):
     consumes = (PREFIX_MATCH,)
     reads_if_present = (LATENCY_PREDICTIONS, EXPECTED_OUTPUT, TOKEN_LOAD, ENDPOINT_SPEED)
     params: PrefixAffinityParameters
+
+    def __init__(self, name: str, params: PrefixAffinityParameters, context: PluginContext) -> None:
+        super().__init__(name, params, context)
+        self._live_peers: Callable[[], int] | None = None
+
+    def join_replicas(self, live_peers: Callable[[], int]) -> None:
+        """This EPP syncs with peer replicas: the token-load gate weighs ``replicaMoveMargin``."""
+        self._live_peers = live_peers if self.params.replica_move_margin > 0 else None
 
     def filter(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
@@ -102,6 +118,8 @@ class PrefixCacheAffinityFilter(Filter):
         loads = state.get(TOKEN_LOAD)
         if penalty is None or loads is None:
             return False
+        if self._live_peers is not None:
+            penalty += self.params.replica_move_margin * self._live_peers() * request.input_tokens
         slowness = state.get(ENDPOINT_SPEED) or {}
         isl = request.input_tokens
 

@@ -21,7 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -65,6 +65,17 @@ class CycleState:
 
     def __contains__(self, key: DataKey[Any]) -> bool:
         return key in self._data
+
+
+@runtime_checkable
+class RunsAmongReplicas(Protocol):
+    """A plugin that decides differently while this EPP syncs with live peer replicas, which see
+    each other's picks a sync lag late. ``epp.sync.hook`` calls :meth:`join_replicas` on every
+    such plugin in the pipeline."""
+
+    def join_replicas(self, live_peers: Callable[[], int]) -> None:
+        """``live_peers()`` counts the peers heard from within their timeout, now."""
+        ...
 
 
 class KVBlockIndex(Protocol):

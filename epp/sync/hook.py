@@ -14,14 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeVar
 
-from epp.plugins.pickers import MaxScorePicker
 from epp.plugins.predicted_latency import PredictedLatencyProducer
 from epp.plugins.prefix_cache import ApproximatePrefixCacheProducer
 from epp.plugins.token_load import TokenLoadProducer, find_token_load
-from epp.plugins.token_load_scorer import TokenLoadScorer
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.cycle_data import PREFIX_MATCH
-from epp.scheduling.framework import RequestOutcome
+from epp.scheduling.framework import RequestOutcome, RunsAmongReplicas
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import Pipeline
 from epp.scheduling.types import EndpointState
@@ -97,15 +95,13 @@ class ReplicaSyncHook(LifecycleObserver):
 
 def attach_replica_sync(lifecycle: RequestLifecycle, sync: ReplicaSyncState) -> ReplicaSyncHook:
     """Hook ``sync`` into ``lifecycle``: it hears each step after the pipeline's plugins and the
-    observers added before it. A ``max-score-picker`` is told it runs among replicas, so while
-    peers are alive it breaks ties the same way in each of them (``replicaTieBreak``), and so is a
-    ``token-load-scorer``, for its ``replicaMoveMargin``."""
-    profile = lifecycle.pipeline.profile
-    if isinstance(profile.picker, MaxScorePicker):
-        profile.picker.join_replicas(lambda: sync.has_peers)
-    for weighted in profile.scorers:
-        if isinstance(weighted.scorer, TokenLoadScorer):
-            weighted.scorer.join_replicas(lambda: sync.peer_count)
+    observers added before it. Every plugin that ``RunsAmongReplicas`` is told so (a
+    ``max-score-picker`` then breaks ties the same way in each replica, ``replicaTieBreak``; a
+    ``token-load-scorer`` and a ``prefix-cache-affinity-filter`` weigh their
+    ``replicaMoveMargin``)."""
+    for plugin in lifecycle.pipeline.plugins.values():
+        if isinstance(plugin, RunsAmongReplicas):
+            plugin.join_replicas(lambda: sync.peer_count)
     hook = ReplicaSyncHook(lifecycle.pipeline, sync)
     lifecycle.add_observer(hook)
     return hook

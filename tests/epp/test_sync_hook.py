@@ -11,8 +11,8 @@ from epp.plugins.predicted_latency import PredictedLatencyProducer
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
-from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD
-from epp.scheduling.framework import PluginContext
+from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
+from epp.scheduling.framework import CycleState, PluginContext, RunsAmongReplicas
 from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.pipeline import Pipeline
 from epp.sync.hook import attach_replica_sync, sync_targets
@@ -162,3 +162,23 @@ def test_ray_kv_aware_replicas_keep_a_conversation_where_a_lone_router_would_mov
     b.sync.receive(a.sync.heartbeat())
     assert b.sync.peer_count == 1
     assert b.route(turn2, max_tokens=30).endpoint_name == homes[b]
+
+
+def test_every_plugin_that_runs_among_replicas_is_told_of_live_peers() -> None:
+    clock = FakeClock()
+    a = SyncedReplica("a", "predicted-latency-token-load", clock)
+    b = SyncedReplica("b", "predicted-latency-token-load", clock)
+    joined = {p.type_name for p in b.pipeline.plugins.values() if isinstance(p, RunsAmongReplicas)}
+    assert joined == {"max-score-picker", "prefix-cache-affinity-filter", "token-load-scorer"}
+    sticky = b.pipeline.plugins["loose-affinity-filter"]
+    endpoints = [endpoint_state(0), endpoint_state(1)]
+    request = make_request(list(range(100)))
+    state = CycleState()
+    state.put(PREFIX_MATCH, PrefixMatch(10, {"e0": 9}, block_size_tokens=10))
+    # Staying: 60 booked + 10 + 60 KV = 130 tokens; moving: 100.
+    state.put(TOKEN_LOAD, {"e0": EndpointLoad(requests=1, prefill_tokens=60, kv_tokens=60)})
+    assert sticky.filter(request, endpoints, state) == endpoints  # b alone: the gate opens
+    a.route(list(range(500, 600)))
+    a.send_to(b)  # b hears a: moving costs one prompt more (replicaMoveMargin 1 · 1 peer)
+    assert b.sync.peer_count == 1
+    assert sticky.filter(request, endpoints, state) == [endpoints[0]]
