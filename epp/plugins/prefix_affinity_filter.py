@@ -1,16 +1,16 @@
 """``prefix-cache-affinity-filter``: keep the request where its prompt is cached, within reason.
 
 Keeps the endpoints whose prefix-cache match is at least ``affinityThreshold`` ("sticky"
-endpoints); keeps every candidate when none is sticky. Two escapes stop affinity from piling
+endpoints); keeps every candidate when none is sticky. Three escapes stop affinity from piling
 work onto one endpoint:
 
 * exploration: with probability ``explorationProbability`` every candidate is kept;
 * the TTFT load gate: when the best sticky endpoint's predicted TTFT is more than
-  ``maxTTFTPenaltyMs`` worse than the best non-sticky one's, every candidate is kept.
-  With ``gateOnExpectedOutput``, a
-  request whose answer length is estimated (a hint or learned, ``EXPECTED_OUTPUT``) is judged
-  by its predicted end-to-end time, ``TTFT + (expected output − 1) · TPOT``, instead: a long
-  answer cached on a slow or crowded endpoint moves when decoding it elsewhere saves more than
+  ``maxTTFTPenaltyMs`` worse than the best non-sticky one's, every candidate is kept. With
+  ``gateOnExpectedOutput``, a request whose answer length is estimated (a hint or learned,
+  ``EXPECTED_OUTPUT``) is judged by its predicted end-to-end time,
+  ``TTFT + (expected output − 1) · TPOT``, instead: a long answer cached on a slow or crowded
+  endpoint moves when decoding it elsewhere saves more than
   ``maxTTFTPenaltyMs`` (re-prefilling the prompt included in the other endpoint's TTFT).
 * the token-load gate, where there are no predictions (the model warming up, the predictor
   down, or the producer's ``skipWhenCachedAt``) and ``maxLoadPenaltyTokens`` is set: when the
@@ -19,18 +19,18 @@ work onto one endpoint:
   (``epp.load.token_load.token_cost``: prefill still to do there, this prompt's uncached part
   included, plus the KV tokens booked there), times the endpoint's measured slowness where
   ``ENDPOINT_SPEED`` is known. Without it, or without the EPP's token load, the filter cannot
-  judge without predictions and sticks. On synced EPP replicas (``epp.sync.hook`` calls
-  :meth:`PrefixCacheAffinityFilter.join_replicas`), moving costs ``replicaMoveMargin`` · live
-  peers · the prompt's tokens more: what one unseen pick of the same prompt from each peer
-  would have added to the endpoint moved to (``token-load-scorer`` has the same margin).
+  judge without predictions and sticks. So it does while this EPP syncs with live peer
+  replicas (``epp.sync.hook`` calls :meth:`PrefixCacheAffinityFilter.join_replicas`).
 
 The token-load gate is what breaks a burst of one prompt up. RL rollouts and fan-out agents send
 the same prompt many times at once; after the first is routed the prompt reads as cached where
 it went, and the engines' metrics show no queue there for a scrape, so without the gate every
 copy sticks to one endpoint, and the conversations that grow from them stay there and queue
 behind each other at every later turn (``docs/mixed-pools.md``, "Bursts of one prompt").
-Replicas that see each other's picks a sync lag late would all move their copies onto the
-endpoint that looks emptiest to each, which the margin holds back.
+The gate needs the bookings made a moment ago; synced replicas see each other's a sync lag
+late, and in a burst each would move its copies onto the endpoint that looks emptiest to it, the
+same one for all. Measured, no extra cost on moving did better than a shut gate at every
+replica count, and a shut gate is never worse than the filter was without the gate.
 
 Prefix scores are bimodal in practice (a prompt is cached somewhere, or nowhere), which is
 why a high threshold works.
@@ -44,8 +44,6 @@ maxTTFTPenaltyMs        5000     predicted-TTFT cost (ms) beyond which affinity 
 gateOnExpectedOutput    false    judge requests with an estimated output by predicted E2E
 maxLoadPenaltyTokens    none     without predictions: token-load cost (tokens) beyond
                                  which affinity is dropped; none: stick
-replicaMoveMargin       0        on synced EPP replicas only: the token-load gate's extra
-                                 cost of moving, per live peer, in prompts' tokens
 ======================  =======  ==========================================================
 """
 
@@ -69,7 +67,6 @@ class PrefixAffinityParameters(PluginParameters):
     max_ttft_penalty_ms: float = Field(default=5000.0, ge=0.0, alias="maxTTFTPenaltyMs")
     gate_on_expected_output: bool = Field(default=False, alias="gateOnExpectedOutput")
     max_load_penalty_tokens: float | None = Field(default=None, ge=0.0, alias="maxLoadPenaltyTokens")
-    replica_move_margin: float = Field(default=0.0, ge=0.0, le=100.0, alias="replicaMoveMargin")
 
 
 @register
@@ -85,8 +82,9 @@ class PrefixCacheAffinityFilter(Filter):
         self._live_peers: Callable[[], int] | None = None
 
     def join_replicas(self, live_peers: Callable[[], int]) -> None:
-        """This EPP syncs with peer replicas: the token-load gate weighs ``replicaMoveMargin``."""
-        self._live_peers = live_peers if self.params.replica_move_margin > 0 else None
+        """This EPP syncs with peer replicas: while ``live_peers()`` counts any, the token-load
+        gate stays shut."""
+        self._live_peers = live_peers
 
     def filter(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
@@ -116,10 +114,8 @@ class PrefixCacheAffinityFilter(Filter):
     ) -> bool:
         penalty = self.params.max_load_penalty_tokens
         loads = state.get(TOKEN_LOAD)
-        if penalty is None or loads is None:
+        if penalty is None or loads is None or (self._live_peers is not None and self._live_peers()):
             return False
-        if self._live_peers is not None:
-            penalty += self.params.replica_move_margin * self._live_peers() * request.input_tokens
         slowness = state.get(ENDPOINT_SPEED) or {}
         isl = request.input_tokens
 

@@ -253,22 +253,16 @@ def test_without_predictions_the_load_gate_drops_affinity_when_staying_costs_mor
     assert gated.filter(request, endpoints, state_with(None, {"e0": 9})) == [endpoints[0]]
 
 
-def test_on_synced_replicas_the_load_gate_adds_a_margin_per_live_peer_to_moving() -> None:
-    params = PrefixAffinityParameters(maxLoadPenaltyTokens=0, replicaMoveMargin=0.5)
-    gated = PrefixCacheAffinityFilter("a", params, context())
+def test_on_synced_replicas_with_live_peers_the_load_gate_stays_shut() -> None:
+    gated = PrefixCacheAffinityFilter("a", PrefixAffinityParameters(maxLoadPenaltyTokens=0), context())
     endpoints = [endpoint_state(0), endpoint_state(1)]
     request = make_request(list(range(100)))
     busy_home = loaded_state({"e0": EndpointLoad(requests=1, prefill_tokens=60, kv_tokens=60)}, {"e0": 9})
-    assert gated.filter(request, endpoints, busy_home) == endpoints  # 130 against 100, alone
-    peers = [2]
+    peers = [0]
     gated.join_replicas(lambda: peers[0])
-    # Moving costs 0.5 · 2 peers · 100 tokens more: 130 against 200.
+    assert gated.filter(request, endpoints, busy_home) == endpoints  # no live peer: 130 against 100
+    peers[0] = 2  # the peers' picks of a moment ago are not in this token load
     assert gated.filter(request, endpoints, busy_home) == [endpoints[0]]
-    peers[0] = 0  # no live peer: judged as one EPP alone
-    assert gated.filter(request, endpoints, busy_home) == endpoints
-    off = PrefixCacheAffinityFilter("a", PrefixAffinityParameters(maxLoadPenaltyTokens=0), context())
-    off.join_replicas(lambda: 2)  # replicaMoveMargin 0
-    assert off.filter(request, endpoints, busy_home) == endpoints
 
 
 def test_the_load_gate_counts_time_where_speeds_are_measured_and_yields_to_predictions() -> None:

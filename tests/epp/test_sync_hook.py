@@ -179,6 +179,6 @@ def test_every_plugin_that_runs_among_replicas_is_told_of_live_peers() -> None:
     state.put(TOKEN_LOAD, {"e0": EndpointLoad(requests=1, prefill_tokens=60, kv_tokens=60)})
     assert sticky.filter(request, endpoints, state) == endpoints  # b alone: the gate opens
     a.route(list(range(500, 600)))
-    a.send_to(b)  # b hears a: moving costs one prompt more (replicaMoveMargin 1 · 1 peer)
+    a.send_to(b)  # b hears a: its token load now lags a's picks, so the gate stays shut
     assert b.sync.peer_count == 1
     assert sticky.filter(request, endpoints, state) == [endpoints[0]]
