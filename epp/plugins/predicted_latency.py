@@ -48,13 +48,12 @@ that well on an endpoint with no waiting requests is kept there by the filter (i
 opens only for a penalty of seconds, which an endpoint with no queue does not have; the EPP's
 own bookings there, which the engine's metrics show a scrape late, go to the filter's
 token-load gate instead), so it is routed without predictions (reason ``cached``); its feature
-rows are still written, and it
-still trains the model. In the live replay of agentic-weka sessions (rate scale 4, 150 s) that
-was 78% of the requests, each of which otherwise waited for a round trip (p50 6 ms, p99 80 ms on
-the shared 2-core machine) whose answer no plugin used. ``predictOutputsFrom`` exempts long
-answers: where decoding thousands of tokens on a slow or crowded endpoint costs more than
-re-prefilling the prompt elsewhere, the affinity filter's ``gateOnExpectedOutput`` needs the
-predictions to see it.
+rows are still written, and it still trains the model. In the live replay of agentic-weka
+sessions (rate scale 4, 150 s) that was 78% of the requests, each of which otherwise waited for
+a round trip (p50 6 ms, p99 80 ms on the shared 2-core machine) whose answer no plugin used.
+``predictOutputsFrom`` exempts long answers: where decoding thousands of tokens on a slow or
+crowded endpoint costs more than re-prefilling the prompt elsewhere, the affinity filter's
+``gateOnExpectedOutput`` needs the predictions to see it.
 
 With ``endpointCorrection``, each endpoint's predictions are the model's times a factor learned
 from that endpoint's own completed requests (``epp.latency.correction``): the model cannot tell a
