@@ -54,8 +54,8 @@ from collections.abc import Callable, Sequence
 from pydantic import Field
 
 from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
-from epp.load.token_load import NO_LOAD, token_cost
-from epp.scheduling.cycle_data import ENDPOINT_SPEED, EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
+from epp.plugins.token_load import token_costs
+from epp.scheduling.cycle_data import ENDPOINT_SPEED, EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import CycleState, Filter, PluginContext, PluginParameters
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
@@ -99,7 +99,7 @@ class PrefixCacheAffinityFilter(Filter):
             return list(endpoints)
         predictions = state.get(LATENCY_PREDICTIONS)
         if predictions is None:
-            gate_open = self._load_gate_open(request, match, sticky, endpoints, state)
+            gate_open = self._load_gate_open(request, sticky, endpoints, state)
         else:
             gate_open = self._gate_open(predictions, sticky, endpoints, state)
         return list(endpoints) if gate_open else sticky
@@ -107,25 +107,18 @@ class PrefixCacheAffinityFilter(Filter):
     def _load_gate_open(
         self,
         request: LLMRequest,
-        match: PrefixMatch,
         sticky: list[EndpointState],
         endpoints: Sequence[EndpointState],
         state: CycleState,
     ) -> bool:
         penalty = self.params.max_load_penalty_tokens
-        loads = state.get(TOKEN_LOAD)
-        if penalty is None or loads is None or (self._live_peers is not None and self._live_peers()):
+        among_peers = self._live_peers is not None and self._live_peers() > 0
+        if penalty is None or TOKEN_LOAD not in state or among_peers:
             return False
-        slowness = state.get(ENDPOINT_SPEED) or {}
-        isl = request.input_tokens
-
-        def cost(e: EndpointState) -> float:
-            uncached = isl - match.cached_tokens(e.name, isl)
-            return token_cost(loads.get(e.name, NO_LOAD), uncached) * slowness.get(e.name, 1.0)
-
         sticky_names = {e.name for e in sticky}
-        best_sticky = min(cost(e) for e in sticky)
-        best_other = min(cost(e) for e in endpoints if e.name not in sticky_names)
+        costs = token_costs(request, endpoints, state)
+        best_sticky = min(c for e, c in zip(endpoints, costs, strict=True) if e.name in sticky_names)
+        best_other = min(c for e, c in zip(endpoints, costs, strict=True) if e.name not in sticky_names)
         return best_sticky - best_other > penalty
 
     def _gate_open(

@@ -46,8 +46,8 @@ from pydantic import Field
 
 from epp.load.output_length import ExpectedOutput, OutputSource, SessionOutputLengths
 from epp.load.peer_totals import PeerTotals
-from epp.load.token_load import EndpointLoad, TokenLoadTracker
-from epp.scheduling.cycle_data import EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
+from epp.load.token_load import NO_LOAD, EndpointLoad, TokenLoadTracker, token_cost
+from epp.scheduling.cycle_data import ENDPOINT_SPEED, EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import (
     CycleState,
     DataProducer,
@@ -157,6 +157,30 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
         self.tracker.finish(state.key)
         if self.sessions is not None and outcome.completed and outcome.completion_tokens:
             self.sessions.observe(self._session(request), outcome.completion_tokens, outcome.finished_at)
+
+
+def token_costs(
+    request: LLMRequest,
+    endpoints: Sequence[EndpointState],
+    state: CycleState,
+    prefill_scale: float = 1.0,
+    expected_output_weight: float = 0.0,
+    unit_tokens: int = 1,
+) -> list[float]:
+    """Each candidate's Dynamo cost (``epp.load.token_load.token_cost``) of taking ``request``,
+    in units of ``unit_tokens`` tokens (a KV block, say), from the token load and prefix match in
+    ``state``, times the endpoint's measured slowness where ``ENDPOINT_SPEED`` has it: the work
+    it adds, counted in time."""
+    loads = state.get(TOKEN_LOAD) or {}
+    slowness = state.get(ENDPOINT_SPEED) or {}
+    match = state.get(PREFIX_MATCH)
+    isl = request.input_tokens
+    costs = []
+    for e in endpoints:
+        uncached = isl - (match.cached_tokens(e.name, isl) if match else 0)
+        tokens = token_cost(loads.get(e.name, NO_LOAD), uncached, prefill_scale, expected_output_weight)
+        costs.append(tokens / unit_tokens * slowness.get(e.name, 1.0))
+    return costs
 
 
 def find_token_load(plugins: Iterable[Plugin]) -> TokenLoadProducer | None:

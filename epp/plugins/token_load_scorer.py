@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 
 from pydantic import Field
 
-from epp.load.token_load import NO_LOAD, token_cost
+from epp.plugins.token_load import token_costs
 from epp.scheduling.cycle_data import ENDPOINT_SPEED, PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import CycleState, PluginContext, PluginParameters, Scorer
 from epp.scheduling.registry import register
@@ -95,18 +95,12 @@ class TokenLoadScorer(Scorer):
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState
     ) -> list[float]:
         """Each candidate's cost in blocks, times its slowness where measured (lower is better)."""
-        loads = state.get(TOKEN_LOAD) or {}
-        slowness = state.get(ENDPOINT_SPEED) or {}
         match = state.get(PREFIX_MATCH)
         isl = request.input_tokens
-        block = self.params.block_size_tokens
-        scale = self.params.prefill_load_scale
-        future = self.params.expected_output_weight
-        costs = []
-        for e in endpoints:
-            uncached = isl - (match.cached_tokens(e.name, isl) if match else 0)
-            tokens = token_cost(loads.get(e.name, NO_LOAD), uncached, scale, future)
-            costs.append(tokens / block * slowness.get(e.name, 1.0))
+        p = self.params
+        costs = token_costs(
+            request, endpoints, state, p.prefill_load_scale, p.expected_output_weight, p.block_size_tokens
+        )
         margin = self._move_margin(isl) if match is not None and match.matched_blocks else 0.0
         if margin and match is not None:
             home = max(match.matched_blocks.values())

@@ -95,10 +95,10 @@ class ReplicaSyncHook(LifecycleObserver):
 
 def attach_replica_sync(lifecycle: RequestLifecycle, sync: ReplicaSyncState) -> ReplicaSyncHook:
     """Hook ``sync`` into ``lifecycle``: it hears each step after the pipeline's plugins and the
-    observers added before it. Every plugin that ``RunsAmongReplicas`` is told so (a
-    ``max-score-picker`` then breaks ties the same way in each replica, ``replicaTieBreak``; a
-    ``token-load-scorer`` and a ``prefix-cache-affinity-filter`` weigh their
-    ``replicaMoveMargin``)."""
+    observers added before it. Every plugin that ``RunsAmongReplicas`` is told so (while peers
+    are alive, a ``max-score-picker`` breaks ties the same way in each replica,
+    ``replicaTieBreak``; a ``token-load-scorer`` weighs its ``replicaMoveMargin``; a
+    ``prefix-cache-affinity-filter`` keeps its token-load gate shut)."""
     for plugin in lifecycle.pipeline.plugins.values():
         if isinstance(plugin, RunsAmongReplicas):
             plugin.join_replicas(lambda: sync.peer_count)

@@ -727,11 +727,6 @@ class ReplicaSyncState:
         """The requests the live peers last published as in flight on ``endpoint``."""
         return sum(counts[0] for p in self._peers.values() if (counts := p.totals.get(endpoint)))
 
-    @property
-    def has_peers(self) -> bool:
-        """Whether any peer was heard from within its timeout."""
-        return bool(self._peers)
-
     def peer_bookings(self, replica: str) -> int:
         """The requests ``replica`` last published as in flight, over every endpoint."""
         peer = self._peers.get(replica)
