@@ -194,12 +194,19 @@ def _ext_proc_counts(stack: LocalStack) -> dict[str, float]:
     return {line.split(": ")[0].rsplit(".", 1)[1]: float(line.split(": ")[1]) for line in text.splitlines()}
 
 
+def _settled(stack: LocalStack) -> bool:
+    """Every earlier request finished: their access-log entries (flushed up to 100 ms after
+    the answer) are in, so counters read now move only with the next request."""
+    return wait_for(lambda: metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") == 0)
+
+
 def test_a_non_streamed_request_costs_two_ext_proc_messages_each_way_and_the_log_finishes_it(
     stack: LocalStack, client: openai.OpenAI
 ) -> None:
     """Request headers and body: with first-token metering the EPP ends the stream at the
     routing, and the request is finished (and its E2E measured) from its access-log entry."""
     finished = "inference_objective_request_duration_seconds_count"
+    assert _settled(stack)
     done_before = metric_sum(stack.epp_metrics_url, finished)
     before = _ext_proc_counts(stack)
     assert client.completions.create(model="tiny", prompt="Hello world", max_tokens=3).choices[0].text
@@ -246,12 +253,13 @@ def test_streamed_answers_the_sdk_hangs_up_on_at_done_are_metered_in_full(
     engine's end of body to Envoy, which then closes the ext_proc stream without it."""
     tokens = "inference_objective_output_tokens_sum"
     aborted = "inference_objective_request_error_total"
+    assert _settled(stack)
     counted = metric_sum(stack.epp_metrics_url, tokens)
     aborts = metric_sum(stack.epp_metrics_url, aborted, error_code="aborted")
     for _ in range(30):
         chunks = list(client.completions.create(model="tiny", prompt="Hello", max_tokens=7, stream=True))
         assert sum(1 for c in chunks if c.choices and c.choices[0].text) == 7
-    assert wait_for(lambda: metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") == 0)
+    assert _settled(stack)
     assert metric_sum(stack.epp_metrics_url, tokens) == counted + 30 * 7
     assert metric_sum(stack.epp_metrics_url, aborted, error_code="aborted") == aborts
 
