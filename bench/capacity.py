@@ -51,7 +51,7 @@ from bench import handler_cpu, metering_cost, predictor_bench, request_rate, scr
 from bench.idle_cost import VLLM_SCRAPE
 from bench.metering_cost import SHIPPED_SAMPLE_EVERY, MeteringCostSettings
 from bench.report import machine, markdown_table, save_figure, write_results
-from bench.request_rate import RequestRateSettings
+from bench.request_rate import SAMPLE_EVERY, TOKENIZER_LABELS, RequestRateSettings
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.scraper import MetricsScraper
 from epp.envoy_config import Callout
@@ -146,13 +146,13 @@ class CapacitySettings:
     the operator configures (``epp.extauthz``); the other's plan goes beside it."""
     request_rate: RequestRateSettings = field(
         default_factory=lambda: RequestRateSettings(
-            rates=(50.0, 150.0), callouts=CALLOUTS, tokenizer_sources=("dir", "estimate")
+            rates=(50.0, 150.0), callouts=CALLOUTS, tokenizer_sources=("dir", "sampled", "estimate")
         )
     )
     """The live request cells (``bench.request_rate``), for each callout, with the model's
-    tokenizer and with counts estimated from the text: the plan takes the cost at the last
-    (highest) rate, which every replica of a plan at 1,000 QPS or more carries or exceeds, with
-    the model's tokenizer; the others' plans go beside it."""
+    tokenizer on every prompt, on one in 16, and with counts estimated from the text: the plan
+    takes the cost at the last (highest) rate, which every replica of a plan at 1,000 QPS or
+    more carries or exceeds, with the model's tokenizer; the others' plans go beside it."""
     handler_requests: int = 300
     progress_streams: int = 1_000
     progress_rounds: int = 5
@@ -732,14 +732,15 @@ def _markdown(data: dict[str, Any]) -> str:
             "cores: ~4 ms per request + ~31 µs per chunk.",
             f"Each callout and tokenizer at the {s['scrape_intervals_s'][0] * 1e3:g} ms tick (the plan "
             f"above is {s['callout']}'s with the model's tokenizer; ext_proc's requests also read one "
-            f"stream in {s['sample_every']:,} chunk by chunk; estimated counts: `--tokenizer-source "
-            "estimate`, docs/tokenizer.md):",
+            f"stream in {s['sample_every']:,} chunk by chunk; on 1 prompt in {SAMPLE_EVERY}: "
+            f"`--tokenize-every {SAMPLE_EVERY}`; estimated counts: `--tokenizer-source estimate`; "
+            "docs/tokenizer.md):",
             markdown_table(
                 ["callout", "tokenizer", "EPP µs / request", "QPS", "EPP cores in all", "EPP replicas"],
                 [
                     [
                         p["callout"],
-                        "the model's" if p["tokenizer"] == "dir" else "estimated counts",
+                        TOKENIZER_LABELS[p["tokenizer"]],
                         f"{p['request_us']:,.0f}",
                         f"{p['qps']:,}",
                         f"{p['epp_cores']:.1f}" if p["fits"] else "none fits",

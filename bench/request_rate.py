@@ -32,7 +32,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import httpx
@@ -42,7 +42,18 @@ from bench.metering_cost import SLO_HEADERS, _prompt
 from bench.report import machine, markdown_table, write_results
 from bench.stack_overhead import idle_cpu_rate, rare_scrape_args, task_cpu_seconds
 from epp.envoy_config import Callout
-from sim.stack import LocalStack, StackConfig, StackPorts, TokenizerSource
+from sim.stack import LocalStack, StackConfig, StackPorts
+
+TokenizerMode = Literal["dir", "sampled", "estimate"]
+"""The EPP's tokenizer: the model's on every prompt (``--tokenizer-dir``), on one prompt in
+``SAMPLE_EVERY`` (``--tokenize-every``, the rest calibrated estimates), or none
+(``--tokenizer-source estimate``)."""
+SAMPLE_EVERY = 16
+TOKENIZER_LABELS: dict[str, str] = {
+    "dir": "the model's",
+    "sampled": f"the model's on 1 prompt in {SAMPLE_EVERY}",
+    "estimate": "estimated counts",
+}
 
 
 @dataclass
@@ -62,9 +73,8 @@ class RequestRateSettings:
     per request: rare here so that they weigh nothing in any cell."""
     callouts: tuple[Callout, ...] = ("ext-proc",)
     """How the gateway asks the EPP (``llm-epp-stack --callout``): a stack for each, in turn."""
-    tokenizer_sources: tuple[TokenizerSource, ...] = ("dir",)
-    """The EPP's tokenizer (``llm-epp-stack --tokenizer-source``): the model's, or estimated
-    counts; a stack for each, with each callout."""
+    tokenizer_sources: tuple[TokenizerMode, ...] = ("dir",)
+    """The EPP's tokenizer (:data:`TokenizerMode`): a stack for each, with each callout."""
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: Any) -> float:
@@ -232,17 +242,18 @@ def measure(settings: RequestRateSettings, profile_path: Path | None = None) -> 
 
 
 def _measure_callout(
-    settings: RequestRateSettings, callout: Callout, tokenizer: TokenizerSource, profile_path: Path | None
+    settings: RequestRateSettings, callout: Callout, tokenizer: TokenizerMode, profile_path: Path | None
 ) -> dict[str, Any]:
+    sampling = ["--tokenize-every", str(SAMPLE_EVERY)] if tokenizer == "sampled" else []
     stack = LocalStack(
         StackConfig(
             replicas=settings.replicas,
             predictors=settings.predictors,
             sim_profile="instant",
             ports=StackPorts.free(),
-            epp_args=rare_scrape_args(settings.scrape_interval_s),
+            epp_args=[*rare_scrape_args(settings.scrape_interval_s), *sampling],
             callout=callout,
-            tokenizer_source=tokenizer,
+            tokenizer_source="estimate" if tokenizer == "estimate" else "dir",
         )
     )
     try:
@@ -351,7 +362,9 @@ def main() -> None:
     parser.add_argument(
         "--tokenizer-sources",
         default="dir",
-        help="the EPP's tokenizer, dir (the model's) or estimate (counts from the text): a stack for each",
+        help="the EPP's tokenizer: dir (the model's), sampled (the model's on one prompt in "
+        f"{SAMPLE_EVERY}, calibrated estimates for the rest) or estimate (counts from the text); "
+        "a stack for each",
     )
     args = parser.parse_args()
     settings = RequestRateSettings(

@@ -54,8 +54,8 @@ from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.completion_log import MeteringSettings
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
-from epp.scheduling.config import EndpointPickerConfig, build_pipeline
-from epp.scheduling.framework import PluginContext
+from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
+from epp.scheduling.framework import PluginContext, ReadsEngineTokenIds
 from epp.scheduling.observers import LifecycleObserver
 from epp.settings import TOKENIZER_HELP, EppSettings
 from epp.sync.hook import attach_replica_sync, sync_targets
@@ -68,6 +68,7 @@ from epp.sync.state import ReplicaSyncState, SyncTuning
 from epp.tls import server_credentials
 from epp.tokenization import TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
 from epp.tokenizer_auto import AutoTokenizer, TokenizerMetrics, download_from_hub
+from epp.tokenizer_sampling import CalibrationCollector, SampledTokenizer
 from trainer.auth import read_token
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,14 @@ class EppApp:
             clock=self.clock, rng=rng, latency_predictor=self.predictor, kv_index=self.kv_index
         )
         self.pipeline = build_pipeline(config, context)
+        if settings.tokenize_every > 1:
+            for name, plugin in self.pipeline.plugins.items():
+                if isinstance(plugin, ReadsEngineTokenIds):
+                    raise ConfigError(
+                        f"--tokenize-every {settings.tokenize_every} estimates most prompts' token ids, "
+                        f"and plugin {name!r} needs the engine's: {plugin.engine_token_ids_needed()}; "
+                        "use --tokenize-every 1 with this config"
+                    )
         self.scraper = MetricsScraper(
             self.store,
             self.clock,
@@ -188,7 +197,7 @@ class EppApp:
         tokenizer: PromptTokenizer = EstimatedTokenizer()
         self.auto_tokenizer: AutoTokenizer | None = None
         if settings.tokenizer_dir is not None:
-            tokenizer = self._exporting(load_tokenizer(settings.tokenizer_dir, *self._cache_settings()))
+            tokenizer = self._exporting(self._routing_tokenizer(settings.tokenizer_dir))
         elif settings.tokenizer_source == "estimate":
             self.tokenizer_metrics.estimated.set(1)
         else:
@@ -196,9 +205,10 @@ class EppApp:
                 self.store,
                 self.tokenizer_metrics,
                 self._use_tokenizer,
-                lambda repo: load_tokenizer(download_from_hub(repo), *self._cache_settings()),
+                lambda repo: self._routing_tokenizer(download_from_hub(repo)),
                 self.clock,
             )
+        self.registry.register(CalibrationCollector(settings.pool_name, lambda: self.director.tokenizer))
         self.director = Director(
             self.lifecycle,
             self.store,
@@ -237,8 +247,14 @@ class EppApp:
         self._kube_api: ApiClient | None = None
         self._draining = False
 
-    def _cache_settings(self) -> tuple[int, bool]:
-        return self.settings.tokenizer_cache_bytes, self.settings.verify_tokenizer_cache
+    def _routing_tokenizer(self, model_dir: Path) -> PromptTokenizer:
+        """The model's tokenizer from ``model_dir``, on every prompt or, with ``--tokenize-every``,
+        sampled to calibrate estimated counts (``epp.tokenizer_sampling``; no prompt cache then)."""
+        every = self.settings.tokenize_every
+        if every > 1:
+            return SampledTokenizer(load_tokenizer(model_dir), every)
+        settings = self.settings
+        return load_tokenizer(model_dir, settings.tokenizer_cache_bytes, settings.verify_tokenizer_cache)
 
     def _exporting(self, tokenizer: PromptTokenizer) -> PromptTokenizer:
         """``tokenizer``, with its cache's metrics (if it has a cache) in place of any earlier one's."""

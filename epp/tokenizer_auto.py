@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.estimated_tokens import EstimatedTokenizer
-from epp.tokenization import CHAT_TEMPLATE_FILE, TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
+from epp.tokenization import CHAT_TEMPLATE_FILE, TOKENIZER_FILES, PromptTokenizer
 
 log = logging.getLogger(__name__)
 SUPPLY_HINT = (
@@ -72,7 +72,7 @@ class AutoTokenizer:
         store: EndpointStore,
         metrics: TokenizerMetrics,
         on_loaded: Callable[[PromptTokenizer], None],
-        load: Callable[[str], ModelTokenizer],
+        load: Callable[[str], PromptTokenizer],
         clock: Callable[[], float],
         *,
         poll_s: float = 1.0,
@@ -117,8 +117,12 @@ class AutoTokenizer:
             return
         self.on_loaded(tokenizer)
         self.loaded, self._failing, self._backoff = root, None, self.retry_s[0]
-        self.metrics.estimated.set(0)
-        log.info("tokenizer of %s loaded from the Hugging Face Hub: token counts are exact", root)
+        self.metrics.estimated.set(0 if tokenizer.exact else 1)
+        log.info(
+            "tokenizer of %s loaded from the Hugging Face Hub: token counts are %s",
+            root,
+            "exact" if tokenizer.exact else "estimated, calibrated on the prompts it tokenizes",
+        )
 
     def _failed(self, root: str, exc: Exception) -> None:
         why = f"{type(exc).__name__}: {exc}".splitlines()[0]

@@ -63,6 +63,9 @@ class PrecisePrefixCacheProducer(ApproximatePrefixCacheProducer):
         self.hasher = BlockHasher(params.hash_algo, params.hash_seed)
         self.precise = context.kv_index
 
+    def engine_token_ids_needed(self) -> str:
+        return "it matches the prompt's blocks against the engines' KV events"
+
     def block_hashes(self, request: LLMRequest) -> list[int]:
         """The prompt's blocks as the engine names them (those of a cached prefix reused)."""
         size, tokens = self.params.block_size_tokens, request.prompt_token_ids

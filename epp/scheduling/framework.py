@@ -78,6 +78,16 @@ class RunsAmongReplicas(Protocol):
         ...
 
 
+@runtime_checkable
+class ReadsEngineTokenIds(Protocol):
+    """A plugin that matches the prompt's ids against the engines' own (their KV events): it
+    needs the served model's tokenizer on every prompt, not estimated ids."""
+
+    def engine_token_ids_needed(self) -> str:
+        """Why, in a few words (for the EPP's refusal to start without them)."""
+        ...
+
+
 class KVBlockIndex(Protocol):
     """What the engines report holding, block by block (their KV events), as plugins read it."""
 

@@ -168,6 +168,7 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
         "request_us": [
             {"callout": "ext-proc", "tokenizer": "dir", "us": 1_000.0},
             {"callout": "ext-authz", "tokenizer": "dir", "us": 700.0},
+            {"callout": "ext-authz", "tokenizer": "sampled", "us": 450.0},
             {"callout": "ext-authz", "tokenizer": "estimate", "us": 400.0},
         ],
         "rates": {
@@ -199,10 +200,11 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
     assert "ext-proc at 150 requests/s (achieved 149): 1,000 µs of EPP CPU" in report
     # Each callout's plan at the fast tick: ext_authz's requests cost 700 µs and read no chunk.
     authz = [p for p in data["callout_plans"] if p["callout"] == "ext-authz" and p["qps"] == 10_000]
-    assert [p["tokenizer"] for p in authz] == ["dir", "estimate"]
+    assert [p["tokenizer"] for p in authz] == ["dir", "sampled", "estimate"]
     assert authz[0]["request_cores"] == pytest.approx(10_000 * (700 + 2.0 * 5) / 1e6)
-    assert authz[1]["request_cores"] == pytest.approx(10_000 * (400 + 2.0 * 5) / 1e6)
+    assert authz[2]["request_cores"] == pytest.approx(10_000 * (400 + 2.0 * 5) / 1e6)
     assert "| ext-authz | the model's | 700 | 10,000 |" in report
+    assert "| ext-authz | the model's on 1 prompt in 16 | 450 | 10,000 |" in report
     assert "| ext-authz | estimated counts | 400 | 10,000 |" in report
     assert "| decode progress of a handed-off stream moved on (once a second) | 2.00 | – |" in report
     assert (tmp_path / data["plot"]).stat().st_size > 0 and (tmp_path / "capacity.json").exists()

@@ -23,7 +23,7 @@ from epp.main import parse_args as epp_args
 from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
 from sim.processes import BIN
 from tests.helm import fake_hub
-from tests.helm.render import CHART, Rendered, ci_values, merged, render
+from tests.helm.render import CHART, HelmFailed, Rendered, ci_values, merged, render
 
 CI_VALUES = ci_values()
 TINY_VOCAB = ModelTokenizer(TINY_MODEL_DIR).vocab_size
@@ -243,3 +243,16 @@ def test_the_estimate_source_runs_the_epp_without_a_tokenizer() -> None:
     epp = _epp_without_tokenizer_volume(rendered, "estimate")
     assert "HF_HOME" not in {e["name"] for e in epp.get("env", [])}
     assert "token counts are estimated from the text" in rendered.notes
+
+
+@pytest.mark.parametrize("source", ["auto", "hub"])
+def test_the_tokenizer_can_run_on_one_prompt_in_n(source: str) -> None:
+    values = merged(_ci_with(source), {"inferenceExtension": {"tokenizer": {"tokenizeEvery": 16}}})
+    settings, _ = epp_args(_epp(render(values))["args"])
+    assert settings.tokenize_every == 16
+
+
+def test_sampling_a_tokenizer_needs_one() -> None:
+    values = merged(_ci_with("estimate"), {"inferenceExtension": {"tokenizer": {"tokenizeEvery": 16}}})
+    with pytest.raises(HelmFailed, match="source estimate has none"):
+        render(values)

@@ -45,10 +45,17 @@ tokenizer.json tokenizer_config.json
 
 {{/* The EPP's flags that say where its tokenizer comes from. */}}
 {{- define "llm-epp.tokenizerArgs" -}}
+{{- $every := int .Values.inferenceExtension.tokenizer.tokenizeEvery -}}
 {{- if not (include "llm-epp.tokenizerMounted" .) -}}
 - "--tokenizer-source={{ include "llm-epp.tokenizerSource" . }}"
 {{- else -}}
 - "--tokenizer-dir={{ include "llm-epp.tokenizerDir" . }}"
+{{- end }}
+{{- if gt $every 1 }}
+{{- if eq (include "llm-epp.tokenizerSource" .) "estimate" -}}
+{{- fail "inferenceExtension.tokenizer.tokenizeEvery samples the model's tokenizer: source estimate has none (choose auto or a source that delivers it)" -}}
+{{- end }}
+- "--tokenize-every={{ $every }}"
 {{- end -}}
 {{- end -}}
 
