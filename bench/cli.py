@@ -216,6 +216,12 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
         "docs/tokenizer.md), for text of these bytes a token, e.g. 3,4,5",
     )
     p.add_argument(
+        "--calibrated-estimates",
+        action="store_true",
+        help="with --estimated-tokens: also each with the estimate at the text's bytes a token, as "
+        "an EPP sampling the model's tokenizer does (--tokenize-every; labelled ROUTER~calB)",
+    )
+    p.add_argument(
         "--joins-at-s",
         type=_join_times,
         default=(),
@@ -587,6 +593,7 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         scrape_interval_s=args.scrape_interval_ms / 1e3,
         retrain_interval_s=args.retrain_interval_s,
         estimated_tokens=args.estimated_tokens,
+        calibrated_estimates=args.calibrated_estimates,
         joins_at_s=args.joins_at_s,
         output_hint_sigma=args.output_hint,
     )

@@ -44,18 +44,25 @@ class CompareSettings:
     estimated_tokens: tuple[float, ...] = ()
     """Also run every router on token counts estimated from the text (an EPP without the model's
     tokenizer), once per bytes-a-token of the text given here; labelled ``ROUTER~estB``."""
+    calibrated_estimates: bool = False
+    """Also run each of those with the estimate at the text's bytes a token (an EPP sampling the
+    model's tokenizer, ``--tokenize-every``); labelled ``ROUTER~calB``."""
     joins_at_s: tuple[float, ...] = ()
     """When the last replicas join the pool (``FleetConfig.joins_at_s``)."""
     output_hint_sigma: float | None = None
     """Clients send ``x-expected-output-tokens`` (``FleetConfig.output_hint_sigma``)."""
 
 
-def variants(settings: CompareSettings) -> list[tuple[str, str, float | None]]:
-    """(label, router, estimated bytes a token or None for exact counts) of every run per scale."""
+def variants(settings: CompareSettings) -> list[tuple[str, str, float | None, bool]]:
+    """(label, router, estimated bytes a token or None for exact counts, whether the estimate is
+    calibrated) of every run per scale."""
+    estimates = [(est, False) for est in settings.estimated_tokens]
+    if settings.calibrated_estimates:
+        estimates += [(est, True) for est in settings.estimated_tokens]
     return [
-        (router if est is None else f"{router}~est{est:g}", router, est)
+        (router if est is None else f"{router}~{'cal' if cal else 'est'}{est:g}", router, est, cal)
         for router in settings.routers
-        for est in (None, *settings.estimated_tokens)
+        for est, cal in [(None, False), *estimates]
     ]
 
 
@@ -99,12 +106,12 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
             workload = build_workload(settings.workload, options)
             described[f"{scale:g}"] = workload.description
             parameters[f"{scale:g}"] = workload.params
-            for label, router, estimated in variants(settings):
+            for label, router, estimated, calibrated in variants(settings):
                 task = progress.add_task(f"{workload.name} x{scale:g} {label}", total=workload.num_requests)
                 simulator = FleetSimulator(
                     workload,
                     lambda clock, router=router: make_router(router, clock, settings.seed),
-                    replace(config, estimated_bytes_per_token=estimated),
+                    replace(config, estimated_bytes_per_token=estimated, estimate_calibrated=calibrated),
                 )
                 result = simulator.run(lambda task=task: progress.advance(task))
                 summary = summarize(result, workload)
@@ -129,7 +136,7 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
         "runs": runs,
     }
     stem = "compare-" + re.sub(r"[^A-Za-z0-9._-]+", "_", workload.name.split(":")[0])
-    plots = _plots(out_dir, stem, settings, [label for label, _, _ in variants(settings)], kept, runs)
+    plots = _plots(out_dir, stem, settings, [label for label, *_ in variants(settings)], kept, runs)
     write_results(out_dir, stem, data, _markdown(data, settings, plots))
     return data
 

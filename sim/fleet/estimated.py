@@ -4,10 +4,12 @@ Simulated prompts are token ids without text, so each id is given a text of its 
 of 1 to ``2 * bytes_per_token - 1`` bytes (uniform; mean ``bytes_per_token`` when twice it is a
 whole number) and bytes, both fixed by the id alone, so the same tokens always make the same
 text. The prompt's text is its tokens' texts joined, and the router's ids are the EPP's
-estimate of that text: one per 4 bytes. ``bytes_per_token`` is how the workload's real text
-relates to the real tokenizer (about 4 for English prose under current vocabularies, less for
-code, more for scripts of several bytes a character); 4 makes the estimated counts right on
-average, so only the ids' misalignment with the engine's remains.
+estimate of that text: one per 4 bytes, or, ``calibrated``, one per ``bytes_per_token`` (an EPP
+that samples the model's tokenizer, ``epp.tokenizer_sampling``, once its ratio has settled).
+``bytes_per_token`` is how the workload's real text relates to the real tokenizer (about 4 for
+English prose under current vocabularies, less for code, more for scripts of several bytes a
+character); 4, or a calibrated estimate, makes the estimated counts right on average, so only
+the ids' misalignment with the engine's remains.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from epp.estimated_tokens import estimated_ids
+from epp.estimated_tokens import BYTES_PER_TOKEN, MAX_BYTES_PER_TOKEN, estimated_ids
 from sim.fleet.prompts import splitmix
 
 _MAX_BYTES = 16
@@ -26,12 +28,12 @@ _U64 = np.uint64
 class TokenText:
     """Estimated ids for prompts of synthetic token ids (see the module)."""
 
-    def __init__(self, bytes_per_token: float) -> None:
-        if not 1 <= bytes_per_token <= (_MAX_BYTES + 1) / 2:
-            raise ValueError(
-                f"bytes per token must be in [1, {(_MAX_BYTES + 1) / 2:g}], got {bytes_per_token}"
-            )
+    def __init__(self, bytes_per_token: float, calibrated: bool = False) -> None:
+        top = MAX_BYTES_PER_TOKEN if calibrated else (_MAX_BYTES + 1) / 2
+        if not 1 <= bytes_per_token <= top:
+            raise ValueError(f"bytes per token must be in [1, {top:g}], got {bytes_per_token}")
         self.spread = 2 * bytes_per_token - 1
+        self.ratio = bytes_per_token if calibrated else BYTES_PER_TOKEN
 
     def text(self, tokens: Sequence[int]) -> bytes:
         """The text of ``tokens``: each token's bytes, joined."""
@@ -44,4 +46,4 @@ class TokenText:
 
     def __call__(self, tokens: Sequence[int]) -> list[int]:
         """The ids an EPP estimating from the text routes ``tokens`` by."""
-        return estimated_ids(self.text(tokens))
+        return estimated_ids(self.text(tokens), self.ratio)

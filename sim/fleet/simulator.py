@@ -72,6 +72,9 @@ class FleetConfig:
     estimated_bytes_per_token: float | None = None
     """Route on token ids estimated from the prompts' text, as an EPP without the model's
     tokenizer does, for text of this many bytes a token (``sim.fleet.estimated``); None: exact."""
+    estimate_calibrated: bool = False
+    """The estimate runs at the text's bytes a token, as an EPP sampling the model's tokenizer
+    (``--tokenize-every``) does once calibrated, instead of 4."""
     joins_at_s: tuple[float, ...] = ()
     """When the last ``len(joins_at_s)`` replicas join the pool, in order (virtual seconds); until
     then the router is not offered them (a replica scaled out into a warm pool)."""
@@ -191,7 +194,7 @@ class FleetSimulator:
         self.prompts = PromptBuilder(self.profile.engine.block_size, workload.hash_block_tokens)
         estimated = config.estimated_bytes_per_token
         self._router_ids: Callable[[list[int]], list[int]] | None = (
-            None if estimated is None else TokenText(estimated)
+            None if estimated is None else TokenText(estimated, config.estimate_calibrated)
         )
         self.records: list[SimulatedRequest] = []
         self._sessions = [

@@ -67,9 +67,10 @@ def test_compare_runs_each_router_on_estimated_counts_too(tmp_path: Path) -> Non
     trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "out"
     args = ["compare", "--workload", f"session-trace:{trace}", "--routers", "gie-default", "--replicas", "2"]
-    main([*args, "--estimated-tokens", "3,4", "--out", str(out)])
+    main([*args, "--estimated-tokens", "3,4", "--calibrated-estimates", "--out", str(out)])
     data = json.loads((out / "compare-session-trace.json").read_text())
-    assert [r["router"] for r in data["runs"]] == ["gie-default", "gie-default~est3", "gie-default~est4"]
+    labels = ["gie-default", *(f"gie-default~{kind}{b}" for kind in ("est", "cal") for b in (3, 4))]
+    assert [r["router"] for r in data["runs"]] == labels
     assert all(r["completed"] == 4 for r in data["runs"])
     assert "| gie-default~est3 |" in (out / "compare-session-trace.md").read_text()
 

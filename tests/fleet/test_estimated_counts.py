@@ -19,6 +19,12 @@ def test_the_text_averages_the_bytes_a_token_asked_for(bytes_per_token: float) -
     assert estimated == pytest.approx(len(tokens) * bytes_per_token / BYTES_PER_TOKEN, rel=0.02)
 
 
+@pytest.mark.parametrize("bytes_per_token", [2.5, 3.0, 5.0])
+def test_calibrated_the_estimate_counts_the_tokens(bytes_per_token: float) -> None:
+    tokens = synthetic_tokens(11, 20_000).tolist()
+    assert len(TokenText(bytes_per_token, calibrated=True)(tokens)) == pytest.approx(len(tokens), rel=0.02)
+
+
 def test_prompts_that_share_tokens_share_estimated_ids() -> None:
     text = TokenText(4.0)
     shared = synthetic_tokens(1, 500).tolist()
