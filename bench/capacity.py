@@ -687,7 +687,8 @@ def _markdown(data: dict[str, Any]) -> str:
             "Live stack, open loop (`bench.request_rate`, ~1k-token prompts, streamed answers handed "
             "off at the first token over ext_proc, at the routing over ext_authz): "
             + "; ".join(
-                f"{c['callout']} at {c['rate']:g} requests/s (achieved {c['achieved_rate']:.0f}): "
+                f"{c['callout']} (tokenizer: {TOKENIZER_LABELS[c['tokenizer']]}) at {c['rate']:g} "
+                f"requests/s (achieved {c['achieved_rate']:.0f}): "
                 f"{c['epp_us']:,.0f} µs of "
                 f"EPP CPU and {c['envoy_us']:,.0f} of Envoy's a request"
                 for c in m["rates"]["cells"]

@@ -197,7 +197,7 @@ def test_the_report_has_the_unit_costs_the_plans_and_llm_ds_sources(tmp_path: Pa
     assert f"| 10,000 | 200 ms | 17.6 | {ten_k['epp_cores']:.1f} | {ten_k['replicas']} |" in report
     assert "high_qps_small_token_comparison_analysis.md" in report
     assert "Routing over 100 endpoints instead of 4 adds 700 µs" in report
-    assert "ext-proc at 150 requests/s (achieved 149): 1,000 µs of EPP CPU" in report
+    assert "ext-proc (tokenizer: the model's) at 150 requests/s (achieved 149): 1,000 µs of EPP CPU" in report
     # Each callout's plan at the fast tick: ext_authz's requests cost 700 µs and read no chunk.
     authz = [p for p in data["callout_plans"] if p["callout"] == "ext-authz" and p["qps"] == 10_000]
     assert [p["tokenizer"] for p in authz] == ["dir", "sampled", "estimate"]
