@@ -1,7 +1,8 @@
 """Token ids estimated from the text, for an EPP that cannot have the served model's tokenizer.
 
 Every ``BYTES_PER_TOKEN`` bytes of the prompt's UTF-8 text count as one token, and that token's
-id is those bytes read as a big-endian integer (the last run zero-padded). The ratio may be any other up to
+id is those bytes read as a big-endian integer (the last run zero-padded; a run of over 4 bytes
+folded to 32 bits). The ratio may be any other up to
 ``MAX_BYTES_PER_TOKEN`` (``epp.tokenizer_sampling`` measures the served model's on the prompts it
 tokenizes): run k is then bytes ``floor(k r)`` to ``floor((k + 1) r)``, so the runs keep to fixed
 offsets from the start of the text. Why this estimate:
@@ -40,7 +41,7 @@ from epp.tokenizer_cache import TokenizerCache, check_inline
 
 BYTES_PER_TOKEN = 4
 MAX_BYTES_PER_TOKEN = 8
-"""A run's bytes make one 64-bit id."""
+"""A run's bytes fit one 64-bit word, folded to a 32-bit id."""
 _ID = np.dtype(">u8")
 _LANES = np.arange(MAX_BYTES_PER_TOKEN)
 
@@ -55,10 +56,12 @@ def estimated_ids(data: bytes, bytes_per_token: float = BYTES_PER_TOKEN) -> list
     padded = np.frombuffer(data + bytes(MAX_BYTES_PER_TOKEN), dtype=np.uint8)
     runs = sliding_window_view(padded, MAX_BYTES_PER_TOKEN)[bounds[:-1]]
     runs = runs * (np.diff(bounds)[:, None] > _LANES)
-    # A run of at most ceil(r) bytes sits in the id's top bytes: shifted down, at 4 bytes a token
-    # each id is its run read as a 32-bit integer.
+    # A run of at most ceil(r) bytes sits in the top bytes: shifted down, at 4 bytes a token each
+    # id is its run read as an integer. Ids are 32-bit, as a vocabulary's are (the prefix index
+    # packs them so): a longer run's top bytes are folded onto its bottom four.
     spare = np.uint64(8 * (MAX_BYTES_PER_TOKEN - math.ceil(bytes_per_token)))
-    return (runs.view(_ID).ravel() >> spare).tolist()
+    values = runs.view(_ID).ravel() >> spare
+    return ((values ^ (values >> np.uint64(32))) & np.uint64(0xFFFFFFFF)).tolist()
 
 
 def utf8(text: str) -> bytes:

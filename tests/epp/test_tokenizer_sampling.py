@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.app import EppApp
 from epp.estimated_tokens import MAX_BYTES_PER_TOKEN, estimated_ids
+from epp.kvcache.approximate_index import prefix_block_hashes
 from epp.kvcache.block_hash import chain_hashes
 from epp.scheduling.config import ConfigError
 from epp.settings import EppSettings
@@ -82,11 +83,15 @@ def test_at_any_ratio_a_shared_prefix_shares_its_whole_runs(
     ids_a, ids_b = estimated_ids(prefix + a, ratio), estimated_ids(prefix + b, ratio)
     shared = math.floor(len(prefix) / ratio)  # runs that end inside the prefix
     assert ids_a[:shared] == ids_b[:shared]
+    assert all(0 <= i < 1 << 32 for i in ids_a)  # as a vocabulary's: the prefix index packs them so
     assert chain_hashes(ids_a, 2)[: shared // 2] == chain_hashes(ids_b, 2)[: shared // 2]
+    approximate_a, approximate_b = prefix_block_hashes(ids_a, 2), prefix_block_hashes(ids_b, 2)
+    assert approximate_a[: shared // 2] == approximate_b[: shared // 2]
 
 
 def test_runs_that_differ_in_a_byte_differ() -> None:
     assert estimated_ids(b"abcdefgh", 2.5) != estimated_ids(b"abcdefgx", 2.5)
+    assert estimated_ids(b"abcdefgh", 7.5) != estimated_ids(b"abcdefgx", 7.5)
     assert estimated_ids(b"ab", 1.0) != estimated_ids(b"ba", 1.0)
 
 
