@@ -51,7 +51,7 @@ from bench import handler_cpu, metering_cost, predictor_bench, request_rate, scr
 from bench.idle_cost import VLLM_SCRAPE
 from bench.metering_cost import SHIPPED_SAMPLE_EVERY, MeteringCostSettings
 from bench.report import machine, markdown_table, save_figure, write_results
-from bench.request_rate import SAMPLE_EVERY, TOKENIZER_LABELS, RequestRateSettings
+from bench.request_rate import SAMPLE_EVERY, TOKENIZER_LABELS, RequestRateSettings, TokenizerMode
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.scraper import MetricsScraper
 from epp.envoy_config import Callout
@@ -144,6 +144,9 @@ class CapacitySettings:
     callout: Callout = "ext-authz"
     """How the gateway asks the EPP in the plan: the cheap callout, where the gateway is an Envoy
     the operator configures (``epp.extauthz``); the other's plan goes beside it."""
+    tokenizer: TokenizerMode = "sampled"
+    """The EPP's tokenizer in the plan: the model's on one prompt in 16 (``--tokenize-every``),
+    what an operator at this scale sets; the others' plans go beside it."""
     request_rate: RequestRateSettings = field(
         default_factory=lambda: RequestRateSettings(
             rates=(50.0, 150.0), callouts=CALLOUTS, tokenizer_sources=("dir", "sampled", "estimate")
@@ -152,7 +155,7 @@ class CapacitySettings:
     """The live request cells (``bench.request_rate``), for each callout, with the model's
     tokenizer on every prompt, on one in 16, and with counts estimated from the text: the plan
     takes the cost at the last (highest) rate, which every replica of a plan at 1,000 QPS or
-    more carries or exceeds, with the model's tokenizer; the others' plans go beside it."""
+    more carries or exceeds, with the plan's tokenizer; the others' plans go beside it."""
     handler_requests: int = 300
     progress_streams: int = 1_000
     progress_rounds: int = 5
@@ -589,7 +592,9 @@ def measure(s: CapacitySettings) -> tuple[UnitCosts, dict[str, Any]]:
         if c["rate"] == top
     ]
     costs = UnitCosts(
-        request_us=next(r["us"] for r in request_us if r["callout"] == s.callout and r["tokenizer"] == "dir"),
+        request_us=next(
+            r["us"] for r in request_us if r["callout"] == s.callout and r["tokenizer"] == s.tokenizer
+        ),
         chunk_us=streams["chunk_us"],
         log_entry_us=measure_log_entry_us(s.log_entries, s.log_batches),
         scrape_us=scrape["scrape_us"],
@@ -617,7 +622,8 @@ def measure(s: CapacitySettings) -> tuple[UnitCosts, dict[str, Any]]:
 def _unit_rows(costs: UnitCosts, s: CapacitySettings) -> list[list[str]]:
     return [
         [
-            f"request (ISL ~{s.input_tokens:,}, OSL {s.output_tokens}, {s.callout}, {s.pods} pods)",
+            f"request (ISL ~{s.input_tokens:,}, OSL {s.output_tokens}, {s.callout}, tokenizer: "
+            f"{TOKENIZER_LABELS[s.tokenizer]}, {s.pods} pods)",
             f"{costs.request_us:,.0f}",
             f"~{LLM_D_REQUEST_US:,.0f}",
         ],
@@ -732,7 +738,8 @@ def _markdown(data: dict[str, Any]) -> str:
             "every peer. llm-d's EPP "
             "cores: ~4 ms per request + ~31 µs per chunk.",
             f"Each callout and tokenizer at the {s['scrape_intervals_s'][0] * 1e3:g} ms tick (the plan "
-            f"above is {s['callout']}'s with the model's tokenizer; ext_proc's requests also read one "
+            f"above is {s['callout']}'s, tokenizer: {TOKENIZER_LABELS[s['tokenizer']]}; ext_proc's "
+            "requests also read one "
             f"stream in {s['sample_every']:,} chunk by chunk; on 1 prompt in {SAMPLE_EVERY}: "
             f"`--tokenize-every {SAMPLE_EVERY}`; estimated counts: `--tokenizer-source estimate`; "
             "docs/tokenizer.md):",
