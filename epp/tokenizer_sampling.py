@@ -128,30 +128,35 @@ class CalibrationCollector:
         tokenizer = self.current()
         if not isinstance(tokenizer, Calibrated):
             return
-        calibration, labels = tokenizer.calibration, ["name"]
-        ratio = GaugeMetricFamily(
-            "llm_epp_tokenizer_bytes_per_token",
-            "Bytes of prompt text per estimated token (measured on the sampled prompts)",
-            labels=labels,
-        )
-        ratio.add_metric([self.pool], calibration.bytes_per_token)
-        error = GaugeMetricFamily(
-            "llm_epp_tokenizer_estimate_error",
-            "Mean relative error of the estimated prompt token counts over the last window of "
-            "sampled prompts (NaN before the first window)",
-            labels=labels,
-        )
-        error.add_metric([self.pool], math.nan if calibration.last_error is None else calibration.last_error)
-        sampled = CounterMetricFamily(
-            "llm_epp_tokenizer_sampled_prompts",
-            "Prompts also tokenized by the model's tokenizer to calibrate the estimate",
-            labels=labels,
-        )
-        sampled.add_metric([self.pool], tokenizer.sampled)
-        changes = CounterMetricFamily(
-            "llm_epp_tokenizer_ratio_changes",
-            "Times the estimate's bytes per token moved (each starts prefix affinity over)",
-            labels=labels,
-        )
-        changes.add_metric([self.pool], calibration.changes)
-        yield from (ratio, error, sampled, changes)
+        calibration = tokenizer.calibration
+        error = math.nan if calibration.last_error is None else calibration.last_error
+        for family, name, documentation, value in (
+            (
+                GaugeMetricFamily,
+                "llm_epp_tokenizer_bytes_per_token",
+                "Bytes of prompt text per estimated token (measured on the sampled prompts)",
+                calibration.bytes_per_token,
+            ),
+            (
+                GaugeMetricFamily,
+                "llm_epp_tokenizer_estimate_error",
+                "Mean relative error of the estimated prompt token counts over the last window of "
+                "sampled prompts (NaN before the first window)",
+                error,
+            ),
+            (
+                CounterMetricFamily,
+                "llm_epp_tokenizer_sampled_prompts",
+                "Prompts also tokenized by the model's tokenizer to calibrate the estimate",
+                tokenizer.sampled,
+            ),
+            (
+                CounterMetricFamily,
+                "llm_epp_tokenizer_ratio_changes",
+                "Times the estimate's bytes per token moved (each starts prefix affinity over)",
+                calibration.changes,
+            ),
+        ):
+            metric = family(name, documentation, labels=["name"])
+            metric.add_metric([self.pool], value)
+            yield metric
