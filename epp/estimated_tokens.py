@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from epp.tokenization import normalise_messages
 from epp.tokenizer_cache import TokenizerCache, check_inline
@@ -42,8 +41,8 @@ from epp.tokenizer_cache import TokenizerCache, check_inline
 BYTES_PER_TOKEN = 4
 MAX_BYTES_PER_TOKEN = 8
 """A run's bytes fit one 64-bit word, folded to a 32-bit id."""
-_ID = np.dtype(">u8")
-_LANES = np.arange(MAX_BYTES_PER_TOKEN)
+_WORDS = {4: np.dtype(">u4"), 8: np.dtype(">u8")}
+"""Runs of up to 4 bytes are read as 32-bit words, longer ones as 64-bit words."""
 
 
 def estimated_ids(data: bytes, bytes_per_token: float = BYTES_PER_TOKEN) -> list[int]:
@@ -52,16 +51,22 @@ def estimated_ids(data: bytes, bytes_per_token: float = BYTES_PER_TOKEN) -> list
     if not 1 <= bytes_per_token <= MAX_BYTES_PER_TOKEN:
         raise ValueError(f"bytes per token must be in [1, {MAX_BYTES_PER_TOKEN}], got {bytes_per_token}")
     count = math.ceil(len(data) / bytes_per_token)
-    bounds = np.minimum(np.floor(np.arange(count + 1) * bytes_per_token).astype(np.int64), len(data))
-    padded = np.frombuffer(data + bytes(MAX_BYTES_PER_TOKEN), dtype=np.uint8)
-    runs = sliding_window_view(padded, MAX_BYTES_PER_TOKEN)[bounds[:-1]]
-    runs = runs * (np.diff(bounds)[:, None] > _LANES)
-    # A run of at most ceil(r) bytes sits in the top bytes: shifted down, at 4 bytes a token each
-    # id is its run read as an integer. Ids are 32-bit, as a vocabulary's are (the prefix index
-    # packs them so): a longer run's top bytes are folded onto its bottom four.
-    spare = np.uint64(8 * (MAX_BYTES_PER_TOKEN - math.ceil(bytes_per_token)))
-    values = runs.view(_ID).ravel() >> spare
-    return ((values ^ (values >> np.uint64(32))) & np.uint64(0xFFFFFFFF)).tolist()
+    bounds = np.floor(np.arange(count + 1) * bytes_per_token).astype(np.int64)
+    np.minimum(bounds, len(data), out=bounds)
+    longest = math.ceil(bytes_per_token)
+    width = 4 if longest <= 4 else 8
+    lanes = np.arange(width)
+    padded = np.frombuffer(data + bytes(width), dtype=np.uint8)
+    # Each run's bytes, from the top of a word, the rest of the word zero.
+    runs = padded[bounds[:-1, None] + lanes] * (np.diff(bounds)[:, None] > lanes)
+    word = _WORDS[width]
+    # Shifted down, at 4 bytes a token each id is its run read as an integer. Ids are 32-bit,
+    # as a vocabulary's are (the prefix index packs them so): a longer run's top bytes are
+    # folded onto its bottom four.
+    values = runs.view(word).ravel() >> word.type(8 * (width - longest))
+    if width == 8:
+        values = (values ^ (values >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+    return values.tolist()
 
 
 def utf8(text: str) -> bytes:
