@@ -106,7 +106,7 @@ class EppSettings(BaseModel):
         ge=1,
         description="run the model's tokenizer on one prompt in this many (1: every prompt, exact "
         "counts). Over 1: the other prompts' counts are estimated from their bytes at the ratio the "
-        "tokenized ones measure (~0.4 ms of EPP CPU less a 1k-token prompt); no precise-prefix "
+        "tokenized ones measure (~0.2 ms of EPP CPU less a 1k-token prompt); no precise-prefix "
         "matching, and the engine, not the EPP, refuses prompts longer than the context "
         "(docs/tokenizer.md)",
     )
