@@ -10,9 +10,10 @@ also tokenized by the served model's tokenizer, and the estimate runs at the rat
 prompts measure: the counts are on the model's scale for this traffic (prose, code, other
 scripts), and each prompt's error is its own text's departure from the traffic's mean.
 
-The ratio moves only when a window of sampled prompts measures one more than ``tolerance`` away
-from it, since a new ratio gives new ids: the prefix index's entries of the old one stop
-matching, and prefix affinity starts over once.
+A sampled prompt is tokenized over its tail (``SAMPLE_CHARS``), so that a long conversation's
+turn costs no more to sample than a short prompt. The ratio moves only when a window of sampled
+prompts measures one more than ``tolerance`` away from it, since a new ratio gives new ids: the
+prefix index's entries of the old one stop matching, and prefix affinity starts over once.
 
 What is lost against tokenizing every prompt: precise (KV-event) prefix matching, which needs
 the engine's ids (the EPP refuses the combination at start), and refusing prompts longer than
@@ -32,6 +33,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from epp.estimated_tokens import BYTES_PER_TOKEN, MAX_BYTES_PER_TOKEN, estimated_ids, utf8
 from epp.tokenization import PromptTokenizer
 from epp.tokenizer_cache import TokenizerCache, check_inline
+
+SAMPLE_CHARS = 8_192
+"""A sampled prompt is tokenized over its last this many characters: the newest text, whose
+bytes per token are the traffic's, at a bounded cost however long the conversation has grown."""
 
 
 @dataclass
@@ -99,10 +104,11 @@ class SampledTokenizer:
             due = self._seen % self.every == 0
             ratio = self.calibration.bytes_per_token
         if due:
-            tokens = len(self.model.encode(text))
+            tail = text[-SAMPLE_CHARS:]
+            tokens = len(self.model.encode(tail))
             with self._lock:
                 self.sampled += 1
-                self.calibration.observe(len(data), tokens)
+                self.calibration.observe(len(utf8(tail)), tokens)
         return estimated_ids(data, ratio)
 
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:

@@ -23,7 +23,7 @@ from epp.kvcache.block_hash import chain_hashes
 from epp.scheduling.config import ConfigError
 from epp.settings import EppSettings
 from epp.tokenization import ModelTokenizer
-from epp.tokenizer_sampling import CalibrationCollector, CountCalibration, SampledTokenizer
+from epp.tokenizer_sampling import SAMPLE_CHARS, CalibrationCollector, CountCalibration, SampledTokenizer
 from tests.epp.extproc_harness import Harness
 from tests.epp.factories import local_epp_settings
 
@@ -58,6 +58,7 @@ class CountingModel:
     def __init__(self) -> None:
         self.model = ModelTokenizer()
         self.encoded = 0
+        self.longest = 0
 
     exact = True
     cache = None
@@ -65,6 +66,7 @@ class CountingModel:
 
     def encode(self, text: str, max_chars: int | None = None) -> list[int]:
         self.encoded += 1
+        self.longest = max(self.longest, len(text))
         return self.model.encode(text, max_chars)
 
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
@@ -141,6 +143,18 @@ def test_one_prompt_in_n_is_tokenized_and_the_counts_come_to_the_models_scale() 
     assert 2.6 < sampled.calibration.bytes_per_token < 3.2
     assert sampled.calibration.changes == 1  # one move, then within the tolerance
     assert sampled.calibration.last_error is not None and sampled.calibration.last_error < 0.05
+
+
+def test_a_long_prompt_is_sampled_over_its_tail_only() -> None:
+    model = CountingModel()
+    sampled = SampledTokenizer(model, every=2, calibration=CountCalibration(window=1))
+    long = prose(random.Random(3), 20_000)
+    assert len(long) > 4 * SAMPLE_CHARS
+    ids = [sampled.encode(long) for _ in range(2)]
+    assert model.encoded == 1 and model.longest == SAMPLE_CHARS
+    tail = long[-SAMPLE_CHARS:]
+    assert sampled.calibration.bytes_per_token == pytest.approx(len(tail) / len(model.model.encode(tail)))
+    assert len(ids[1]) == math.ceil(len(long) / 4)  # the sampled prompt itself went out at the old ratio
 
 
 def test_chat_is_rendered_by_the_models_template() -> None:
