@@ -68,7 +68,7 @@ from epp.sync.state import ReplicaSyncState, SyncTuning
 from epp.tls import server_credentials
 from epp.tokenization import TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
 from epp.tokenizer_auto import AutoTokenizer, TokenizerMetrics, download_from_hub
-from epp.tokenizer_sampling import CalibrationCollector, SampledTokenizer
+from epp.tokenizer_sampling import Calibrated, CalibrationCollector, SampledTokenizer
 from trainer.auth import read_token
 
 log = logging.getLogger(__name__)
@@ -226,6 +226,8 @@ class EppApp:
                 settings.completion_log_silence_s,
             ),
         )
+        if self.sync is not None:
+            self.sync.state.bytes_per_token = self._announced_bytes_per_token
         self.gate = request_gate(settings)
         self.kv_events = KVEventsSubscriber(
             self.store,
@@ -252,9 +254,18 @@ class EppApp:
         sampled to calibrate estimated counts (``epp.tokenizer_sampling``; no prompt cache then)."""
         every = self.settings.tokenize_every
         if every > 1:
-            return SampledTokenizer(load_tokenizer(model_dir), every)
+            return SampledTokenizer(load_tokenizer(model_dir), every, agreed=self._agreed_bytes_per_token)
         settings = self.settings
         return load_tokenizer(model_dir, settings.tokenizer_cache_bytes, settings.verify_tokenizer_cache)
+
+    def _agreed_bytes_per_token(self) -> float | None:
+        """The estimate's ratio the synced replicas route on, when a peer sets it."""
+        return self.sync.state.agreed_bytes_per_token() if self.sync is not None else None
+
+    def _announced_bytes_per_token(self) -> float | None:
+        """Our estimate's ratio for the peers, when we route on a calibrated estimate."""
+        tokenizer = self.director.tokenizer
+        return tokenizer.calibration.announced if isinstance(tokenizer, Calibrated) else None
 
     def _exporting(self, tokenizer: PromptTokenizer) -> PromptTokenizer:
         """``tokenizer``, with its cache's metrics (if it has a cache) in place of any earlier one's."""

@@ -15,6 +15,12 @@ turn costs no more to sample than a short prompt. The ratio moves only when a wi
 prompts measures one more than ``tolerance`` away from it, since a new ratio gives new ids: the
 prefix index's entries of the old one stop matching, and prefix affinity starts over once.
 
+Synced replicas (``epp.sync``) share prefix blocks, which are hashed from the ids, so they
+must route on one ratio: each announces its own in its heartbeat once it has one (after a window,
+or taken from a peer), and each routes on the ratio of the first replica by name that announces
+one (``ReplicaSyncState.agreed_bytes_per_token``). That replica alone moves it by its windows;
+when it leaves, the next has the same ratio already.
+
 What is lost against tokenizing every prompt: precise (KV-event) prefix matching, which needs
 the engine's ids (the EPP refuses the combination at start), and refusing prompts longer than
 the context at the EPP (the engine refuses them, with the same error).
@@ -49,6 +55,10 @@ class CountCalibration:
     last_error: float | None = None
     """The last window's mean relative error of the estimated counts (at the ratio then in use)."""
     changes: int = 0
+    settled: bool = False
+    """Whether the ratio is measured (a window has ended) or taken from a peer: one to announce."""
+    following: bool = False
+    """Whether the ratio is a peer's (``follow``): the windows then measure but do not move it."""
     _bytes: int = 0
     _tokens: int = 0
     _errors: list[float] = field(default_factory=list)
@@ -64,11 +74,28 @@ class CountCalibration:
         if len(self._errors) < self.window:
             return
         measured = min(max(self._bytes / self._tokens, 1.0), MAX_BYTES_PER_TOKEN)
-        if abs(measured / self.bytes_per_token - 1) > self.tolerance:
-            self.bytes_per_token = measured
-            self.changes += 1
+        if not self.following and abs(measured / self.bytes_per_token - 1) > self.tolerance:
+            self._move(measured)
+        self.settled = True
         self.last_error = sum(self._errors) / len(self._errors)
         self._bytes, self._tokens, self._errors = 0, 0, []
+
+    def follow(self, ratio: float | None) -> None:
+        """Route on a peer's ``ratio`` (None: on our own from now on, starting from the current)."""
+        self.following = ratio is not None
+        if ratio is not None:
+            self.settled = True
+            if ratio != self.bytes_per_token:
+                self._move(ratio)
+
+    @property
+    def announced(self) -> float | None:
+        """The ratio to announce to peers: the one in use, once settled."""
+        return self.bytes_per_token if self.settled else None
+
+    def _move(self, ratio: float) -> None:
+        self.bytes_per_token = ratio
+        self.changes += 1
 
 
 class SampledTokenizer:
@@ -79,11 +106,16 @@ class SampledTokenizer:
     cache: TokenizerCache | None = None
 
     def __init__(
-        self, model: PromptTokenizer, every: int, calibration: CountCalibration | None = None
+        self,
+        model: PromptTokenizer,
+        every: int,
+        calibration: CountCalibration | None = None,
+        agreed: Callable[[], float | None] = lambda: None,
     ) -> None:
+        """``agreed``: the ratio the synced replicas route on when a peer sets it, else None."""
         if every < 2:
             raise ValueError(f"a sampled tokenizer tokenizes one prompt in 2 or more, not {every}")
-        self.model, self.every = model, every
+        self.model, self.every, self.agreed = model, every, agreed
         self.calibration = calibration or CountCalibration()
         self.sampled = 0
         self._seen = 0
@@ -99,7 +131,9 @@ class SampledTokenizer:
         """The estimated ids of ``text``; ``TooLongToInline`` past ``max_chars`` characters."""
         check_inline(len(text), max_chars)
         data = utf8(text)
+        agreed = self.agreed()
         with self._lock:
+            self.calibration.follow(agreed)
             self._seen += 1
             due = self._seen % self.every == 0
             ratio = self.calibration.bytes_per_token

@@ -31,7 +31,10 @@ Bodies:
 * HEARTBEAT: ``[capabilities]``, a bit set of what the sender does (:class:`Capability`);
   an empty body, as replicas before scrape sharing send, has none. Readers take the first item
   if it is an int and ignore the rest, so later versions may append; readers before scrape
-  sharing never looked at a heartbeat's body.
+  sharing never looked at a heartbeat's body. A replica that routes on estimated token ids
+  calibrated on its tokenizer (``--tokenize-every``, ``epp.tokenizer_sampling``) appends the
+  estimate's bytes per token, once it has one, so that replicas agree on it:
+  ``[capabilities, bytes_per_token]``.
 * SNAPSHOT_REQUEST: empty.
 * SCRAPES (only on the scrapes subject, ``epp.sync.nats_transport``, which replicas before scrape
   sharing do not subscribe to; ``seq`` is 0): a list of the sender's latest scrapes of endpoints
@@ -166,6 +169,14 @@ def heartbeat_capabilities(body: Sequence[Any]) -> Capability:
     if type(first) is not int:
         return Capability.NONE
     return Capability(first & _KNOWN_CAPABILITIES)
+
+
+def heartbeat_bytes_per_token(body: Sequence[Any]) -> float | None:
+    """The estimate's bytes per token a HEARTBEAT's body announces (None: none, or unreadable)."""
+    second = body[1] if len(body) > 1 else None
+    if type(second) not in (int, float) or not 1 <= second <= 8:
+        return None
+    return float(second)
 
 
 def pack_hashes(hashes: Sequence[int]) -> bytes:

@@ -48,7 +48,9 @@ Introspection: ``state.peers`` (names), ``peer_bookings(name)``, ``own_bookings(
 producer's ``peers`` (``targets.token_load``). For scrape sharing (``epp.sync.scrape_share``):
 ``peers_with(capability)`` (the peers whose latest heartbeat announced it; ours, ``capabilities``,
 go out in every heartbeat), ``peer_requests(endpoint)``, and ``on_peer_requests(endpoint)``,
-called when a peer's request count there changed.
+called when a peer's request count there changed. For estimated token ids calibrated on the
+tokenizer (``epp.tokenizer_sampling``): ``bytes_per_token`` (ours, announced in every heartbeat)
+and ``agreed_bytes_per_token()``.
 
 Everything delivered is bytes in the ``epp.sync.messages`` schema, so a simulator that delays
 ``data`` by d exercises the same decode and apply code as the live EPP. Applying a TOTALS delta
@@ -99,6 +101,7 @@ from epp.sync.messages import (
     decode,
     delta_name,
     encode,
+    heartbeat_bytes_per_token,
     heartbeat_capabilities,
     pack_hashes,
     unpack_hashes,
@@ -196,6 +199,8 @@ class _Peer:
     """The peer's key among the bookings of the running TPOT SLOs."""
     capabilities: Capability = Capability.NONE
     """What its latest heartbeat announced (none until one came)."""
+    bytes_per_token: float | None = None
+    """The estimate's ratio its latest heartbeat announced (``epp.tokenizer_sampling``)."""
 
     def __post_init__(self) -> None:
         self.slo_key = ("peer", self.index)
@@ -233,6 +238,8 @@ class ReplicaSyncState:
         self.on_peer_requests: Callable[[str], None] | None = None
         """Called with an endpoint where a peer published another number of requests than before
         (it routed there or saw one end: the scraper's wake-up, as for this replica's own)."""
+        self.bytes_per_token: Callable[[], float | None] = lambda: None
+        """Our estimate's bytes per token, announced in every heartbeat (None: none to announce)."""
         self.connected = True
         self._seq = 0
         self._own: dict[int, _Own] = {}
@@ -412,7 +419,9 @@ class ReplicaSyncState:
     def heartbeat(self) -> bytes:
         """A HEARTBEAT carrying our latest ``seq`` and our capabilities (send it after
         :meth:`take_messages`'s messages)."""
-        return self._envelope(MessageKind.HEARTBEAT, [int(self.capabilities)])
+        ratio = self.bytes_per_token()
+        body: list[Any] = [int(self.capabilities)] if ratio is None else [int(self.capabilities), ratio]
+        return self._envelope(MessageKind.HEARTBEAT, body)
 
     def snapshot(self) -> bytes:
         """A SNAPSHOT of our totals on every endpoint where we have bookings, as of now (which
@@ -472,6 +481,7 @@ class ReplicaSyncState:
             self._on_deltas(peer, message)
         elif message.kind == MessageKind.HEARTBEAT:
             self._announced(peer, heartbeat_capabilities(message.body))
+            peer.bytes_per_token = heartbeat_bytes_per_token(message.body)
             if peer.kept is None and message.seq > peer.last_seq:
                 self._gap(peer)
         elif not self._install(peer, message):
@@ -702,6 +712,19 @@ class ReplicaSyncState:
         for peer in self._peers.values():
             peer.last_heard = now
             self._await_snapshot(peer)
+
+    def agreed_bytes_per_token(self) -> float | None:
+        """The estimate's ratio to route on, so that every replica's ids (and prefix blocks, which
+        they share) agree: that of the first replica by name among us and the live peers that
+        announce one. None when that is us, or when none announces one (we use our own)."""
+        own = self.bytes_per_token()
+        announced = [(p.replica, p.bytes_per_token) for p in self._peers.values() if p.bytes_per_token]
+        if own is not None:
+            announced.append((self.replica_id, own))
+        if not announced:
+            return None
+        first, ratio = min(announced)
+        return None if first == self.replica_id else ratio
 
     @property
     def peers(self) -> list[str]:

@@ -1,6 +1,7 @@
 """``--tokenize-every N``: the model's tokenizer on one prompt in N, the others' counts estimated
-at the bytes per token those measure, ids that keep shared prefixes shared at any ratio, and an
-EPP that refuses to pair it with matching against the engines' own ids."""
+at the bytes per token those measure, ids that keep shared prefixes shared at any ratio, an EPP
+that refuses to pair it with matching against the engines' own ids, and synced replicas that
+route on one ratio."""
 
 from __future__ import annotations
 
@@ -20,12 +21,16 @@ from epp.app import EppApp
 from epp.estimated_tokens import MAX_BYTES_PER_TOKEN, estimated_ids
 from epp.kvcache.approximate_index import prefix_block_hashes
 from epp.kvcache.block_hash import chain_hashes
+from epp.load.peer_totals import PeerTotals
 from epp.scheduling.config import ConfigError
 from epp.settings import EppSettings
+from epp.sync.messages import decode, heartbeat_bytes_per_token
+from epp.sync.state import ReplicaSyncState, SyncTargets
 from epp.tokenization import ModelTokenizer
 from epp.tokenizer_sampling import SAMPLE_CHARS, CalibrationCollector, CountCalibration, SampledTokenizer
+from sim.processes import free_port
 from tests.epp.extproc_harness import Harness
-from tests.epp.factories import local_epp_settings
+from tests.epp.factories import FakeClock, local_epp_settings
 
 WORDS = [
     "the",
@@ -205,3 +210,69 @@ def test_sampling_needs_a_models_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--tokenize-every samples a model's tokenizer"):
         fields = local_epp_settings(tmp_path).model_dump()
         EppSettings(**{**fields, "tokenizer_source": "estimate", "tokenizer_dir": None, "tokenize_every": 8})
+
+
+# ---- synced replicas: one ratio ------------------------------------------------------------
+
+
+def test_a_peers_ratio_is_followed_and_the_windows_do_not_move_it_until_it_goes() -> None:
+    peer: list[float | None] = [2.5]
+    sampled = SampledTokenizer(
+        ModelTokenizer(), every=2, calibration=CountCalibration(window=4), agreed=lambda: peer[0]
+    )
+    text = prose(random.Random(5), 300)
+    assert len(sampled.encode(text)) == math.ceil(len(text) / 2.5)
+    assert sampled.calibration.announced == 2.5  # taken from the peer: announced as ours
+    for _ in range(16):  # windows measure ~2.9 bytes a token: more than 10% off, but not ours to move
+        sampled.encode(text)
+    assert sampled.calibration.bytes_per_token == 2.5 and sampled.calibration.last_error is not None
+    peer[0] = None  # the peer left: our own windows move it again
+    for _ in range(8):
+        sampled.encode(text)
+    assert 2.6 < sampled.calibration.bytes_per_token < 3.2
+
+
+def test_nothing_is_announced_before_a_window_ends() -> None:
+    sampled = SampledTokenizer(ModelTokenizer(), every=2, calibration=CountCalibration(window=2))
+    sampled.encode("one prompt")
+    assert sampled.calibration.announced is None
+    for _ in range(3):
+        sampled.encode("one prompt")
+    assert sampled.calibration.announced == sampled.calibration.bytes_per_token
+
+
+def _replica(name: str, ratio: float | None) -> ReplicaSyncState:
+    state = ReplicaSyncState(name, SyncTargets(token_load=PeerTotals()), clock=FakeClock(), incarnation=1)
+    state.bytes_per_token = lambda: ratio
+    return state
+
+
+def test_replicas_route_on_the_ratio_of_the_first_by_name_that_announces_one() -> None:
+    a, b, c = _replica("a", None), _replica("b", 2.6), _replica("c", 2.4)
+    for src in (a, b, c):
+        for dst in (a, b, c):
+            if dst is not src:
+                dst.receive(src.heartbeat())
+    # a announces none (not calibrated): b is first among those that do.
+    assert (a.agreed_bytes_per_token(), b.agreed_bytes_per_token(), c.agreed_bytes_per_token()) == (
+        2.6,
+        None,  # b leads: its own ratio
+        2.6,
+    )
+    assert heartbeat_bytes_per_token(decode(b.heartbeat()).body) == 2.6
+    assert decode(a.heartbeat()).body == [0]  # nothing to announce: the body older replicas send
+    assert heartbeat_bytes_per_token([0, "x"]) is None and heartbeat_bytes_per_token([0, 50.0]) is None
+
+
+def test_a_synced_epp_announces_its_calibrated_ratio_and_follows_its_peers(tmp_path: Path) -> None:
+    settings = local_epp_settings(
+        tmp_path, tokenize_every=2, sync_nats_url=[f"nats://127.0.0.1:{free_port()}"], replica_id="b"
+    )
+    app = EppApp(settings)
+    state, tokenizer = app.sync.state, app.director.tokenizer  # type: ignore[union-attr]
+    assert isinstance(tokenizer, SampledTokenizer)
+    assert decode(state.heartbeat()).body == [int(state.capabilities)]  # not calibrated yet
+    state.receive(_replica("a", 2.5).heartbeat())
+    text = prose(random.Random(9), 200)
+    assert len(tokenizer.encode(text)) == math.ceil(len(text) / 2.5)
+    assert heartbeat_bytes_per_token(decode(state.heartbeat()).body) == 2.5
