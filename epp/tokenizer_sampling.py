@@ -112,7 +112,8 @@ class SampledTokenizer:
         calibration: CountCalibration | None = None,
         agreed: Callable[[], float | None] = lambda: None,
     ) -> None:
-        """``agreed``: the ratio the synced replicas route on when a peer sets it, else None."""
+        """``agreed``: the ratio the synced replicas route on when a peer sets it, else None;
+        looked up on the first prompt and then on each sampled one."""
         if every < 2:
             raise ValueError(f"a sampled tokenizer tokenizes one prompt in 2 or more, not {every}")
         self.model, self.every, self.agreed = model, every, agreed
@@ -131,11 +132,11 @@ class SampledTokenizer:
         """The estimated ids of ``text``; ``TooLongToInline`` past ``max_chars`` characters."""
         check_inline(len(text), max_chars)
         data = utf8(text)
-        agreed = self.agreed()
         with self._lock:
-            self.calibration.follow(agreed)
             self._seen += 1
             due = self._seen % self.every == 0
+            if due or self._seen == 1:  # the peers' ratio looked up as often as we sample
+                self.calibration.follow(self.agreed())
             ratio = self.calibration.bytes_per_token
         if due:
             tail = text[-SAMPLE_CHARS:]
