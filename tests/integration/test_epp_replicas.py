@@ -273,3 +273,51 @@ def test_a_nats_outage_under_load_fails_nothing_and_the_replicas_converge_after(
             assert wait_for(lambda e=epp: not any(load_gauges(e).values())), load_gauges(epp)
     finally:
         stack.stop()
+
+
+def test_two_synced_epps_sampling_their_tokenizer_route_on_one_ratio(tmp_path: Path) -> None:
+    """``--tokenize-every``: each EPP calibrates its estimate on its own share of the prompts, and
+    the heartbeats bring both to one ratio, so the prefix blocks they share hash alike."""
+    stack = start_stack(
+        tmp_path, replicas=2, sim_profile="instant", epp_replicas=2, epp_args=["--tokenize-every", "2"]
+    )
+    words = [
+        "the",
+        "router",
+        "sends",
+        "each",
+        "request",
+        "to",
+        "a",
+        "replica",
+        "whose",
+        "cache",
+        "holds",
+        "its",
+        "prefix",
+    ]
+    sent = iter(range(10**6))
+
+    def send(count: int) -> None:
+        with httpx.Client(timeout=30) as client:
+            for i in (next(sent) for _ in range(count)):
+                prompt = " ".join(words[(i * 7 + k) % len(words)] for k in range(60)) + f" {i}"
+                body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+                assert client.post(f"{stack.gateway_url}/v1/completions", json=body).status_code == 200
+
+    def ratios() -> list[float]:
+        return [metric_sum(u, "llm_epp_tokenizer_bytes_per_token") for u in stack.epp_metrics_urls]
+
+    try:
+        assert wait_for(
+            lambda: all(metric_sum(u, "llm_epp_sync_peers_alive") == 1 for u in stack.epp_metrics_urls)
+        )
+        send(300)  # over both EPPs: a window of 64 sampled prompts each
+        assert all(
+            metric_sum(u, "llm_epp_tokenizer_sampled_prompts_total") >= 64 for u in stack.epp_metrics_urls
+        )
+        # A follower looks its peers' ratio up on its next sampled prompt.
+        assert wait_for(lambda: send(4) or len(set(ratios())) == 1, timeout=20), ratios()
+        assert ratios()[0] < 3.6  # the tiny model's text: not the fixed 4 bytes a token
+    finally:
+        stack.stop()
