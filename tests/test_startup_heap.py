@@ -21,7 +21,8 @@ def test_live_start_up_objects_are_frozen_and_start_up_garbage_is_collected_firs
     del a, b
     try:
         frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > 0
+        # Frozen objects that other threads (earlier tests') free meanwhile leave the count.
+        assert 0 < gc.get_freeze_count() <= frozen
         assert garbage() is None  # collected before the freeze, not kept forever
         tracked = {id(o) for o in gc.get_objects()}
         assert id(kept) not in tracked  # a full collection no longer walks it
