@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +21,27 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from sim.server import ReplicaServer
+
+PROSE_WORDS = [
+    "the",
+    "router",
+    "sends",
+    "each",
+    "request",
+    "to",
+    "a",
+    "replica",
+    "whose",
+    "cache",
+    "holds",
+    "its",
+    "prefix",
+]
+
+
+def prose(rng: random.Random, words: int) -> str:
+    """``words`` words drawn from :data:`PROSE_WORDS`, ended by a full stop."""
+    return " ".join(rng.choice(PROSE_WORDS) for _ in range(words)) + "."
 
 
 async def eventually(

@@ -31,30 +31,7 @@ from epp.tokenizer_sampling import SAMPLE_CHARS, CalibrationCollector, CountCali
 from sim.processes import free_port
 from tests.epp.extproc_harness import Harness
 from tests.epp.factories import FakeClock, local_epp_settings
-
-WORDS = [
-    "the",
-    "router",
-    "sends",
-    "each",
-    "request",
-    "to",
-    "a",
-    "replica",
-    "whose",
-    "cache",
-    "holds",
-    "its",
-    "prefix",
-    "while",
-    "load",
-    "stays",
-    "even",
-]
-
-
-def prose(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words)) + "."
+from tests.support import prose
 
 
 class CountingModel:

@@ -18,7 +18,7 @@ from epp.sync.metrics import REMOTE_TOKEN_SHARE
 from sim.envoy_admin import is_healthy
 from sim.nats_server import start_nats_server
 from tests.stacks import start_stack
-from tests.support import metric_sum, scrape, wait_for
+from tests.support import PROSE_WORDS, metric_sum, scrape, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -281,27 +281,12 @@ def test_two_synced_epps_sampling_their_tokenizer_route_on_one_ratio(tmp_path: P
     stack = start_stack(
         tmp_path, replicas=2, sim_profile="instant", epp_replicas=2, epp_args=["--tokenize-every", "2"]
     )
-    words = [
-        "the",
-        "router",
-        "sends",
-        "each",
-        "request",
-        "to",
-        "a",
-        "replica",
-        "whose",
-        "cache",
-        "holds",
-        "its",
-        "prefix",
-    ]
     sent = iter(range(10**6))
 
     def send(count: int) -> None:
         with httpx.Client(timeout=30) as client:
             for i in (next(sent) for _ in range(count)):
-                prompt = " ".join(words[(i * 7 + k) % len(words)] for k in range(60)) + f" {i}"
+                prompt = " ".join(PROSE_WORDS[(i * 7 + k) % len(PROSE_WORDS)] for k in range(60)) + f" {i}"
                 body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
                 assert client.post(f"{stack.gateway_url}/v1/completions", json=body).status_code == 200
 
