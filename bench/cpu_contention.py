@@ -22,6 +22,21 @@ def oncpu_s(pid: int) -> float:
     return int((PROC / str(pid) / "schedstat").read_text().split()[0]) / 1e9
 
 
+def sibling_threads_oncpu_s(pid: int) -> float:
+    """Seconds on a CPU of ``pid``'s other threads that carry its main thread's name: those it
+    started itself after naming the process (vLLM's EngineCore input and output threads), not the
+    workers of libraries that name theirs (gloo, ZMQ)."""
+    name = (PROC / str(pid) / "comm").read_text()
+    total = 0
+    for task in (PROC / str(pid) / "task").iterdir():
+        try:
+            if task.name != str(pid) and (task / "comm").read_text() == name:
+                total += int((task / "schedstat").read_text().split()[0])
+        except OSError:
+            continue  # the thread exited meanwhile
+    return total / 1e9
+
+
 def runqueue_wait_s(pid: int) -> float:
     """Seconds the main thread of ``pid`` has been runnable but not running, since it started."""
     return int((PROC / str(pid) / "schedstat").read_text().split()[1]) / 1e9

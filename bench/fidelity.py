@@ -95,7 +95,7 @@ def fit(
     with tempfile.TemporaryDirectory(prefix="llm-epp-fit-") as workdir, Progress() as progress:
         task = progress.add_task("Probing real vLLM", total=plan.probes)
         real = measure_vllm(plan, Path(workdir), lambda: progress.advance(task))
-        steps = fit_steps(real.steps)
+        steps = fit_steps(real.steps, real.intake)
         engine = vllm_engine_config(real.scheduler)
         steps_only = Path(workdir) / "steps-only.yaml"
         steps_only.write_text(profile_text(steps.cost, FrontendTerms(), engine, cpu, header=[]))
@@ -146,7 +146,8 @@ def profile_text(
         "max_num_batched_tokens 2048, chunked prefill, FCFS, no async scheduling), so --profile "
         "tiny-cpu alone matches the real replica on a CPU of this class. Steps have a shared fixed "
         "cost; prefill adds a cost "
-        "per token and per attended token pair; decode per sequence and per context token. The "
+        "per token and per attended token pair; decode per sequence and per context token; each new "
+        "request adds its intake (engine time outside the steps) to the step after it arrives. The "
         "frontend delay is vLLM's API-server time (HTTP, tokenization, detokenization, streaming the "
         "other requests' tokens) beyond what the simulated server spends itself."
     )
@@ -155,7 +156,9 @@ def profile_text(
         "vLLM's own clock from /metrics deltas (request_prefill_time of one-token requests sent alone "
         "or among n decoding requests; inter_token_latency over a steady window of n decoding "
         "streams), less the engine thread's run-queue waits, fitted by non-negative least squares on "
-        "relative error. Frontend terms: the same one-token requests sent to the simulator running "
+        "relative error. Intake terms: the engine process's CPU clocks over a one-token request sent "
+        "alone (its input and output threads' time, and its main thread's beyond the step). "
+        "Frontend terms: the same one-token requests sent to the simulator running "
         "those steps with no frontend delay; the delay closes the gap to vLLM's time to first token."
     )
     name = profile_path_for(cpu).stem
@@ -263,6 +266,7 @@ def _replay_arm(server: RunningServer, items: list[WorkItem], advance: Callable[
     load generator, slowing the engine down)."""
     busy = wait_until_idle()
     load, wait = os.getloadavg()[0], runqueue_wait_s(server.engine_pid)
+    frontend_wait = runqueue_wait_s(server.frontend_pid)
     before, cpu = scrape(f"{server.url}/metrics"), oncpu_s(server.engine_pid)
     result = asyncio.run(replay(server.url, items, advance))
     cpu = oncpu_s(server.engine_pid) - cpu
@@ -277,6 +281,9 @@ def _replay_arm(server: RunningServer, items: list[WorkItem], advance: Callable[
         "load_average": [load, os.getloadavg()[0]],
         "engine_cpu_wait_pct": round(
             100 * (runqueue_wait_s(server.engine_pid) - wait) / result.duration_s, 1
+        ),
+        "frontend_cpu_wait_pct": round(
+            100 * (runqueue_wait_s(server.frontend_pid) - frontend_wait) / result.duration_s, 1
         ),
     }
 
@@ -414,7 +421,9 @@ def markdown_report(data: dict[str, Any]) -> str:
             "requests",
             "vLLM run: CPUs busy before, load avg",
             "vLLM engine waiting for a CPU",
+            "vLLM API server waiting for a CPU",
             "sim run: load avg",
+            "sim server waiting for a CPU",
         ],
         [
             [
@@ -426,7 +435,9 @@ def markdown_report(data: dict[str, Any]) -> str:
                 f"{level['vllm']['engine_cpu_wait_pct']}% (attempts: "
                 + ", ".join(f"{w}%" for w in level["vllm_attempts"])
                 + ")",
+                f"{level['vllm']['frontend_cpu_wait_pct']}%",
                 "{:.2f} → {:.2f}".format(*level["sim"]["load_average"]),
+                f"{level['sim']['frontend_cpu_wait_pct']}%",
             ]
             for level in data["levels"]
         ],
@@ -576,6 +587,12 @@ def main(argv: list[str] | None = None) -> None:
     run_parser = sub.add_parser("run", help="compare the simulator with real vLLM under load")
     run_parser.add_argument("--out", type=Path, default=Path("results"))
     run_parser.add_argument("--refit", action="store_true", help="fit the profile on this machine first")
+    run_parser.add_argument(
+        "--profile",
+        default=PROFILE_FAMILY,
+        help="a shipped profile's name or a profile file (one that `fit --profile-out` or an earlier "
+        "`run --refit` wrote), to run again on the same fit; default: the one for this CPU's class",
+    )
     args = parser.parse_args(argv)
     if args.command == "fit":
         path = args.profile_out or profile_path_for(host_cpu())
@@ -583,7 +600,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {path}")
         print("\n".join(residual_lines(steps, frontend)))
     else:
-        data = run(args.out, FidelitySettings(refit=args.refit))
+        data = run(args.out, FidelitySettings(refit=args.refit, profile=args.profile))
         for level in data["levels"]:
             print(level["level"], level["sim_vs_vllm_pct"])
         print(f"results written to {args.out}/")

@@ -24,6 +24,7 @@ not pin down or the model does not have the right shape for.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import textwrap
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.engine import DecodeTerms, EngineConfig, FrontendTerms, PrefillTerms, StepCostModel
+from sim.engine import DecodeTerms, EngineConfig, FrontendTerms, IntakeTerms, PrefillTerms, StepCostModel
 from sim.engine.cost_model import chunk_context_tokens
 
 STEP_TERMS = (
@@ -46,6 +47,9 @@ STEP_TERMS = (
 """The step-time terms fitted, in column order. Dynamo's ``per_token_sq`` and the KV-usage terms
 are left at 0: the attention terms (``per_context_token``) describe the same cost physically."""
 
+
+INTAKE_TERMS = ("intake.base", "intake.per_prompt_token")
+"""The intake terms (``IntakeTerms``), fitted apart from the step terms on their own samples."""
 
 FRONTEND_TERMS = ("base", "per_prompt_token", "per_running_request")
 """The frontend terms fitted, in column order."""
@@ -85,6 +89,14 @@ class StepSample:
             float(self.num_decode_seqs),
             float(self.decode_context_tokens),
         ]
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeSample:
+    """Engine time one request took outside its steps, by the engine process's CPU clocks."""
+
+    prompt_tokens: int
+    ms: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +151,7 @@ class StepFit:
     outliers: int
     """Samples left out of the final fit (see ``OUTLIER_MADS``)."""
     terms: tuple[TermReport, ...] = ()
-    """Per term of ``STEP_TERMS``, in that order."""
+    """Per term of ``STEP_TERMS``, then of ``INTAKE_TERMS`` where intake was fitted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,8 +234,9 @@ def predicted_ms(cost: StepCostModel, sample: StepSample) -> float:
     )
 
 
-def fit_steps(steps: Sequence[StepSample]) -> StepFit:
-    """The step terms that best explain ``steps``."""
+def fit_steps(steps: Sequence[StepSample], intake: Sequence[IntakeSample] = ()) -> StepFit:
+    """The step terms that best explain ``steps``, and the intake terms ``intake`` (none without
+    samples)."""
     if len(steps) < 2 * len(STEP_TERMS):
         raise FitError(f"{len(steps)} step samples are too few for {len(STEP_TERMS)} terms")
     measured = np.array([s.ms for s in steps])
@@ -241,7 +254,32 @@ def fit_steps(steps: Sequence[StepSample]) -> StepFit:
         )
         for kind in sorted({s.kind for s in steps})
     }
-    return StepFit(cost, residuals, int((~inliers).sum()), reports)
+    outliers = int((~inliers).sum())
+    if intake:
+        terms, intake_residuals, intake_outliers, intake_reports = _fit_intake(intake)
+        cost = dataclasses.replace(cost, intake=terms)
+        residuals["intake"] = intake_residuals
+        outliers += intake_outliers
+        reports += intake_reports
+    return StepFit(cost, residuals, outliers, reports)
+
+
+def _fit_intake(
+    samples: Sequence[IntakeSample],
+) -> tuple[IntakeTerms, Residuals, int, tuple[TermReport, ...]]:
+    """``IntakeTerms`` by the same relative least squares as the steps, with their residuals,
+    outliers left out and term reports."""
+    if len(samples) < 2 * len(INTAKE_TERMS):
+        raise FitError(f"{len(samples)} intake samples are too few for {len(INTAKE_TERMS)} terms")
+    measured = np.array([s.ms for s in samples])
+    if (measured <= 0).any():
+        raise FitError("intake samples must be positive: the engine's threads ran for every request")
+    design = np.array([[1.0, float(s.prompt_tokens)] for s in samples])
+    coefficients, inliers = _trimmed_fit(design / measured[:, None], np.ones(len(samples)))
+    reports = term_reports(INTAKE_TERMS, design, np.zeros(len(samples)), measured, coefficients)
+    terms = IntakeTerms(*(float(c) for c in coefficients))
+    predicted = [1000 * terms.time(s.prompt_tokens) for s in samples]
+    return terms, _residuals(predicted, list(measured)), int((~inliers).sum()), reports
 
 
 def fit_frontend(samples: Sequence[FrontendSample]) -> FrontendFit:
@@ -362,6 +400,9 @@ def render_profile(
         f"    per_seq: {_number(d.per_seq)}",
         f"    per_context_token: {_number(d.per_context_token)}",
         f"    min: {_number(d.min)}",
+        "  intake:",
+        f"    base: {_number(cost.intake.base)}",
+        f"    per_prompt_token: {_number(cost.intake.per_prompt_token)}",
         "frontend_ms:",
         f"  base: {_number(frontend.base)}",
         f"  per_prompt_token: {_number(frontend.per_prompt_token)}",

@@ -8,7 +8,11 @@ a histogram's ``_sum`` and ``_count`` across one measurement:
 * a steady decode step of n sequences: ``vllm:inter_token_latency_seconds`` over a window in
   which n streams decode and nothing else runs.
 
-Each is net of the time the engine's thread waited for a CPU meanwhile (``bench.cpu_contention``; per
+A request's intake (``IntakeTerms``: the engine time it takes outside its steps) comes from the
+engine process's own CPU clocks over a one-token request sent alone: the time its other threads
+(input and output) ran, and the time its main thread ran beyond the request's step.
+
+Each step is net of the time the engine's thread waited for a CPU meanwhile (``bench.cpu_contention``; per
 step: the wait over the measurement divided by the steps in it, from
 ``vllm:iteration_tokens_total``), so other work on the machine does not end up in the profile.
 
@@ -36,8 +40,8 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.completions import PromptMaker, completion_body, stream_completion
-from bench.cpu_contention import runqueue_wait_s, wait_until_idle
-from bench.profile_fit import FrontendSample, StepSample
+from bench.cpu_contention import oncpu_s, runqueue_wait_s, sibling_threads_oncpu_s, wait_until_idle
+from bench.profile_fit import FrontendSample, IntakeSample, StepSample
 from bench.servers import RunningServer, sim_server, vllm_server
 from sim.engine.cost_model import chunk_context_tokens
 from sim.real_vllm import MAX_MODEL_LEN, VllmReplicaSpec, vllm_python
@@ -108,8 +112,9 @@ class ProbePlan:
 class ProbedRequest:
     """A one-token request sent while ``running`` other requests decode.
 
-    ``queue_ms`` and ``prefill_ms`` are the engine's (vLLM's /metrics, net of CPU waits) and
-    ``decode_context`` the context of the decoding requests then; not read on the simulator.
+    ``queue_ms`` and ``prefill_ms`` are the engine's (vLLM's /metrics, net of CPU waits),
+    ``decode_context`` the context of the decoding requests then, and ``intake_ms`` the engine's
+    time for it outside its step (measured only when it runs alone); not read on the simulator.
     """
 
     running: int
@@ -118,6 +123,7 @@ class ProbedRequest:
     queue_ms: float = 0.0
     prefill_ms: float = 0.0
     decode_context: int = 0
+    intake_ms: float = 0.0
 
     def step(self) -> StepSample:
         """The step that prefilled this request (with the running requests' decodes)."""
@@ -144,6 +150,11 @@ class VllmMeasurements:
     @property
     def steps(self) -> list[StepSample]:
         return [r.step() for r in self.requests] + self.decode_steps
+
+    @property
+    def intake(self) -> list[IntakeSample]:
+        """The intake of the requests sent alone."""
+        return [IntakeSample(r.prompt_tokens, r.intake_ms) for r in self.requests if r.running == 0]
 
 
 def frontend_samples(real: Sequence[ProbedRequest], sim: Sequence[ProbedRequest]) -> list[FrontendSample]:
@@ -222,22 +233,29 @@ async def _engine_timed(
     if /metrics did not see exactly this request finish, or the engine waited too long for a CPU.
     The running requests' decode context is ``context_base`` plus the server's generated tokens."""
     before = await snapshot(session, server)
+    main_cpu, siblings_cpu = oncpu_s(server.engine_pid), sibling_threads_oncpu_s(server.engine_pid)
     timing = await stream_completion(session, server.url, prompt, 1)
     count = before[f"{PREFILL_TIME}_count"]
     after = await snapshot_when(session, server, lambda s: s[f"{PREFILL_TIME}_count"] > count)
     if after[f"{PREFILL_TIME}_count"] - count != 1:
         return None
+    main_cpu = oncpu_s(server.engine_pid) - main_cpu
+    siblings_cpu = sibling_threads_oncpu_s(server.engine_pid) - siblings_cpu
     wait_ms = before.wait_per_step_ms(after)
     prefill_ms = 1000 * (after[f"{PREFILL_TIME}_sum"] - before[f"{PREFILL_TIME}_sum"])
     if wait_ms > MAX_WAIT_SHARE * prefill_ms:
         return None
+    # Alone, the main thread runs nothing but this request: its time beyond the step is intake.
+    step_ms = prefill_ms - wait_ms
+    intake_ms = 0.0 if running else 1000 * siblings_cpu + max(0.0, 1000 * main_cpu - step_ms)
     return ProbedRequest(
         running,
         timing.prompt_tokens,
         1000 * timing.ttft_s,
         queue_ms=1000 * (after[f"{QUEUE_TIME}_sum"] - before[f"{QUEUE_TIME}_sum"]),
-        prefill_ms=prefill_ms - wait_ms,
+        prefill_ms=step_ms,
         decode_context=round(context_base + before[GENERATED]) if running else 0,
+        intake_ms=intake_ms,
     )
 
 

@@ -17,6 +17,8 @@ class RunningServer:
     url: str
     engine_pid: int
     """The process whose main thread steps the engine (vLLM's EngineCore; the simulator itself)."""
+    frontend_pid: int
+    """The process whose main thread serves HTTP (vLLM's API server; the simulator itself)."""
 
 
 @contextmanager
@@ -26,7 +28,7 @@ def vllm_server(workdir: Path) -> Iterator[RunningServer]:
     [component] = start_vllm_replicas([spec], ["vllm"])
     try:
         engine_pid = child_pid(component.process.pid, "VLLM::EngineCore")
-        yield RunningServer(f"http://127.0.0.1:{spec.port}", engine_pid)
+        yield RunningServer(f"http://127.0.0.1:{spec.port}", engine_pid, component.process.pid)
     finally:
         component.stop()
 
@@ -40,6 +42,6 @@ def sim_server(workdir: Path, profile: str | Path) -> Iterator[RunningServer]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(component, http_ok(f"{url}/health"))
-        yield RunningServer(url, component.process.pid)
+        yield RunningServer(url, component.process.pid, component.process.pid)
     finally:
         component.stop()

@@ -1,7 +1,7 @@
 """Step-level model of a vLLM v1 engine: scheduler, paged KV cache with prefix caching, cost model."""
 
 from sim.engine.config import EngineConfig, EngineConfigError
-from sim.engine.cost_model import DecodeTerms, FrontendTerms, PrefillTerms, StepCostModel
+from sim.engine.cost_model import DecodeTerms, FrontendTerms, IntakeTerms, PrefillTerms, StepCostModel
 from sim.engine.engine import Engine, EngineCounters, RequestOutput, RequestRejectedError, ScheduledStep
 from sim.engine.kv_cache import KVBlock, KVCacheManager
 from sim.engine.profile import Profile, ProfileError, available_profiles, load_profile
@@ -15,6 +15,7 @@ __all__ = [
     "EngineCounters",
     "EngineRequest",
     "FrontendTerms",
+    "IntakeTerms",
     "KVBlock",
     "KVCacheManager",
     "PrefillTerms",

@@ -20,6 +20,11 @@ With only ``p.base``, ``p.per_token``, ``p.per_token_sq``, ``d.base``, ``d.kv_fr
 ``d.kv_fraction_sq`` and ``d.min`` this is NVIDIA Dynamo mocker's default model (see
 ``profiles/default.yaml``).
 
+Each new request also takes engine time outside the steps (``IntakeTerms``): vLLM's engine core
+deserialises it, hashes its prompt's blocks and adds it to the scheduler in the same process,
+between and beside the steps, so the step after its arrival ends that much later. Its cost grows
+with the rate of arrivals, which the step probes (one request at a time) never show.
+
 The front end (HTTP, tokenization and input processing before the engine; detokenization and
 streaming after it) runs beside the engine, not in its steps: ``FrontendTerms`` is the latency
 it adds to each request, which the server spends before handing the request to the engine. It
@@ -71,11 +76,26 @@ class FrontendTerms:
 
 
 @dataclass(frozen=True, slots=True)
+class IntakeTerms:
+    """Engine time a new request takes outside the steps, in milliseconds: ``base +
+    per_prompt_token·P`` for a prompt of ``P`` tokens."""
+
+    base: float = 0.0
+    per_prompt_token: float = 0.0
+
+    def time(self, num_prompt_tokens: int) -> float:
+        """Seconds of engine time taking in a request of this prompt length."""
+        return (self.base + self.per_prompt_token * num_prompt_tokens) / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
 class StepCostModel:
     prefill: PrefillTerms
     decode: DecodeTerms
     base: float = 0.0
     """Milliseconds every step that does work pays once."""
+    intake: IntakeTerms = IntakeTerms()
+    """Engine time each new request adds to the step after its arrival."""
 
     def step_time(
         self,
@@ -117,6 +137,7 @@ class StepCostModel:
             PrefillTerms(*(value * factor for value in astuple(self.prefill))),
             DecodeTerms(*(value * factor for value in astuple(self.decode))),
             self.base * factor,
+            IntakeTerms(*(value * factor for value in astuple(self.intake))),
         )
 
 

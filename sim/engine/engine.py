@@ -17,6 +17,9 @@ The caller owns time. Each step is two calls::
    ``max_num_seqs`` allow: a prefix-cache lookup gives the tokens already computed, the rest
    (or a chunk of it) is scheduled, provided blocks for the whole sequence are free.
 
+A step's duration is the cost model's price for its batch, plus the intake time of the requests
+added since the previous step (``cost_model.IntakeTerms``).
+
 ``finish_step`` advances every scheduled request; one whose tokens are all computed samples one
 new token, and finishes when it has its output length.
 
@@ -115,6 +118,10 @@ class Engine:
         self.running: list[EngineRequest] = []
         self._output_vocab = output_vocab
         self._unfinished: dict[str, EngineRequest] = {}
+        self._arrived: list[EngineRequest] = []
+        """Added since the last ``schedule``: not yet in the scheduler's queue."""
+        self._intake_s = 0.0
+        """Engine time the requests added since the last step took in (``IntakeTerms``)."""
         self._step_in_flight = False
 
     @property
@@ -140,7 +147,6 @@ class Engine:
     def add_request(self, request: EngineRequest, now: float) -> None:
         """Queue a new request; raises RequestRejectedError if it can never be served."""
         self._validate(request)
-        request.queued_time = now
         if request.arrival_time is None:
             request.arrival_time = now
         if self.config.enable_prefix_caching and not request.block_hashes:
@@ -149,6 +155,8 @@ class Engine:
             )
         self.waiting.append(request)
         self._unfinished[request.request_id] = request
+        self._arrived.append(request)
+        self._intake_s += self.cost_model.intake.time(request.num_prompt_tokens)
 
     def abort_request(self, request_id: str, now: float) -> EngineRequest | None:
         """Drop an unfinished request and free its blocks; None if it is not (or no longer) here.
@@ -179,6 +187,7 @@ class Engine:
         """Pick the next batch and price it; None when there is nothing to run."""
         if self._step_in_flight:
             raise RuntimeError("schedule() called before finish_step() of the previous step")
+        self._take_in_arrivals(now)
         budget = self.config.max_num_batched_tokens
         requests: list[EngineRequest] = []
         num_tokens: list[int] = []
@@ -253,8 +262,9 @@ class Engine:
 
         It runs nothing, returning ``(now, 0)``, unless no step is in flight, every running request
         is decoding, the batch fits the token budget, nothing waits to be admitted (or the batch
-        is at ``max_num_seqs``) and KV events are off. It stops before a step that would finish a
-        request, need more blocks than are free, or end after ``horizon``. Returns the end time
+        is at ``max_num_seqs``), no request's intake is pending and KV events are off. It stops
+        before a step that would finish a request, need more blocks than are free, or end after
+        ``horizon``. Returns the end time
         of the last step run and how many ran.
         """
         config = self.config
@@ -265,6 +275,7 @@ class Engine:
             or n == 0
             or n > config.max_num_batched_tokens
             or self.kv_cache.record_events
+            or self._intake_s
             or (self.waiting and n < config.max_num_seqs)
         ):
             return now, 0
@@ -309,6 +320,7 @@ class Engine:
         if steps == 0:
             return now, 0
 
+        self._take_in_arrivals(now)
         kv_cache = self.kv_cache
         for step in range(1, steps + 1):
             for request in groups[step % block_size]:
@@ -330,6 +342,14 @@ class Engine:
         counters.busy_seconds += end - now
         counters.generation_tokens += n * steps
         return end, steps
+
+    def _take_in_arrivals(self, now: float) -> None:
+        # vLLM's engine core takes new requests off its input queue between steps, and its
+        # scheduler stamps them queued then: a request's queue time leaves out the step it arrived
+        # during (that wait counts in its time to first token only).
+        for request in self._arrived:
+            request.queued_time = now
+        self._arrived.clear()
 
     def _validate(self, request: EngineRequest) -> None:
         config = self.config
@@ -438,9 +458,10 @@ class Engine:
             else:
                 num_prefill_tokens += count
                 prefill_context += chunk_context_tokens(count, request.num_computed_tokens)
-        duration = self.cost_model.step_time(
+        duration = self._intake_s + self.cost_model.step_time(
             num_prefill_tokens, prefill_context, num_decode_seqs, decode_context, self.kv_usage
         )
+        self._intake_s = 0.0
         self.counters.num_steps += 1
         self.counters.scheduled_tokens += num_prefill_tokens + num_decode_seqs
         self.counters.busy_seconds += duration

@@ -16,6 +16,7 @@ A profile is a YAML file::
       prefill: {base: ..., per_token: ..., per_token_sq: ..., per_context_token: ...}
       decode: {base: ..., per_seq: ..., per_context_token: ...,
                kv_fraction: ..., kv_fraction_sq: ..., min: ...}
+      intake: {base: ..., per_prompt_token: ...}   # optional: engine time per new request
     frontend_ms:                 # optional: cost_model.FrontendTerms, latency outside the steps
       base: ...
       per_prompt_token: ...
@@ -41,7 +42,7 @@ from typing import Any
 import yaml
 
 from sim.engine.config import EngineConfig, EngineConfigError
-from sim.engine.cost_model import DecodeTerms, FrontendTerms, PrefillTerms, StepCostModel
+from sim.engine.cost_model import DecodeTerms, FrontendTerms, IntakeTerms, PrefillTerms, StepCostModel
 from sim.host_cpu import ISA_CLASSES, HostCpu, host_cpu
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -135,10 +136,13 @@ def _parse(document: Any) -> Profile:
         engine = EngineConfig(**engine_section)
     except EngineConfigError as exc:
         raise ProfileError(f"engine: {exc}") from None
-    steps = _mapping(top["step_time_ms"], "step_time_ms", required=("prefill", "decode"), optional=("base",))
+    steps = _mapping(
+        top["step_time_ms"], "step_time_ms", required=("prefill", "decode"), optional=("base", "intake")
+    )
     base = _number(steps.get("base", 0.0), "step_time_ms.base")
     prefill = PrefillTerms(**_terms(steps["prefill"], "step_time_ms.prefill", PrefillTerms))
     decode = DecodeTerms(**_terms(steps["decode"], "step_time_ms.decode", DecodeTerms))
+    intake = IntakeTerms(**_terms(steps.get("intake", {}), "step_time_ms.intake", IntakeTerms))
     frontend = FrontendTerms(**_terms(top.get("frontend_ms", {}), "frontend_ms", FrontendTerms))
     # A step that does work must take time, or the real-time server would spin.
     if base < 0:
@@ -150,6 +154,8 @@ def _parse(document: Any) -> Profile:
         raise ProfileError("step_time_ms.prefill terms must be >= 0 with base + prefill base + per_token > 0")
     if decode.min < 0 or base + decode.min <= 0:
         raise ProfileError("step_time_ms.decode.min must be > 0 (or >= 0 with step_time_ms.base > 0)")
+    if min(intake.base, intake.per_prompt_token) < 0:
+        raise ProfileError("step_time_ms.intake terms must be >= 0")
     if min(frontend.base, frontend.per_prompt_token, frontend.per_running_request) < 0:
         raise ProfileError("frontend_ms terms must be >= 0")
     return Profile(
@@ -157,7 +163,7 @@ def _parse(document: Any) -> Profile:
         description=top["description"].strip(),
         source=top["source"].strip(),
         engine=engine,
-        cost=StepCostModel(prefill=prefill, decode=decode, base=base),
+        cost=StepCostModel(prefill=prefill, decode=decode, base=base, intake=intake),
         frontend=frontend,
     )
 

@@ -104,7 +104,8 @@ class EngineRequest:
         self.block_hashes: list[bytes] = list(prompt_block_hashes) if prompt_block_hashes is not None else []
 
         self.queued_time: float | None = None
-        """When the engine received it (``Engine.add_request``)."""
+        """When the scheduler took it in: the start of the first ``Engine.schedule`` after
+        ``Engine.add_request`` (vLLM's ``QUEUED`` event)."""
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0

@@ -89,18 +89,20 @@ def test_load_levels_are_fractions_of_the_measured_capacity() -> None:
 
 
 def level(name: str, rate: float) -> dict[str, object]:
-    arm = {
+    vllm = {
         "ttft_ms": {"p50": 30.0, "p90": 60.0},
         "tpot_ms": {"p50": 4.0, "p90": 6.0},
         "cpu_busy_before_pct": 3.0,
         "load_average": [0.5, 1.0],
         "engine_cpu_wait_pct": 2.0,
+        "frontend_cpu_wait_pct": 7.5,
         "engine_clock": {"steps": 900, "tokens_per_step": 12.5, "queue_ms": 0.4, "prefill_ms": 20.0,
                          "itl_ms": 4.1, "frontend_ms": 9.6, "step_lag_ms": None, "busy_s": 3.5},
     }  # fmt: skip
+    sim = {**vllm, "frontend_cpu_wait_pct": 0.5}
     errors = {f"{metric}_{q}": 0.0 for metric in ("ttft", "tpot") for q in ("p50", "p90")}
-    return {"level": name, "rate_rps": rate, "requests": 50, "vllm": arm, "vllm_attempts": [2.0],
-            "sim": arm, "sim_vs_vllm_pct": errors}  # fmt: skip
+    return {"level": name, "rate_rps": rate, "requests": 50, "vllm": vllm, "vllm_attempts": [2.0],
+            "sim": sim, "sim_vs_vllm_pct": errors}  # fmt: skip
 
 
 @pytest.mark.parametrize("fitted_here", [True, False])
@@ -124,6 +126,8 @@ def test_the_report_names_the_cpu_its_class_and_the_profiles_origin(fitted_here:
     assert f"Profile `tiny-cpu-avx2`: {origin}" in report
     assert "0.15, 0.4, 0.7 of real vLLM's capacity here (5.0 req/s" in report
     assert "| near saturation (4.5 req/s) | TTFT p50 | 30.0 | 30.0 | +0.0% |" in report
+    # Both front ends' waits for a CPU: vLLM's API server competes with its engine for the cores.
+    assert "| light | 50 | 3.0%, 0.50 → 1.00 | 2.0% (attempts: 2.0%) | 7.5% | 0.50 → 1.00 | 0.5% |" in report
 
 
 METRICS_BEFORE = """

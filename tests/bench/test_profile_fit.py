@@ -12,9 +12,11 @@ import pytest
 
 from bench.profile_fit import (
     FRONTEND_TERMS,
+    INTAKE_TERMS,
     STEP_TERMS,
     FitError,
     FrontendSample,
+    IntakeSample,
     StepSample,
     coefficient_lines,
     fit_frontend,
@@ -25,7 +27,15 @@ from bench.profile_fit import (
     residual_lines,
     term_reports,
 )
-from sim.engine import DecodeTerms, EngineConfig, FrontendTerms, PrefillTerms, StepCostModel, load_profile
+from sim.engine import (
+    DecodeTerms,
+    EngineConfig,
+    FrontendTerms,
+    IntakeTerms,
+    PrefillTerms,
+    StepCostModel,
+    load_profile,
+)
 from sim.engine.cost_model import chunk_context_tokens
 
 TRUE_COST = StepCostModel(
@@ -34,6 +44,7 @@ TRUE_COST = StepCostModel(
     base=2.5,
 )
 TRUE_FRONTEND = FrontendTerms(base=5.0, per_prompt_token=0.004, per_running_request=0.4)
+TRUE_INTAKE = IntakeTerms(base=0.6, per_prompt_token=0.0003)
 
 
 def true_ms(sample: StepSample) -> float:
@@ -161,8 +172,35 @@ def test_fit_tolerates_noise_and_leaves_out_stretched_samples() -> None:
         assert predicted == pytest.approx(sample.ttft_ms, rel=0.05)
 
 
+def synthetic_intake(noise: float = 0.0, seed: int = 1) -> list[IntakeSample]:
+    """Lone requests' engine time outside their steps: TRUE_INTAKE ± noise."""
+    rng = random.Random(seed)
+    return [
+        IntakeSample(tokens, 1000 * TRUE_INTAKE.time(tokens) * (1 + rng.uniform(-noise, noise)))
+        for tokens in (16, 128, 256, 512, 1024, 1536, 2000)
+        for _ in range(4)
+    ]
+
+
+def test_intake_is_fitted_beside_the_steps_and_reported_as_theirs() -> None:
+    steps = fit_steps(synthetic_steps(noise=0.0), synthetic_intake())
+    assert steps.cost.intake.base == pytest.approx(TRUE_INTAKE.base, rel=1e-4)
+    assert steps.cost.intake.per_prompt_token == pytest.approx(TRUE_INTAKE.per_prompt_token, rel=1e-4)
+    assert steps.cost.base == pytest.approx(TRUE_COST.base, rel=1e-4)  # the steps' own fit is unchanged
+    assert [r.term for r in steps.terms] == [*STEP_TERMS, *INTAKE_TERMS]
+    assert steps.residuals["intake"].count == 28 and steps.residuals["intake"].max_pct < 0.1
+    noisy = fit_steps(synthetic_steps(noise=0.0), synthetic_intake(noise=0.2))
+    assert noisy.cost.intake.base == pytest.approx(TRUE_INTAKE.base, rel=0.2)
+    assert noisy.residuals["intake"].max_pct > 5  # the noise shows in the residual
+    # Without intake samples the profile has none (an engine measured by its steps alone).
+    assert fit_steps(synthetic_steps(noise=0.0)).cost.intake == IntakeTerms()
+    with pytest.raises(FitError, match="intake samples must be positive"):
+        fit_steps(synthetic_steps(noise=0.0), [IntakeSample(16, 0.0)] * 4)
+
+
 def test_rendered_profile_loads_with_the_fitted_terms(tmp_path: Path) -> None:
-    steps, frontend = fit_steps(synthetic_steps(noise=0.0)), fit_frontend(synthetic_frontend())
+    steps = fit_steps(synthetic_steps(noise=0.0), synthetic_intake())
+    frontend = fit_frontend(synthetic_frontend())
     engine = EngineConfig(
         max_num_seqs=128, max_num_batched_tokens=2048, block_size=32, num_gpu_blocks=512, max_model_len=2048
     )
@@ -185,6 +223,7 @@ def test_rendered_profile_loads_with_the_fitted_terms(tmp_path: Path) -> None:
     assert profile.cost.prefill.per_context_token == pytest.approx(1.5e-5, rel=1e-3)
     assert profile.cost.decode.base == 0.0 and profile.cost.decode.min == 0.0
     assert profile.frontend.per_running_request == pytest.approx(0.4, rel=1e-3)
+    assert profile.cost.intake.per_prompt_token == pytest.approx(TRUE_INTAKE.per_prompt_token, rel=1e-3)
 
 
 def test_too_few_or_unusable_samples_are_refused() -> None:

@@ -10,6 +10,7 @@ import yaml
 from sim.engine import (
     DecodeTerms,
     FrontendTerms,
+    IntakeTerms,
     PrefillTerms,
     ProfileError,
     StepCostModel,
@@ -84,6 +85,14 @@ def test_frontend_delay() -> None:
     assert FrontendTerms().delay(10**6, 100) == 0.0
 
 
+def test_intake_time_and_a_slower_engine_takes_requests_in_slower() -> None:
+    intake = IntakeTerms(base=0.5, per_prompt_token=0.0002)
+    assert intake.time(1000) == pytest.approx(0.0007)
+    assert IntakeTerms().time(10**6) == 0.0
+    cost = StepCostModel(PrefillTerms(per_token=0.01), DecodeTerms(min=1.0), intake=intake)
+    assert cost.scaled(2.0).intake.time(1000) == pytest.approx(0.0014)
+
+
 def test_shipped_profiles() -> None:
     assert available_profiles() == [
         "deepseek-v3-h200", "default", "instant", "llama-3.1-8b-a100", "llama-3.1-8b-h100", "tiny-cpu",
@@ -142,14 +151,17 @@ def valid_document() -> dict:
     return yaml.safe_load((PROFILES_DIR / "default.yaml").read_text())
 
 
-def test_loads_the_optional_step_base_and_frontend_terms(tmp_path: Path) -> None:
+def test_loads_the_optional_step_base_intake_and_frontend_terms(tmp_path: Path) -> None:
     document = valid_document()
-    assert load_profile(write_profile(tmp_path, document)).frontend == FrontendTerms()
+    default = load_profile(write_profile(tmp_path, document))
+    assert (default.frontend, default.cost.intake) == (FrontendTerms(), IntakeTerms())
     document["step_time_ms"]["base"] = 3
+    document["step_time_ms"]["intake"] = {"base": 0.6, "per_prompt_token": 0.0003}
     document["step_time_ms"]["decode"]["min"] = 0
     document["frontend_ms"] = {"base": 4, "per_prompt_token": 0.01, "per_running_request": 0.2}
     profile = load_profile(write_profile(tmp_path, document))
     assert profile.cost.base == 3.0
+    assert profile.cost.intake == IntakeTerms(base=0.6, per_prompt_token=0.0003)
     assert profile.frontend == FrontendTerms(base=4.0, per_prompt_token=0.01, per_running_request=0.2)
 
 
@@ -189,6 +201,8 @@ def test_unknown_profile_names_the_shipped_ones() -> None:
         (lambda d: d.update(description=""), "description must be a non-empty string"),
         (lambda d: d["step_time_ms"].update(base=-1), "step_time_ms.base must be >= 0"),
         (lambda d: d["step_time_ms"]["prefill"].update(per_context_token=-1), "prefill terms must be >= 0"),
+        (lambda d: d["step_time_ms"].update(intake={"base": -1}), "intake terms must be >= 0"),
+        (lambda d: d["step_time_ms"].update(intake={"per_token": 1}), "intake has unknown terms per_token"),
         (lambda d: d.update(frontend_ms={"base": -1}), "frontend_ms terms must be >= 0"),
         (lambda d: d.update(frontend_ms={"per_running_request": -1}), "frontend_ms terms must be >= 0"),
         (lambda d: d.update(frontend_ms={"per_token": 1}), "frontend_ms has unknown terms per_token"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from epp.kvcache.block_hash import chain_hashes
@@ -9,6 +11,7 @@ from sim.engine import (
     DecodeTerms,
     Engine,
     EngineRequest,
+    IntakeTerms,
     PrefillTerms,
     RequestRejectedError,
     RequestStatus,
@@ -56,6 +59,27 @@ def test_new_requests_join_the_running_batch() -> None:
     short_done = run.outputs["short"][-1]
     assert short_done.finish_reason == "length"
     assert short_done.request.finish_time < run.outputs["long"][-1].request.finish_time
+
+
+def test_a_request_is_queued_at_the_first_step_after_it_arrived_as_vllm_stamps_it() -> None:
+    engine = make_engine(max_num_seqs=2)
+    engine.add_request(EngineRequest("first", prompt(16), 3), 0.0)
+    step = engine.schedule(0.0)
+    assert step is not None
+    mid_step = step.end_time / 2
+    engine.add_request(EngineRequest("during", prompt(8, start=1000), 2), mid_step)
+    engine.add_request(EngineRequest("behind", prompt(16, start=2000), 2), mid_step)
+    engine.finish_step(step, step.end_time)
+    second = engine.schedule(step.end_time)
+    assert second is not None
+    during, behind = engine.get_request("during"), engine.get_request("behind")
+    assert during is not None and behind is not None
+    # Arrived mid-step, taken in at the next step: no queue time, and scheduled at once.
+    assert during.arrival_time == mid_step
+    assert during.queued_time == during.first_scheduled_time == step.end_time
+    # Taken in at the same boundary, but the batch is full: it queues from there.
+    assert behind.queued_time == step.end_time
+    assert behind.first_scheduled_time is None
 
 
 def test_chunked_prefill_stays_within_the_token_budget() -> None:
@@ -204,6 +228,23 @@ def test_same_inputs_give_same_outputs_and_timings() -> None:
     assert scenario(None) == scenario(None)
     assert scenario(7) == scenario(7)
     assert scenario(7)[0] != scenario(8)[0]
+
+
+def test_a_new_requests_intake_lengthens_the_next_step_only() -> None:
+    cost = dataclasses.replace(TEST_COST, intake=IntakeTerms(base=0.5, per_prompt_token=0.01))
+    plain, taking_in = EngineRun(make_engine()), EngineRun(Engine(make_engine().config, cost, TEST_VOCAB))
+    for run in (plain, taking_in):
+        run.add(EngineRequest("a", prompt(30), 4))
+        run.step()
+        run.add(EngineRequest("b", prompt(10, start=500), 2), EngineRequest("c", prompt(20, start=900), 2))
+        run.run()
+    durations = [(p.duration, t.duration) for p, t in zip(plain.steps, taking_in.steps, strict=True)]
+    # "a" is taken in before the first step, "b" and "c" before the second; later steps pay nothing.
+    assert durations[0][1] - durations[0][0] == pytest.approx(0.0008)
+    assert durations[1][1] - durations[1][0] == pytest.approx(0.0013)
+    assert all(t == p for p, t in durations[2:])
+    busier = taking_in.engine.counters.busy_seconds - plain.engine.counters.busy_seconds
+    assert busier == pytest.approx(0.0021)
 
 
 def test_step_duration_comes_from_the_cost_model() -> None:

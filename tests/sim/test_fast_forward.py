@@ -7,12 +7,22 @@ import random
 
 import pytest
 
-from sim.engine import DecodeTerms, Engine, EngineConfig, EngineRequest, PrefillTerms, StepCostModel
+from sim.engine import (
+    DecodeTerms,
+    Engine,
+    EngineConfig,
+    EngineRequest,
+    IntakeTerms,
+    PrefillTerms,
+    StepCostModel,
+)
 
-# Decode time grows with KV usage and context, so every fast-forwarded step has its own duration.
+# Decode time grows with KV usage and context, so every fast-forwarded step has its own duration;
+# requests arriving at a full batch take intake time from the steps that the fast path must not skip.
 COST = StepCostModel(
     PrefillTerms(base=1.0, per_token=0.01),
     DecodeTerms(base=1.0, per_seq=0.01, per_context_token=0.0001, kv_fraction=3.0, kv_fraction_sq=-1.0),
+    intake=IntakeTerms(base=0.3, per_prompt_token=0.002),
 )
 
 
@@ -99,3 +109,26 @@ def test_fast_forward_refuses_while_prefill_is_pending() -> None:
     step = engine.schedule(0.0)
     engine.finish_step(step, step.end_time)  # a 64-token chunk: still prefilling
     assert engine.fast_forward_decode(step.end_time, 10.0) == (step.end_time, 0)
+
+
+def _decoding_batch() -> tuple[Engine, float]:
+    """An engine whose full batch (6 requests) has just been prefilled, and the time."""
+    engine = _engine(400)
+    for index in range(6):
+        start = 1000 + 10 * index
+        engine.add_request(EngineRequest(f"r{index}", list(range(start, start + 8)), 50), 0.0)
+    step = engine.schedule(0.0)
+    engine.finish_step(step, step.end_time)
+    return engine, step.end_time
+
+
+def test_fast_forward_leaves_a_pending_intake_to_the_step_loop() -> None:
+    engine, now = _decoding_batch()
+    engine.add_request(EngineRequest("late", list(range(3000, 3008)), 5), now)
+    # "late" waits for a seat, but its intake is due in the next step: nothing may skip past it.
+    assert engine.fast_forward_decode(now, 10.0) == (now, 0)
+    taking_in = engine.schedule(now)
+    engine.finish_step(taking_in, taking_in.end_time)
+    plain, _ = _decoding_batch()
+    assert taking_in.duration == pytest.approx(plain.schedule(now).duration + COST.intake.time(8))
+    assert engine.fast_forward_decode(taking_in.end_time, 10.0)[1] > 0
