@@ -262,11 +262,11 @@ def _relative_errors(vllm: dict[str, Any], sim: dict[str, Any]) -> dict[str, flo
 
 def _replay_arm(server: RunningServer, items: list[WorkItem], advance: Callable[[], None]) -> dict[str, Any]:
     """One replay, started once the machine is idle (or has not become so within a while), with
-    the load average and the share of time the engine's thread waited for a CPU (other work, or the
-    load generator, slowing the engine down)."""
+    the load average and the share of time the engine's thread and the front end's waited for a
+    CPU (other work, or the load generator, slowing them down)."""
     busy = wait_until_idle()
-    load, wait = os.getloadavg()[0], runqueue_wait_s(server.engine_pid)
-    frontend_wait = runqueue_wait_s(server.frontend_pid)
+    threads = {"engine_cpu_wait_pct": server.engine_pid, "frontend_cpu_wait_pct": server.frontend_pid}
+    load, waits = os.getloadavg()[0], {key: runqueue_wait_s(pid) for key, pid in threads.items()}
     before, cpu = scrape(f"{server.url}/metrics"), oncpu_s(server.engine_pid)
     result = asyncio.run(replay(server.url, items, advance))
     cpu = oncpu_s(server.engine_pid) - cpu
@@ -279,12 +279,10 @@ def _replay_arm(server: RunningServer, items: list[WorkItem], advance: Callable[
         "engine_clock": engine_clock(gained, summary["ttft_mean_ms"], cpu),
         "cpu_busy_before_pct": round(100 * busy, 1),
         "load_average": [load, os.getloadavg()[0]],
-        "engine_cpu_wait_pct": round(
-            100 * (runqueue_wait_s(server.engine_pid) - wait) / result.duration_s, 1
-        ),
-        "frontend_cpu_wait_pct": round(
-            100 * (runqueue_wait_s(server.frontend_pid) - frontend_wait) / result.duration_s, 1
-        ),
+        **{
+            key: round(100 * (runqueue_wait_s(pid) - waits[key]) / result.duration_s, 1)
+            for key, pid in threads.items()
+        },
     }
 
 
