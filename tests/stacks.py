@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.stack import LocalStack, StackConfig, StackPorts
-from tests.support import metric_sum
+from tests.support import metric_sum, wait_for
 
 
 class CheckedStack(LocalStack):
@@ -29,3 +29,9 @@ def start_stack(workdir: Path, replicas: int, **overrides) -> LocalStack:
     stack = CheckedStack(config)
     stack.start()
     return stack
+
+
+def requests_settled(stack: LocalStack) -> bool:
+    """Every earlier request finished: their access-log entries (flushed up to 100 ms after
+    the answer) are in, so counters read now move only with the next request."""
+    return wait_for(lambda: metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") == 0)

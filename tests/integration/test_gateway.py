@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sim.processes import EPP_ALLOCATOR
 from sim.stack import LocalStack
+from tests.stacks import requests_settled
 from tests.support import metric_sum, wait_for
 
 pytestmark = pytest.mark.integration
@@ -167,7 +168,7 @@ def test_client_disconnect_mid_stream_is_cleaned_up(stack: LocalStack) -> None:
         assert response.status_code == 200
         next(response.iter_lines())
     # The EPP notices the reset and releases the endpoint.
-    assert wait_for(lambda: metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") == 0)
+    assert requests_settled(stack)
     aborted = metric_sum(
         stack.epp_metrics_url, "inference_objective_request_error_total", error_code="aborted"
     )
@@ -194,19 +195,13 @@ def _ext_proc_counts(stack: LocalStack) -> dict[str, float]:
     return {line.split(": ")[0].rsplit(".", 1)[1]: float(line.split(": ")[1]) for line in text.splitlines()}
 
 
-def _settled(stack: LocalStack) -> bool:
-    """Every earlier request finished: their access-log entries (flushed up to 100 ms after
-    the answer) are in, so counters read now move only with the next request."""
-    return wait_for(lambda: metric_sum(stack.epp_metrics_url, "llm_epp_endpoint_in_flight_requests") == 0)
-
-
 def test_a_non_streamed_request_costs_two_ext_proc_messages_each_way_and_the_log_finishes_it(
     stack: LocalStack, client: openai.OpenAI
 ) -> None:
     """Request headers and body: with first-token metering the EPP ends the stream at the
     routing, and the request is finished (and its E2E measured) from its access-log entry."""
     finished = "inference_objective_request_duration_seconds_count"
-    assert _settled(stack)
+    assert requests_settled(stack)
     done_before = metric_sum(stack.epp_metrics_url, finished)
     before = _ext_proc_counts(stack)
     assert client.completions.create(model="tiny", prompt="Hello world", max_tokens=3).choices[0].text
@@ -253,13 +248,13 @@ def test_streamed_answers_the_sdk_hangs_up_on_at_done_are_metered_in_full(
     engine's end of body to Envoy, which then closes the ext_proc stream without it."""
     tokens = "inference_objective_output_tokens_sum"
     aborted = "inference_objective_request_error_total"
-    assert _settled(stack)
+    assert requests_settled(stack)
     counted = metric_sum(stack.epp_metrics_url, tokens)
     aborts = metric_sum(stack.epp_metrics_url, aborted, error_code="aborted")
     for _ in range(30):
         chunks = list(client.completions.create(model="tiny", prompt="Hello", max_tokens=7, stream=True))
         assert sum(1 for c in chunks if c.choices and c.choices[0].text) == 7
-    assert _settled(stack)
+    assert requests_settled(stack)
     assert metric_sum(stack.epp_metrics_url, tokens) == counted + 30 * 7
     assert metric_sum(stack.epp_metrics_url, aborted, error_code="aborted") == aborts
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from sim.stack import LocalStack
-from tests.stacks import metric_sum, start_stack
+from tests.stacks import metric_sum, requests_settled, start_stack
 
 pytestmark = pytest.mark.integration
 JSON = {"content-type": "application/json"}
@@ -51,12 +51,14 @@ def test_a_chunked_upload_reaches_the_replica_whole(stack: LocalStack) -> None:
 
 
 def test_streamed_response_is_metered(stack: LocalStack) -> None:
+    assert requests_settled(stack)
     before = metric_sum(stack.epp_metrics_url, "inference_objective_output_tokens_sum")
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "stream": True}
     with httpx.stream("POST", f"{stack.gateway_url}/v1/chat/completions", json=body, timeout=10) as r:
         assert r.status_code == 200
         events = [line for line in r.iter_lines() if line.startswith("data: {")]
     assert len(events) >= 5
+    assert requests_settled(stack)
     assert metric_sum(stack.epp_metrics_url, "inference_objective_output_tokens_sum") - before == 5
 
 
