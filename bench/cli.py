@@ -46,6 +46,9 @@ fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Moon
 mixed      two mixed pools (2 fast + 2 engines 2.5x slower; 1 H100 + 3 smaller engines), every
            router and the oracle at 50/70/90% of each pool's measured capacity, on the Mooncake
            trace (``mixed --limit 600 --routers all``, ~14 min; see bench/mixed.py)
+prediction-floor  one router's TTFT/TPOT predictions against what the state at each decision
+           determines (a copy of the engine run with no later arrival; ~5 min; see
+           bench/prediction_floor.py)
 sync-sweep K EPP replicas x sync delay on the fleet simulator: what replica sync is worth
            (``sync-sweep --router-replicas 1,2,4,8 --sync-delays-ms 0,50,500,none``; see
            bench/sync_sweep.py)
@@ -80,6 +83,7 @@ from bench import (
     mixed,
     overhead,
     oversized_prompt,
+    prediction_floor,
     predictor_bench,
     published_check,
     request_rate,
@@ -149,6 +153,7 @@ BENCHMARKS: dict[str, Callable[[Path], Any]] = {
     "tls": tls_cost.run,
     "fleet": run_fleet_defaults,
     "mixed": lambda out: mixed.run(mixed.MixedSettings(), out),
+    "prediction-floor": lambda out: prediction_floor.run(prediction_floor.FloorSettings(), out),
 }
 
 
@@ -566,6 +571,31 @@ def _add_mixed(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=defaults.seed)
 
 
+def _add_prediction_floor(p: argparse.ArgumentParser) -> None:
+    defaults = prediction_floor.FloorSettings()
+    p.add_argument("--workload", default=defaults.workload, help=f"one of: {', '.join(workload_names())}")
+    p.add_argument("--profile", default=defaults.profile, help="engine profile, or a mixed pool (as compare)")
+    p.add_argument("--replicas", type=int, default=defaults.replicas, help="a mixed pool's size, or how many")
+    p.add_argument("--rate-scale", type=float, default=defaults.rate_scale)
+    p.add_argument("--limit", type=int, default=defaults.limit, help="first N requests / sessions / RL steps")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--router", default=defaults.router, help="a router name or a config file")
+
+
+def _prediction_floor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.router not in router_names() and not Path(args.router).is_file():
+        parser.error(f"unknown router {args.router!r}")
+    if args.limit < 1 or args.rate_scale <= 0:
+        parser.error("--limit must be at least 1 and --rate-scale above 0")
+    settings = prediction_floor.FloorSettings(
+        args.workload, args.profile, args.replicas, args.rate_scale, args.limit, args.seed, args.router
+    )
+    try:
+        prediction_floor.run(settings, args.out)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
 def _mixed(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     routers = compare.resolve_routers(args.routers)
     if unknown := [name for name in routers if name not in router_names()]:
@@ -612,6 +642,7 @@ _HANDLERS: dict[str, Callable[[argparse.ArgumentParser, argparse.Namespace], Non
     "predictor": _predictor,
     "idle": _idle,
     "mixed": _mixed,
+    "prediction-floor": _prediction_floor,
 }
 """The subcommands with options of their own; the others run a benchmark with its defaults."""
 
@@ -629,6 +660,7 @@ def main(argv: list[str] | None = None) -> None:
     _add_predictor(sub.choices["predictor"])
     _add_idle(sub.choices["idle"])
     _add_mixed(sub.choices["mixed"])
+    _add_prediction_floor(sub.choices["prediction-floor"])
     args = parser.parse_args(argv)
     handler = _HANDLERS.get(args.command)
     if handler is not None:

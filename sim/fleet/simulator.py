@@ -124,6 +124,12 @@ class SimulatedRequest:
         return (self.finish - self.first_token) / (self.output_tokens - 1)
 
 
+RoutedHook = Callable[[SimulatedRequest, Replica, EngineRequest, float], None]
+"""Called as each request is routed, before it leaves for the replica: its record, the replica,
+the engine request (not yet in the front end or the engine; ``arrival_time`` is now) and its
+front-end delay in seconds. For measurements that look at the state at the decision."""
+
+
 @dataclass(slots=True)
 class FleetResult:
     router: str
@@ -177,9 +183,11 @@ class FleetSimulator:
         workload: Workload,
         router_factory: Callable[[Callable[[], float]], Router],
         config: FleetConfig = FleetConfig(),
+        on_routed: RoutedHook | None = None,
     ) -> None:
         self.workload = workload
         self.config = config
+        self._on_routed = on_routed
         self.profiles = pool_profiles(config.profile, config.replicas)
         if len(config.joins_at_s) >= config.replicas:
             raise ValueError("joins_at_s: at least one replica must be there from the start")
@@ -427,6 +435,8 @@ class FleetSimulator:
         flight = _InFlight(record, call, replica, state, engine_request)
         self._in_flight[request_id] = flight
         delay = replica.profile.frontend.delay(len(tokens), replica.engine.num_running)
+        if self._on_routed is not None:
+            self._on_routed(record, replica, engine_request, delay)
         if delay > 0:
             replica.arriving[request_id] = engine_request
             self._push(now + delay, _ENGINE_ADD, flight)
