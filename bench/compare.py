@@ -24,7 +24,7 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.fleet_metrics import load_cv_series, summarize
-from bench.fleet_workloads import WorkloadOptions, build_workload
+from bench.fleet_workloads import pool_workload
 from bench.report import cell, machine, markdown_table, save_figure, style_latency_cdfs, write_results
 from sim.engine.pool import describe_pool, pool_profiles
 from sim.fleet import FleetConfig, FleetResult, FleetSimulator, make_router, router_names
@@ -97,13 +97,7 @@ def run(settings: CompareSettings, out_dir: Path) -> dict[str, Any]:
     ]
     with Progress(*columns) as progress:
         for scale in settings.rate_scales:
-            options = WorkloadOptions(
-                scale=scale,
-                seed=settings.seed,
-                limit=settings.limit,
-                max_model_len=min(profile.engine.max_model_len for profile in profiles),
-            )
-            workload = build_workload(settings.workload, options)
+            workload = pool_workload(settings.workload, profiles, scale, settings.seed, settings.limit)
             described[f"{scale:g}"] = workload.description
             parameters[f"{scale:g}"] = workload.params
             for label, router, estimated, calibrated in variants(settings):

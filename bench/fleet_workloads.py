@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench import traces
+from sim.engine import Profile
 from sim.fleet.workload import Session, Turn, Workload
 
 SESSION_TRACE = "session-trace:"
@@ -272,3 +273,12 @@ def build_workload(name: str, options: WorkloadOptions) -> Workload:
     workload = builder(options)
     workload.params.update({"scale": options.scale, "seed": options.seed, "limit": options.limit})
     return workload
+
+
+def pool_workload(
+    name: str, profiles: Sequence[Profile], scale: float, seed: int, limit: int | None
+) -> Workload:
+    """The workload called ``name`` for a pool of ``profiles``: no prompt longer than the
+    smallest context among them."""
+    max_model_len = min(profile.engine.max_model_len for profile in profiles)
+    return build_workload(name, WorkloadOptions(scale, seed, limit, max_model_len))

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from bench import compare
-from bench.fleet_workloads import WorkloadOptions, build_workload
+from bench.fleet_workloads import pool_workload
 from bench.flow_control import UNSTABLE_GROWTH, backlog_growth
 from bench.report import cell, machine, markdown_table, save_figure, write_results
 from sim.engine.pool import pool_profiles, pool_size
@@ -61,14 +61,11 @@ def measure_capacity(settings: MixedSettings, pool: str) -> float:
     router, to 1/2^``CAPACITY_SEARCH_STEPS`` of ``max_rate_scale``."""
     replicas = pool_size(pool) or 1
     low, high = 0.0, settings.max_rate_scale
-    max_model_len = min(p.engine.max_model_len for p in pool_profiles(pool, replicas))
+    profiles = pool_profiles(pool, replicas)
     config = FleetConfig(replicas=replicas, profile=pool, seed=settings.seed)
     for _ in range(CAPACITY_SEARCH_STEPS):
         scale = (low + high) / 2
-        options = WorkloadOptions(
-            scale=scale, seed=settings.seed, limit=settings.limit, max_model_len=max_model_len
-        )
-        workload = build_workload(settings.workload, options)
+        workload = pool_workload(settings.workload, profiles, scale, settings.seed, settings.limit)
         result = FleetSimulator(
             workload, lambda clock: make_router(REFERENCE_ROUTER, clock, settings.seed), config
         ).run()

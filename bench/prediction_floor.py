@@ -23,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from bench.fleet_workloads import WorkloadOptions, build_workload
+from bench.fleet_workloads import pool_workload
 from bench.report import cell, markdown_table, save_figure, write_results
 from sim.engine import EngineRequest
 from sim.engine.pool import pool_profiles
@@ -107,13 +107,7 @@ def summarize(triples: Sequence[Triple]) -> dict[str, Any]:
 
 def run(settings: FloorSettings, out_dir: Path) -> dict[str, Any]:
     profiles = pool_profiles(settings.profile, settings.replicas)
-    options = WorkloadOptions(
-        scale=settings.rate_scale,
-        seed=settings.seed,
-        limit=settings.limit,
-        max_model_len=min(profile.engine.max_model_len for profile in profiles),
-    )
-    workload = build_workload(settings.workload, options)
+    workload = pool_workload(settings.workload, profiles, settings.rate_scale, settings.seed, settings.limit)
     foreseen: dict[str, Foreseen | None] = {}
 
     def on_routed(record: SimulatedRequest, replica: Replica, request: EngineRequest, delay_s: float) -> None:

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.fleet_metrics import summarize
-from bench.fleet_workloads import WorkloadOptions, build_workload
+from bench.fleet_workloads import pool_workload
 from bench.report import cell, machine, markdown_table, save_figure, write_results
 from sim.engine.pool import describe_pool, pool_profiles, pool_size
 from sim.fleet import FleetConfig, FleetSimulator, make_router
@@ -95,13 +95,7 @@ def run(settings: SweepSettings, out_dir: Path) -> dict[str, Any]:
                 spec.name, total=len(settings.seeds) * len(settings.routers) * len(cases)
             )
             for seed in settings.seeds:
-                options = WorkloadOptions(
-                    scale=spec.rate_scale,
-                    seed=seed,
-                    limit=spec.limit,
-                    max_model_len=min(profile.engine.max_model_len for profile in profiles),
-                )
-                workload = build_workload(spec.name, options)
+                workload = pool_workload(spec.name, profiles, spec.rate_scale, seed, spec.limit)
                 workloads.setdefault(
                     spec.name, {**asdict(spec), "engines": engines, "description": workload.description}
                 )
