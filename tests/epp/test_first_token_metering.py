@@ -186,10 +186,12 @@ async def send_stream(
     *,
     hang_up_after: int | None = None,
     headerless: dict[str, object] | None = None,
+    close: bool = True,
 ):
     """One streamed chat request, its answer fed chunk by chunk until the stream says it is done
     (or the client hangs up); returns the stream and how many answer chunks it read. With
-    ``headerless`` no response headers come and the first chunk carries those attributes."""
+    ``headerless`` no response headers come and the first chunk carries those attributes; with
+    ``close`` False the stream's end has not reached the EPP yet."""
     s = h.stream()
     await s.on_message(headers_msg("/v1/chat/completions", buffered=True, **{"x-request-id": request_id}))
     await s.on_message(body_msg(json.dumps(CHAT).encode(), eos=True))
@@ -205,7 +207,8 @@ async def send_stream(
         await s.on_message(response_body_msg(chunk, eos=i == len(chunks) - 1, attributes=attributes))
         read += 1
         h.clock.advance(0.01)
-    s.close()
+    if close:
+        s.close()
     return s, read
 
 
@@ -238,6 +241,37 @@ async def test_a_handed_off_stream_ends_at_its_first_token_and_its_log_entry_fin
     assert tpot == pytest.approx((1.7 - 0.21) / 99, rel=1e-6)
     assert h.metric("llm_epp_access_log_lag_seconds_sum") == pytest.approx(h.clock() - received_at - 1.7)
     assert h.metric("inference_objective_request_error_total", **LABELS, error_code="aborted") == 0
+
+
+async def test_an_entry_that_outruns_its_streams_end_finishes_the_request_at_the_hand_off() -> None:
+    """Under load the EPP can read Envoy's entry for a short answer before its own stream's end:
+    the entry waits for the hand-off instead of being taken for another replica's request (which
+    left the booking until the silence expired it, 30 s later)."""
+    h = first_token_harness()
+    await calibrate(h)
+    s, read = await send_stream(h, "r1", 5, close=False)
+    assert read == 2 and h.in_flight() == 1
+    h.director.log_entry(LogEntry("r1", 200, stream_bytes(5), 0.3, "complete"))
+    assert h.in_flight() == 1  # the stream is not over yet
+    s.close()
+    assert h.in_flight() == 0 and h.metric("llm_epp_handed_off_requests") == 0
+    assert h.metric("llm_epp_access_log_entries_total", kind="final") == 1
+    assert h.metric("inference_objective_request_error_total", **LABELS, error_code="aborted") == 0
+    assert h.metric("inference_objective_output_tokens_sum", **LABELS) == 10 + 30 + 5
+
+
+async def test_an_early_entry_for_a_stream_read_to_its_end_is_dropped_with_it() -> None:
+    h = first_token_harness()
+    s, read = await send_stream(h, "whole", 10, close=False)  # a calibration stream: read whole
+    assert read == 12
+    h.director.log_entry(LogEntry("whole", 200, stream_bytes(10), 0.3, "complete"))
+    assert h.metric("llm_epp_access_log_entries_total", kind="unknown") == 0  # kept for the end
+    s.close()
+    assert h.in_flight() == 0
+    assert h.metric("inference_objective_request_duration_seconds_count", **LABELS) == 1
+    assert h.metric("llm_epp_access_log_entries_total", kind="unknown") == 1
+    h.director.log_entry(LogEntry("whole", 200, stream_bytes(10), 0.3, "complete"))  # the id is free
+    assert h.metric("llm_epp_access_log_entries_total", kind="unknown") == 2
 
 
 async def test_log_entries_are_the_serving_endpoints_signs_of_life() -> None:
