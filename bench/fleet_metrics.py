@@ -66,7 +66,8 @@ def _spans(records: Sequence[SimulatedRequest], key: str) -> list[float]:
     return [end - start for start, end in spans.values()]
 
 
-def _mape(pairs: list[tuple[float, float]]) -> float | None:
+def mape(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """Mean of |predicted - actual| / actual over (predicted, actual) pairs with an actual above 0."""
     pairs = [(predicted, actual) for predicted, actual in pairs if actual > 0]
     if not pairs:
         return None
@@ -88,9 +89,9 @@ def _by_profile(result: FleetResult, done: Sequence[SimulatedRequest]) -> dict[s
             "replicas": result.replica_profiles.count(name),
             "share": len(records) / len(done) if done else None,
             "ttft_ms": _percentiles([r.ttft for r in records if r.ttft is not None], 1e3),
-            "predictor_ttft_mape": _mape(pairs),
-            "predictor_ttft_mape_first_200": _mape(pairs[:200]),
-            "predictor_ttft_mape_after_200": _mape(pairs[200:]),
+            "predictor_ttft_mape": mape(pairs),
+            "predictor_ttft_mape_first_200": mape(pairs[:200]),
+            "predictor_ttft_mape_after_200": mape(pairs[200:]),
         }
     return summary
 
@@ -131,8 +132,8 @@ def summarize(result: FleetResult, workload: Workload) -> dict[str, Any]:
         "preemptions": result.preemptions,
         "load_cv_mean": float(np.mean(cv)) if cv else None,
         "mean_in_flight": float(np.mean(result.in_flight)) if result.in_flight else 0.0,
-        "predictor_ttft_mape": _mape([(r.predicted_ttft_ms / 1e3, r.ttft) for r in predicted]),  # type: ignore[operator, misc]
-        "predictor_tpot_mape": _mape(
+        "predictor_ttft_mape": mape([(r.predicted_ttft_ms / 1e3, r.ttft) for r in predicted]),  # type: ignore[operator, misc]
+        "predictor_tpot_mape": mape(
             [(r.predicted_tpot_ms / 1e3, r.tpot) for r in predicted if r.tpot is not None]  # type: ignore[operator]
         ),
         "predicted_requests": len(predicted),

@@ -23,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from bench.fleet_metrics import mape
 from bench.fleet_workloads import pool_workload
 from bench.report import cell, markdown_table, save_figure, write_results
 from sim.engine import EngineRequest
@@ -58,13 +59,6 @@ class Triple:
     foreseen: float
     predicted: float | None
     profile: str
-
-
-def mape(pairs: Sequence[tuple[float, float]]) -> float | None:
-    """Mean of |estimate - actual| / actual over (estimate, actual) pairs."""
-    if not pairs:
-        return None
-    return float(np.mean([abs(estimate - actual) / actual for estimate, actual in pairs]))
 
 
 def best_factor(triples: Sequence[Triple]) -> tuple[float, float] | None:
