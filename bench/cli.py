@@ -571,6 +571,11 @@ def _add_mixed(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=defaults.seed)
 
 
+def _is_router(name: str) -> bool:
+    """A router's name, or a file holding a router's config."""
+    return name in router_names() or Path(name).is_file()
+
+
 def _add_prediction_floor(p: argparse.ArgumentParser) -> None:
     defaults = prediction_floor.FloorSettings()
     p.add_argument("--workload", default=defaults.workload, help=f"one of: {', '.join(workload_names())}")
@@ -583,7 +588,7 @@ def _add_prediction_floor(p: argparse.ArgumentParser) -> None:
 
 
 def _prediction_floor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.router not in router_names() and not Path(args.router).is_file():
+    if not _is_router(args.router):
         parser.error(f"unknown router {args.router!r}")
     if args.limit < 1 or args.rate_scale <= 0:
         parser.error("--limit must be at least 1 and --rate-scale above 0")
@@ -609,7 +614,7 @@ def _mixed(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     routers = compare.resolve_routers(args.routers)
-    unknown = [name for name in routers if name not in router_names() and not Path(name).is_file()]
+    unknown = [name for name in routers if not _is_router(name)]
     if unknown:
         parser.error(f"unknown routers {unknown}")
     settings = compare.CompareSettings(

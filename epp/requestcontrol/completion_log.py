@@ -189,10 +189,14 @@ class HandOffs(Generic[T]):
 
     Ids of handed-off requests are unique while they wait (the director gives a request whose
     client reuses a live id a new one); an entry for an unknown id belongs to a request metered
-    to its end, or to another replica."""
+    to its end, or to another replica, or to a request of the caller's not handed off yet: a
+    short answer's entry can reach the EPP before its own stream's end does (under load, by more
+    than the log's 0.1 s flush). The caller keeps such an entry here (``keep_early``, at most
+    one per live request of its own); the request's hand-off takes it back."""
 
     silence_s: float
     _waiting: dict[Hashable, _HandOff[T]] = field(default_factory=dict)
+    _early: dict[Hashable, LogEntry] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -200,8 +204,19 @@ class HandOffs(Generic[T]):
     def __contains__(self, request_id: Hashable) -> bool:
         return request_id in self._waiting
 
-    def add(self, request_id: Hashable, item: T, now: float) -> None:
+    def add(self, request_id: Hashable, item: T, now: float) -> LogEntry | None:
+        """Hand the request off; the final entry that came for it before, if one did."""
         self._waiting[request_id] = _HandOff(item, now)
+        return self._early.pop(request_id, None)
+
+    def keep_early(self, entry: LogEntry) -> None:
+        """The final entry of a live request not handed off yet, for its hand-off."""
+        self._early[entry.request_id] = entry
+
+    def drop_early(self, request_id: Hashable) -> LogEntry | None:
+        """The request ended without a hand-off: its early entry, if one came, is no longer
+        kept (and is returned)."""
+        return self._early.pop(request_id, None)
 
     def heard(self, request_id: Hashable, now: float) -> T | None:
         """An intermediate entry: the request is still streaming. Its item, or None if unknown."""

@@ -123,11 +123,6 @@ class Director:
         self._handoffs: HandOffs[RequestRecord] = HandOffs(self.metering.silence_s)
         self._live_ids: set[str] = set()
         """The request ids of records not finished yet (handed-off ones included)."""
-        self._early_entries: dict[str, LogEntry] = {}
-        """Final entries for live requests not handed off yet: a short answer's entry can reach
-        the EPP before its own stream's end does (under load, in CI, by more than the log's
-        0.1 s flush). Its hand-off takes it; any other end of the stream drops it. At most one
-        per live request."""
         metrics.handed_off.set_function(lambda: len(self._handoffs))
         self.lifecycle = lifecycle
         self.default_max_model_len = default_max_model_len
@@ -320,19 +315,18 @@ class Director:
         if record.finished:
             return
         record.finished = True
-        early = self._early_entries.pop(record.request_id, None)
         routed = record.routed
         now = self.clock()
         # A stream waits for its entry once its first token came; a non-streamed answer from
         # its routing on (``hand_off_unread``).
         started = routed is not None and (routed.first_token_at is not None or not routed.request.stream)
         if record.hand_off and not record.response_complete and started:
-            self._handoffs.add(record.request_id, record, now)
+            early = self._handoffs.add(record.request_id, record, now)
             if early is not None:
                 self.log_entry(early)
             return
-        if early is not None:  # the stream said it all: its entry is as if for another's request
-            self.metrics.access_log_entries.labels("unknown").inc()
+        if self._handoffs.drop_early(record.request_id) is not None:
+            self.metrics.access_log_entries.labels("unknown").inc()  # the stream said it all
         if routed is None:  # refused, or body-less: routed, not metered
             self._live_ids.discard(record.request_id)
             _release_ticket(record)
@@ -367,7 +361,7 @@ class Director:
             return
         record = self._handoffs.pop(entry.request_id)
         if record is None and entry.request_id in self._live_ids:
-            self._early_entries[entry.request_id] = entry
+            self._handoffs.keep_early(entry)
             return
         self.metrics.access_log_entries.labels("final" if record else "unknown").inc()
         if record is None or record.routed is None:

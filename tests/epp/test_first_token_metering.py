@@ -109,6 +109,18 @@ def test_hand_offs_expire_when_silent_and_an_intermediate_entry_keeps_them() -> 
     assert waiting.pop("r2") is None
 
 
+def test_an_entry_kept_before_its_hand_off_is_given_back_by_it_or_dropped() -> None:
+    waiting: HandOffs[str] = HandOffs(silence_s=10.0)
+    early = LogEntry("r1", 200, 100, 0.1, "complete")
+    waiting.keep_early(early)
+    assert len(waiting) == 0 and waiting.pop("r1") is None
+    assert waiting.add("r1", "one", now=0.0) is early
+    assert waiting.add("r2", "two", now=0.0) is None
+    waiting.keep_early(LogEntry("r3", 200, 100, 0.1, "complete"))
+    assert waiting.drop_early("r3") is not None and waiting.drop_early("r3") is None
+    assert waiting.add("r3", "three", now=0.0) is None
+
+
 def test_the_finish_time_is_placed_from_the_request_start_and_kept_in_bounds() -> None:
     entry = LogEntry("r", 200, 100, last_upstream_byte_s=2.5, ended="complete")
     assert finish_time(10.0, 10.4, entry, now=20.0) == 12.5
