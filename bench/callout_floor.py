@@ -35,12 +35,12 @@ from bench.report import machine, markdown_table, write_results
 from bench.stack_overhead import task_cpu_seconds
 from bench.stub_engine import stub_engine_bootstrap
 from epp.app import GRPC_OPTIONS
-from epp.envoy_config import Callout, gateway_bootstrap, write_cluster_endpoints
 from epp.extauthz.check import Check, CheckAnswer
 from epp.extauthz.server import serve
 from epp.extproc.access_log import AccessLogReceiver
 from epp.extproc.access_log import add_to_server as add_access_log_to_server
 from epp.extproc.messages import DESTINATION_HEADER
+from sim.envoy_config import Callout, gateway_bootstrap, write_cluster_endpoints
 from sim.processes import free_port, port_in_use, spawn, start_envoy, wait_until
 
 CALLOUTS: tuple[Callout, ...] = ("ext-proc", "ext-authz")

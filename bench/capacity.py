@@ -54,7 +54,6 @@ from bench.report import machine, markdown_table, save_figure, write_results
 from bench.request_rate import SAMPLE_EVERY, TOKENIZER_LABELS, RequestRateSettings, TokenizerMode
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.scraper import MetricsScraper
-from epp.envoy_config import Callout
 from epp.extproc.access_log import log_entry
 from epp.keepalive_http import KeepAliveHttp
 from epp.load.peer_totals import PeerTotals
@@ -62,6 +61,7 @@ from epp.requestcontrol.completion_log import MeteringSettings
 from epp.requestcontrol.director import REQUEST_ID_HEADER
 from epp.scheduling.types import Endpoint
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
+from sim.envoy_config import Callout
 
 _TUNING = SyncTuning()
 

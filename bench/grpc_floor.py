@@ -28,9 +28,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
 from epp.app import GRPC_OPTIONS
-from epp.envoy_config import gateway_bootstrap
 from epp.extproc import messages
 from epp.requestcontrol.director import REQUEST_ID_HEADER
+from sim.envoy_config import gateway_bootstrap
 from sim.processes import Component, free_port, port_in_use, spawn, start_envoy, wait_until
 
 

@@ -68,7 +68,7 @@ from wire.latency_binary import MODEL_VERSION_HEADER, encode_predictions, encode
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 10
 
-# What the local gateway's Envoy announces (``epp.envoy_config``): the body comes whole, once.
+# What the local gateway's Envoy announces (``sim.envoy_config``): the body comes whole, once.
 BUFFERED = ProtocolConfiguration(request_body_mode=ProcessingMode.BUFFERED)
 
 

@@ -41,7 +41,7 @@ from bench.flame_graph import flame_graph
 from bench.metering_cost import SLO_HEADERS, _prompt
 from bench.report import machine, markdown_table, write_results
 from bench.stack_overhead import idle_cpu_rate, rare_scrape_args, task_cpu_seconds
-from epp.envoy_config import Callout
+from sim.envoy_config import Callout
 from sim.stack import LocalStack, StackConfig, StackPorts
 
 TokenizerMode = Literal["dir", "sampled", "estimate"]

@@ -58,7 +58,7 @@ from bench.flame_graph import flame_graph
 from bench.grpc_floor import FloorGateway, floor_gateway
 from bench.loadgen import closed_loop
 from bench.report import machine, markdown_table, write_results
-from epp.envoy_config import gateway_bootstrap
+from sim.envoy_config import gateway_bootstrap
 from sim.processes import Component, free_port, start_envoy
 from sim.stack import LocalStack, StackConfig, StackPorts
 

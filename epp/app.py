@@ -23,12 +23,12 @@ from epp.datalayer.metrics import KVEventMetrics, PoolMetrics
 from epp.datalayer.objectives import ObjectivePriorities
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
-from epp.envoy_config import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
 from epp.estimated_tokens import EstimatedTokenizer
 from epp.extauthz import server as ext_authz_server
 from epp.extauthz.check import ExtAuthzCheck
 from epp.extproc.access_log import AccessLogReceiver
 from epp.extproc.access_log import add_to_server as add_access_log_to_server
+from epp.extproc.envoy_contract import EXT_PROC_HEALTH_SERVICE as EXT_PROC_SERVICE
 from epp.extproc.gate import DebugAccess, HeaderLimits, RequestGate
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.flowcontrol.config import build_flow_control

@@ -27,8 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from epp.envoy_config import (
-    INFERENCE_API_PATHS,
+from epp.extproc.envoy_contract import INFERENCE_API_PATHS
+from epp.requestcontrol.completion_log import ResponseMetering
+from epp.tokenization import TINY_MODEL_DIR
+from sim.certs import LocalPki, write_local_pki
+from sim.engine import ProfileError
+from sim.engine.pool import PROFILE_LABEL, pool_profiles, pool_size, pool_variants
+from sim.envoy_config import (
     BodyMode,
     Callout,
     EppTls,
@@ -37,11 +42,6 @@ from epp.envoy_config import (
     with_epp_replicas,
     write_cluster_endpoints,
 )
-from epp.requestcontrol.completion_log import ResponseMetering
-from epp.tokenization import TINY_MODEL_DIR
-from sim.certs import LocalPki, write_local_pki
-from sim.engine import ProfileError
-from sim.engine.pool import PROFILE_LABEL, pool_profiles, pool_size, pool_variants
 from sim.nats_server import start_nats_server
 from sim.processes import (
     BIN,
@@ -107,7 +107,7 @@ class StackConfig:
     trainer_args: Sequence[str] = ()
     failure_mode: FailureMode = "FailClose"
     body_mode: BodyMode = "BUFFERED"
-    """How Envoy sends request bodies to the EPP (``epp.envoy_config``)."""
+    """How Envoy sends request bodies to the EPP (``sim.envoy_config``)."""
     model: str = "tiny"
     model_dir: Path = TINY_MODEL_DIR
     """The served model: the replicas serve it and the EPP tokenizes with its tokenizer."""

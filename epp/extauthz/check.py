@@ -1,7 +1,7 @@
 """One ext_authz check: a request's routing as an HTTP answer, apart from the HTTP server.
 
 With ``--envoy-callout ext-authz`` the gateway asks the EPP over Envoy's HTTP ext_authz filter
-instead of ext_proc (see ``epp.envoy_config``): one plain HTTP/1.1 request per client request,
+instead of ext_proc (see ``sim.envoy_config``): one plain HTTP/1.1 request per client request,
 carrying the client's method, path (under :data:`CHECK_PATH_PREFIX`), headers and whole body,
 and no message at all for the response. The answer:
 

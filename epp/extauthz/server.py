@@ -7,7 +7,7 @@ connection; answers still go out in order if a client pipelines. A connection th
 mid-check (Envoy gave up on it: the client went away, or its timeout passed) cancels the check,
 which the director then finishes as not served. ``GET`` :data:`READY_PATH` (outside the checks'
 path prefix) answers 200 while the EPP is ready and 503 otherwise: the gateway's health check of
-the EPP replicas' check ports (``epp.envoy_config.with_epp_replicas``).
+the EPP replicas' check ports (``sim.envoy_config.with_epp_replicas``).
 """
 
 from __future__ import annotations

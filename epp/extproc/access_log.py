@@ -1,5 +1,5 @@
 """The gRPC access-log service (``envoy.service.accesslog.v3.AccessLogService``) the gateway
-sends its HTTP access log to, batched (``epp.envoy_config``: ``envoy.access_loggers.http_grpc``).
+sends its HTTP access log to, batched (``sim.envoy_config``: ``envoy.access_loggers.http_grpc``).
 
 Each entry becomes a :class:`~epp.requestcontrol.completion_log.LogEntry` for the director,
 which finishes the requests it handed off (streams at their first token, non-streamed answers
@@ -18,7 +18,7 @@ from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsMessage, StreamAccessLogsResponse
 from google.protobuf.struct_pb2 import Value
 
-from epp.envoy_config import FIRST_BODY_BYTE_METADATA, SSE_DONE_METADATA, SSE_EVENTS_METADATA
+from epp.extproc.envoy_contract import FIRST_BODY_BYTE_METADATA, SSE_DONE_METADATA, SSE_EVENTS_METADATA
 from epp.requestcontrol.completion_log import Ending, LogEntry
 from epp.requestcontrol.director import REQUEST_ID_HEADER
 

@@ -52,7 +52,7 @@ HEADERLESS_RESPONSE = ProcessingMode(
     response_body_mode=ProcessingMode.STREAMED,
     response_trailer_mode=ProcessingMode.SKIP,
 )
-"""The local gateway's processing mode (``epp.envoy_config``, BUFFERED bodies) without the
+"""The local gateway's processing mode (``sim.envoy_config``, BUFFERED bodies) without the
 response headers. An override replaces the whole mode, so every field is set."""
 CONTINUE_REQUEST_HEADERS = ProcessingResponse(request_headers=HeadersResponse())
 CONTINUE_SKIPPING_RESPONSE_HEADERS = ProcessingResponse(

@@ -1,6 +1,6 @@
 """The per-stream state machine: one ext_proc gRPC stream carries one HTTP request.
 
-Envoy (see ``epp.envoy_config``) sends request headers, the request body, response headers
+Envoy (see ``sim.envoy_config``) sends request headers, the request body, response headers
 and a STREAMED response body. The machine's phases::
 
     HEADERS ──(end_of_stream)──────────────────────────► route now (body-less request)
@@ -11,7 +11,7 @@ and a STREAMED response body. The machine's phases::
     RESPONSE ── headers: status, content type ── body chunks: meter tokens, reply at once,
                 until the body ends, or (first-token metering) until the first token
 
-Envoy sends a body only after the reply to its headers (``epp.envoy_config`` turns
+Envoy sends a body only after the reply to its headers (``sim.envoy_config`` turns
 ``send_body_without_waiting_for_header_response`` off), which is what lets the response headers
 reply skip the body of a non-streamed response: such a request costs three messages each way
 (request headers, request body, response headers); a streamed one costs one more each way per
@@ -28,7 +28,7 @@ response's headers.
 
 The request body arrives in one of two modes, announced by Envoy's ``protocol_config``:
 
-* BUFFERED (the local gateway's, ``epp.envoy_config``): the headers are answered at once, the
+* BUFFERED (the local gateway's, ``sim.envoy_config``): the headers are answered at once, the
   body comes whole in one message after that, and the body reply carries the destination.
 * FULL_DUPLEX_STREAMED (the anchor's gateways): nothing is answered until the body ends; then
   the headers reply carries the destination and content-length, and the body is re-emitted.
@@ -50,9 +50,9 @@ from collections.abc import Callable
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
-from epp.envoy_config import MAX_MESSAGE_TIMEOUT_S, MESSAGE_TIMEOUT_S
 from epp.errors import InternalServerError, PayloadTooLarge, RequestError
 from epp.extproc import messages
+from epp.extproc.envoy_contract import MAX_MESSAGE_TIMEOUT_S, MESSAGE_TIMEOUT_S
 from epp.extproc.gate import DEFAULT_GATE, RequestGate
 from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestRecord
 

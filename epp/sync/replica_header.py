@@ -1,7 +1,7 @@
 """The header that names the EPP replica which routed a request.
 
 With several replicas the gateway logs every request to each of them (one access logger per
-replica, ``epp.envoy_config.with_epp_replicas``). A replica finishes only the requests it
+replica, ``sim.envoy_config.with_epp_replicas``). A replica finishes only the requests it
 routed and counts the rest as unknown, so without a way to tell them apart each replica would
 read the whole pool's log: a cost that grows with the replicas. The replica puts its id in the
 forwarded request's headers, which the access log sees, and each logger keeps the entries of

@@ -1,7 +1,7 @@
 """K active-active EPP replicas as one simulator router, synced (or not) with a virtual-time delay.
 
 Envoy spreads new ext_proc streams round-robin over the healthy EPP replicas
-(``epp.envoy_config.with_epp_replicas``), so request i goes to replica i mod K, and every
+(``sim.envoy_config.with_epp_replicas``), so request i goes to replica i mod K, and every
 lifecycle call of a request goes to the replica that routed it. Each replica runs its own
 pipeline built from the same EndpointPickerConfig (own token load, own approximate prefix index,
 own running TPOT SLOs, own RNG), and all of them ask one latency predictor, as live replicas share

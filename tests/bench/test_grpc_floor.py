@@ -9,8 +9,8 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeade
 
 from bench.grpc_floor import FloorProcessor, floor_gateway
 from bench.stub_engine import stub_engine_bootstrap
-from epp.envoy_config import write_cluster_endpoints
 from epp.extproc.messages import CONTINUE_SKIPPING_RESPONSE_BODY, DESTINATION_HEADER
+from sim.envoy_config import write_cluster_endpoints
 from sim.processes import free_port, start_envoy
 
 HEADERS = ProcessingRequest(

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from epp.envoy_config import INFERENCE_API_PATHS
+from epp.extproc.envoy_contract import INFERENCE_API_PATHS
 
 from .conftest import Served, on_each
 

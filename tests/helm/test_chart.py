@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from epp.app import HEALTH_SERVICES
-from epp.envoy_config import INFERENCE_API_PATHS
+from epp.extproc.envoy_contract import INFERENCE_API_PATHS
 from epp.k8s.pool import parse_pool
 from epp.main import parse_args as epp_args
 from epp.plugins.predicted_latency import PredictedLatencyParameters

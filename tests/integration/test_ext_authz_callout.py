@@ -13,13 +13,13 @@ import httpx
 import openai
 import pytest
 
-from epp.envoy_config import gateway_bootstrap, write_cluster_endpoints
 from epp.extauthz.check import CheckAnswer
 from epp.extauthz.server import serve
 from epp.extproc.access_log import AccessLogReceiver
 from epp.extproc.access_log import add_to_server as add_access_log_to_server
 from epp.extproc.messages import DESTINATION_HEADER
 from sim.envoy_admin import stat
+from sim.envoy_config import gateway_bootstrap, write_cluster_endpoints
 from sim.processes import free_port, start_envoy
 from tests.integration.test_response_metering import answer, gauges
 from tests.stacks import start_stack

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from epp.envoy_config import EppTls, FailureMode
 from sim.certs import write_ca
 from sim.envoy_admin import stat
+from sim.envoy_config import EppTls, FailureMode
 from sim.processes import Component, free_port, start_envoy
 from sim.stack import LocalStack
 from tests.stacks import start_stack

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.envoy_config import CODEC_MAX_HEADERS
+from sim.envoy_config import CODEC_MAX_HEADERS
 from sim.stack import LocalStack
 from tests import raw_h2
 from tests.gateway_corpus import COMPLETION, Answer, corpus, run_with_curl

@@ -22,8 +22,8 @@ import openai
 import pytest
 import yaml
 
-from epp.envoy_config import write_cluster_endpoints
 from sim.envoy_admin import stat
+from sim.envoy_config import write_cluster_endpoints
 from tests.stacks import start_stack
 from tests.support import metric_sum, wait_for
 

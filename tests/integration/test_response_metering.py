@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from epp import envoy_config
 from epp.datalayer.metrics import TOKEN_LOAD_GAUGES
+from sim import envoy_config
 from sim.envoy_admin import stat
 from tests.stacks import start_stack
 from tests.support import metric_sum, scrape, wait_for

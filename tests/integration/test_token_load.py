@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from epp.datalayer.metrics import TOKEN_LOAD_GAUGES
-from epp.envoy_config import MODEL_SERVERS_CLUSTER
 from sim.envoy_admin import stat
+from sim.envoy_config import MODEL_SERVERS_CLUSTER
 from sim.stack import LocalStack
 from tests.stacks import start_stack
 from tests.support import metric_sum, scrape, wait_for

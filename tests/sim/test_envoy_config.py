@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from epp.envoy_config import (
+from sim.envoy_config import (
     CODEC_MAX_HEADERS,
     CODEC_MAX_HEADERS_KB,
     ERROR_TYPES,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.envoy_config import EppTls, gateway_bootstrap, with_epp_replicas, write_cluster_endpoints
 from sim.certs import write_local_pki
+from sim.envoy_config import EppTls, gateway_bootstrap, with_epp_replicas, write_cluster_endpoints
 from tests.epp.envoy_check import validate_bootstrap
 
 

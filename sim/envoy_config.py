@@ -81,6 +81,15 @@ from typing import Any, Literal
 
 from epp.extauthz.check import CHECK_PATH_PREFIX, SOURCE_HEADER
 from epp.extauthz.server import READY_PATH
+from epp.extproc.envoy_contract import (
+    EXT_PROC_HEALTH_SERVICE,
+    FIRST_BODY_BYTE_METADATA,
+    INFERENCE_API_PATHS,
+    MAX_MESSAGE_TIMEOUT_S,
+    MESSAGE_TIMEOUT_S,
+    SSE_DONE_METADATA,
+    SSE_EVENTS_METADATA,
+)
 from epp.extproc.messages import (
     DESTINATION_HEADER,
     LB_METADATA_NAMESPACE,
@@ -95,7 +104,6 @@ FailureMode = Literal["FailOpen", "FailClose"]
 BodyMode = Literal["BUFFERED", "FULL_DUPLEX_STREAMED"]
 Callout = Literal["ext-proc", "ext-authz"]
 """How the gateway asks the EPP: an ext_proc stream per request, or one HTTP ext_authz check."""
-INFERENCE_API_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 MODEL_SERVERS_CLUSTER = "model_servers"
 UPSTREAM_IDLE_TIMEOUT = "3s"
 RETRIES = 2
@@ -369,14 +377,6 @@ def model_servers_cluster(endpoints_file: Path, picks_in_header: bool = False) -
             "thresholds": [{"retry_budget": {"budget_percent": {"value": 25.0}, "min_retry_concurrency": 16}}]
         },
     }
-
-
-MESSAGE_TIMEOUT_S = 5
-"""How long Envoy waits for the EPP's answer to each ext_proc message (``message_timeout``)."""
-MAX_MESSAGE_TIMEOUT_S = 120
-"""The most the EPP may extend that wait to, with a ProcessingResponse carrying only
-``override_message_timeout`` (Envoy honours one per message): what flow control needs to hold a
-request for its band's TTL."""
 
 
 def ext_proc_filter(
@@ -763,15 +763,6 @@ def gateway_bootstrap(
     }
 
 
-SSE_DONE_METADATA = ("llm_epp", "sse_done")
-"""Where the gateway marks a streamed answer whose ``data: [DONE]`` went to the client."""
-FIRST_BODY_BYTE_METADATA = ("llm_epp", "first_body_byte_us")
-"""Where the gateway notes when a streamed answer's first body chunk passed (wall clock, µs
-since the epoch, as a string): its first token, for requests the EPP routed over ext_authz."""
-SSE_EVENTS_METADATA = ("llm_epp", "sse_events")
-"""Where the gateway counts a streamed answer's JSON events (``data: {``; ``[DONE]`` is not
-one): its output tokens give or take the role and usage events, for requests routed over
-ext_authz, which no stream of tells the EPP its bytes per token. Set when the answer ends."""
 _SSE_LUA = """
 function envoy_on_response(handle)
   local content_type = handle:headers():get("content-type") or ""
@@ -836,10 +827,6 @@ def epp_access_log(cluster: str, replica_id: str | None = None) -> dict[str, Any
         own = {"header_filter": {"header": {"name": REPLICA_HEADER, "string_match": {"exact": replica_id}}}}
         routed = {"and_filter": {"filters": [routed, own]}}
     return {"name": "envoy.access_loggers.http_grpc", "filter": routed, "typed_config": config}
-
-
-EXT_PROC_HEALTH_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-"""The gRPC health service an EPP reports SERVING for while it is ready to take ext_proc streams."""
 
 
 def with_epp_replicas(
