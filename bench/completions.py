@@ -17,7 +17,7 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
+from epp.tokenizer.model import TINY_MODEL_DIR, ModelTokenizer
 from sim.openai_serving import ServedModel
 
 

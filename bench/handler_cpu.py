@@ -62,7 +62,7 @@ from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.settings import EppSettings
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 from wire.latency import FeatureRowDict
 from wire.latency_binary import MODEL_VERSION_HEADER, encode_predictions, encode_rows
 

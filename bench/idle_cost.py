@@ -39,7 +39,7 @@ from bench.report import machine, markdown_table, save_figure, write_results
 from bench.rig import GatewayRig
 from bench.stack_overhead import task_cpu_seconds
 from bench.stub_engine import stub_engine_bootstrap
-from epp.tokenization import TINY_MODEL_DIR
+from epp.tokenizer.model import TINY_MODEL_DIR
 from sim.processes import Component, free_port, start_envoy, start_epp, write_endpoints_file
 
 VLLM_SCRAPE = Path(__file__).parent.parent / "tests" / "fixtures" / "vllm-0.32" / "metrics_full.txt"

@@ -69,7 +69,7 @@ from bench.replay_plan import PlannedSession, PlannedTurn, PromptTexts, plan_ses
 from bench.report import cell, machine, markdown_table, save_figure, style_latency_cdfs, write_results
 from epp.configs import config_path
 from epp.scheduling.config import EndpointPickerConfig
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 from sim.engine.pool import describe_pool, pool_profiles
 from sim.fleet import FleetConfig, FleetSimulator, SimulatedRequest, make_router
 from sim.fleet.workload import Workload

@@ -31,7 +31,7 @@ from bench.report import machine, markdown_table, write_results
 from bench.rig import GatewayRig
 from epp.errors import BadRequest
 from epp.requestcontrol.openai_request import parse_openai_request
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 
 TEN_MIB = 10 << 20
 WORDS = "hello world "  # 3 tokens in 12 characters

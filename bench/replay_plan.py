@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 from sim.fleet.prompts import synthetic_blocks, synthetic_tokens, turn_key
 from sim.fleet.workload import Turn, Workload
 

@@ -159,7 +159,9 @@ def _cell(
 
 
 SHARES = {
-    "tokenizer": lambda frames: any("epp/tokenization.py" in f or "tokenizer_cache.py" in f for f in frames),
+    "tokenizer": lambda frames: any(
+        "epp/tokenizer/model.py" in f or "epp/tokenizer/cache.py" in f for f in frames
+    ),
     "event loop, no Python frame (gRPC aio, uvloop I/O)": lambda frames: frames[-1].startswith("Runner.run "),
     "EPP Python (parse, schedule, account, clients)": lambda frames: True,
 }

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.stub_engine import stub_engine_bootstrap
-from epp.tokenization import TINY_MODEL_DIR
+from epp.tokenizer.model import TINY_MODEL_DIR
 from sim.envoy_config import gateway_bootstrap, write_cluster_endpoints
 from sim.processes import (
     BIN,

@@ -1,5 +1,5 @@
 """The EPP's per-request parse, tokenize and hash cost on long chat turns, with and without the
-tokenizer cache (``epp.tokenizer_cache``), in this process.
+tokenizer cache (``epp.tokenizer.cache``), in this process.
 
 Conversations are shaped like a coding agent's: a system prompt, then turns of tool output
 (source files of this repository) and short assistant replies, until the rendered prompt holds
@@ -45,7 +45,7 @@ from epp.plugins.prefix_cache import ApproximatePrefixCacheProducer, Approximate
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.scheduling.framework import PluginContext
 from epp.scheduling.types import LLMRequest
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 CHAT_PATH = "/v1/chat/completions"

@@ -23,7 +23,6 @@ from epp.datalayer.metrics import KVEventMetrics, PoolMetrics
 from epp.datalayer.objectives import ObjectivePriorities
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.static_file import StaticFileSource
-from epp.estimated_tokens import EstimatedTokenizer
 from epp.extauthz import server as ext_authz_server
 from epp.extauthz.check import ExtAuthzCheck
 from epp.extproc.access_log import AccessLogReceiver
@@ -66,9 +65,10 @@ from epp.sync.replica_header import ReplicaHeader
 from epp.sync.scrape_share import STALE_AFTER_TICKS, ScrapeShare
 from epp.sync.state import ReplicaSyncState, SyncTuning
 from epp.tls import server_credentials
-from epp.tokenization import TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
-from epp.tokenizer_auto import AutoTokenizer, TokenizerMetrics, download_from_hub
-from epp.tokenizer_sampling import Calibrated, CalibrationCollector, SampledTokenizer
+from epp.tokenizer.auto import AutoTokenizer, TokenizerMetrics, download_from_hub
+from epp.tokenizer.estimated import EstimatedTokenizer
+from epp.tokenizer.model import TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
+from epp.tokenizer.sampling import Calibrated, CalibrationCollector, SampledTokenizer
 from trainer.auth import read_token
 
 log = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ class EppApp:
 
     def _routing_tokenizer(self, model_dir: Path) -> PromptTokenizer:
         """The model's tokenizer from ``model_dir``, on every prompt or, with ``--tokenize-every``,
-        sampled to calibrate estimated counts (``epp.tokenizer_sampling``; no prompt cache then)."""
+        sampled to calibrate estimated counts (``epp.tokenizer.sampling``; no prompt cache then)."""
         every = self.settings.tokenize_every
         if every > 1:
             return SampledTokenizer(load_tokenizer(model_dir), every, agreed=self._agreed_bytes_per_token)

@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from epp.tokenization import GIL_FREE_CHARS, ChatTemplateError, ModelTokenizer
+from epp.tokenizer.model import GIL_FREE_CHARS, ChatTemplateError, ModelTokenizer
 from sim.driver import EngineDeadError, EngineDriver, RequestStream
 from sim.engine import EngineRequest, FrontendTerms, RequestOutput, RequestRejectedError
 from sim.openai_api import (

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from epp.tokenization import TINY_MODEL_DIR
+from epp.tokenizer.model import TINY_MODEL_DIR
 from sim.processes import Component, ProcessError, http_ok, spawn, wait_until
 
 REPO = Path(__file__).resolve().parent.parent

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
+from epp.tokenizer.model import TINY_MODEL_DIR, ModelTokenizer
 from sim.driver import EngineDriver
 from sim.engine import Engine, EngineConfigError, Profile, ProfileError, RequestOutput, load_profile
 from sim.engine.pool import load_variant

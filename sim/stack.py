@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from epp.extproc.envoy_contract import INFERENCE_API_PATHS
 from epp.requestcontrol.completion_log import ResponseMetering
-from epp.tokenization import TINY_MODEL_DIR
+from epp.tokenizer.model import TINY_MODEL_DIR
 from sim.certs import LocalPki, write_local_pki
 from sim.engine import ProfileError
 from sim.engine.pool import PROFILE_LABEL, pool_profiles, pool_size, pool_variants

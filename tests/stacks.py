@@ -10,7 +10,7 @@ from tests.support import metric_sum, wait_for
 
 class CheckedStack(LocalStack):
     """A stack whose EPP checks every tokenization it reuses against a full one (the differential
-    check of ``epp.tokenizer_cache``): ``stop()`` fails if any differed."""
+    check of ``epp.tokenizer.cache``): ``stop()`` fails if any differed."""
 
     def stop(self) -> None:
         mismatches = sum(

@@ -2,7 +2,7 @@
 
 Every block hash the EPP computes is chained: block *i*'s hash covers blocks 0..i. A prompt that
 shares its first *n* tokens with an earlier one therefore shares the first ``n // block_size``
-hashes of every chain. The tokenizer cache (``epp.tokenizer_cache``) hands out the ids of each
+hashes of every chain. The tokenizer cache (``epp.tokenizer.cache``) hands out the ids of each
 prompt as :class:`TokenIds`, carrying :class:`BlockChains`: the chains of the cached prompt it
 extends, and where to keep this prompt's own. A producer asks for what is known, hashes the rest,
 and remembers the result::

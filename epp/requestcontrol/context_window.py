@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 
 from epp.errors import BadRequest
-from epp.tokenization import PromptTokenizer
+from epp.tokenizer.model import PromptTokenizer
 
 # The first probe is this many characters per allowed token: above the ~4 of natural language,
 # so a prompt that fits is rarely probed before its full tokenization.

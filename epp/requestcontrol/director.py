@@ -46,8 +46,8 @@ from epp.scheduling.framework import RequestOutcome, slo_misses
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import NoCandidates
 from epp.scheduling.types import ApiKind, LLMRequest, SchedulingResult
-from epp.tokenization import GIL_FREE_CHARS, PromptTokenizer
-from epp.tokenizer_cache import TooLongToInline
+from epp.tokenizer.cache import TooLongToInline
+from epp.tokenizer.model import GIL_FREE_CHARS, PromptTokenizer
 
 log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "x-request-id"

@@ -36,7 +36,7 @@ from epp.errors import BadRequest, InvalidBody
 from epp.requestcontrol.context_window import check_token_ids, encode_prompt
 from epp.requestcontrol.request_headers import parse_request_hints
 from epp.scheduling.types import ApiKind, LLMRequest
-from epp.tokenization import ChatTemplateError, PromptTokenizer
+from epp.tokenizer.model import ChatTemplateError, PromptTokenizer
 from epp.vllm_wording import cache_salt_refusal, json_invalid_error, with_parameter
 
 
@@ -188,7 +188,7 @@ def parse_openai_request(
 ) -> LLMRequest:
     """Build the request the scheduler sees. Raises :class:`BadRequest` for invalid bodies or hints,
     and for prompts over ``max_model_len`` tokens (None: the context length is unknown).
-    ``max_chars``: raise ``epp.tokenizer_cache.TooLongToInline`` rather than tokenize more than
+    ``max_chars``: raise ``epp.tokenizer.cache.TooLongToInline`` rather than tokenize more than
     this many characters (see :meth:`ModelTokenizer.encode`)."""
     kind = api_kind(path)
     hints = parse_request_hints(headers, objective_priorities)

@@ -32,7 +32,7 @@ Bodies:
   an empty body, as replicas before scrape sharing send, has none. Readers take the first item
   if it is an int and ignore the rest, so later versions may append; readers before scrape
   sharing never looked at a heartbeat's body. A replica that routes on estimated token ids
-  calibrated on its tokenizer (``--tokenize-every``, ``epp.tokenizer_sampling``) appends the
+  calibrated on its tokenizer (``--tokenize-every``, ``epp.tokenizer.sampling``) appends the
   estimate's bytes per token, once it has one, so that replicas agree on it:
   ``[capabilities, bytes_per_token]``.
 * SNAPSHOT_REQUEST: empty.

@@ -49,7 +49,7 @@ producer's ``peers`` (``targets.token_load``). For scrape sharing (``epp.sync.sc
 ``peers_with(capability)`` (the peers whose latest heartbeat announced it; ours, ``capabilities``,
 go out in every heartbeat), ``peer_requests(endpoint)``, and ``on_peer_requests(endpoint)``,
 called when a peer's request count there changed. For estimated token ids calibrated on the
-tokenizer (``epp.tokenizer_sampling``): ``bytes_per_token`` (ours, announced in every heartbeat)
+tokenizer (``epp.tokenizer.sampling``): ``bytes_per_token`` (ours, announced in every heartbeat)
 and ``agreed_bytes_per_token()``.
 
 Everything delivered is bytes in the ``epp.sync.messages`` schema, so a simulator that delays
@@ -200,7 +200,7 @@ class _Peer:
     capabilities: Capability = Capability.NONE
     """What its latest heartbeat announced (none until one came)."""
     bytes_per_token: float | None = None
-    """The estimate's ratio its latest heartbeat announced (``epp.tokenizer_sampling``)."""
+    """The estimate's ratio its latest heartbeat announced (``epp.tokenizer.sampling``)."""
 
     def __post_init__(self) -> None:
         self.slo_key = ("peer", self.index)

@@ -1,11 +1,11 @@
-"""What an EPP without the model's tokenizer sees of a simulated prompt (``epp.estimated_tokens``).
+"""What an EPP without the model's tokenizer sees of a simulated prompt (``epp.tokenizer.estimated``).
 
 Simulated prompts are token ids without text, so each id is given a text of its own: a length
 of 1 to ``2 * bytes_per_token - 1`` bytes (uniform; mean ``bytes_per_token`` when twice it is a
 whole number) and bytes, both fixed by the id alone, so the same tokens always make the same
 text. The prompt's text is its tokens' texts joined, and the router's ids are the EPP's
 estimate of that text: one per 4 bytes, or, ``calibrated``, one per ``bytes_per_token`` (an EPP
-that samples the model's tokenizer, ``epp.tokenizer_sampling``, once its ratio has settled).
+that samples the model's tokenizer, ``epp.tokenizer.sampling``, once its ratio has settled).
 ``bytes_per_token`` is how the workload's real text relates to the real tokenizer (about 4 for
 English prose under current vocabularies, less for code, more for scripts of several bytes a
 character); 4, or a calibrated estimate, makes the estimated counts right on average, so only
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from epp.estimated_tokens import BYTES_PER_TOKEN, MAX_BYTES_PER_TOKEN, estimated_ids
+from epp.tokenizer.estimated import BYTES_PER_TOKEN, MAX_BYTES_PER_TOKEN, estimated_ids
 from sim.fleet.prompts import splitmix
 
 _MAX_BYTES = 16

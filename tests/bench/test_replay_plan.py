@@ -10,7 +10,7 @@ import pytest
 from bench import traces
 from bench.fleet_workloads import WorkloadOptions, build_workload
 from bench.replay_plan import PlannedTurn, PromptTexts, plan_sessions
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 
 SLICES = Path(__file__).parents[1] / "fixtures" / "traces"
 WINDOW = 32768

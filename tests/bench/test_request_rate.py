@@ -74,7 +74,7 @@ def test_each_sampled_stack_of_the_main_thread_counts_in_the_first_share_it_belo
         [
             "thread (1): Thread-1 (_poll_wrapper);Thread.run (threading.py:982) 20",
             "thread (2): MainThread;main (epp/main.py:3);Runner.run (asyncio/runners.py:118) 40",
-            "thread (2): MainThread;Runner.run (asyncio/runners.py:118);encode (epp/tokenization.py:9) 15",
+            "thread (2): MainThread;Runner.run (asyncio/runners.py:118);encode (epp/tokenizer/model.py:9) 15",
             "thread (2): MainThread;Runner.run (asyncio/runners.py:118);schedule (epp/director.py:5) 25",
         ]
     )

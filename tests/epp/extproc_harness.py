@@ -37,7 +37,7 @@ from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
 from epp.scheduling.observers import LifecycleObserver
 from epp.scheduling.types import Endpoint, EngineMetrics
-from epp.tokenization import ModelTokenizer, PromptTokenizer
+from epp.tokenizer.model import ModelTokenizer, PromptTokenizer
 from tests.epp.factories import FakeClock
 
 LOCAL_CLIENT = "127.0.0.1:40000"

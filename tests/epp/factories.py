@@ -16,7 +16,7 @@ from epp.load.peer_totals import pack_tail_rows
 from epp.metrics import ModelLabels
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
 from epp.settings import EppSettings
-from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
+from epp.tokenizer.model import TINY_MODEL_DIR, ModelTokenizer
 from sim.processes import free_port, write_endpoints_file
 from wire.latency import FeatureRowDict, TrainingSampleDict
 

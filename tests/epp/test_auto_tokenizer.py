@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.served_models import parse_model_root
-from epp.estimated_tokens import EstimatedTokenizer
 from epp.scheduling.types import Endpoint
-from epp.tokenization import TINY_MODEL_DIR, TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
-from epp.tokenizer_auto import AutoTokenizer, TokenizerMetrics, download_from_hub
+from epp.tokenizer.auto import AutoTokenizer, TokenizerMetrics, download_from_hub
+from epp.tokenizer.estimated import EstimatedTokenizer
+from epp.tokenizer.model import TINY_MODEL_DIR, TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
 from sim.openai_api import models_response
 from tests.epp.factories import FakeClock
 from tests.helm import fake_hub
@@ -95,7 +95,7 @@ async def test_a_failed_load_estimates_says_so_once_and_retries_with_backoff(
 ) -> None:
     pool = Pool(REPO)
     pool.failures = 3
-    with caplog.at_level(logging.INFO, logger="epp.tokenizer_auto"):
+    with caplog.at_level(logging.INFO, logger="epp.tokenizer.auto"):
         await pool.auto.step()
         for wait in (10.0, 20.0, 40.0):
             pool.clock.advance(wait - 0.5)
@@ -111,7 +111,7 @@ async def test_a_failed_load_estimates_says_so_once_and_retries_with_backoff(
 
 async def test_endpoints_that_disagree_are_reported_not_guessed(caplog: pytest.LogCaptureFixture) -> None:
     pool = Pool(REPO, "other/model", REPO)
-    with caplog.at_level(logging.WARNING, logger="epp.tokenizer_auto"):
+    with caplog.at_level(logging.WARNING, logger="epp.tokenizer.auto"):
         await pool.auto.step()
         await pool.auto.step()
     assert pool.loads == []

@@ -14,7 +14,7 @@ from epp.kvcache.block_hash import BlockHasher, chain_hashes
 from epp.plugins.precise_prefix_cache import PrecisePrefixCacheProducer, PrecisePrefixParameters
 from epp.plugins.prefix_cache import ApproximatePrefixCacheProducer, ApproximatePrefixParameters
 from epp.scheduling.framework import PluginContext
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 from tests.epp.factories import FakeClock, make_request
 from tests.epp.tokenizers_under_test import texts
 

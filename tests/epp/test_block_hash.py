@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from epp.kvcache.block_hash import NONE_HASH, chain_hashes, external_hash, hash_block
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "vllm-0.32" / "kv_events_sample.txt"
 # The prompt whose BlockStored event vLLM 0.32 published in the fixture (block size 32).

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from epp.errors import BadRequest
 from epp.requestcontrol.context_window import check_token_ids, encode_prompt, word_start
 from epp.requestcontrol.openai_request import parse_openai_request
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 from tests.epp.factories import TEN_MIB, CountingTokenizer
 
 MAX_MODEL_LEN = 2048

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from epp.errors import BadRequest
-from epp.estimated_tokens import BYTES_PER_TOKEN, EstimatedTokenizer
 from epp.kvcache.block_hash import chain_hashes
-from epp.tokenization import ChatTemplateError, ModelTokenizer
+from epp.tokenizer.estimated import BYTES_PER_TOKEN, EstimatedTokenizer
+from epp.tokenizer.model import ChatTemplateError, ModelTokenizer
 from tests.epp.extproc_harness import Harness
 
 ESTIMATED = EstimatedTokenizer()

@@ -32,7 +32,7 @@ from epp.observability.decision import DecisionLog
 from epp.requestcontrol import director as director_module
 from epp.requestcontrol.director import OFFLOAD_BODY_BYTES
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
-from epp.tokenization import GIL_FREE_CHARS, ModelTokenizer
+from epp.tokenizer.model import GIL_FREE_CHARS, ModelTokenizer
 from tests.epp.extproc_harness import (
     Harness,
     body_msg,

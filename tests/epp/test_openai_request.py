@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from epp.errors import BadRequest
 from epp.requestcontrol.openai_request import api_kind, parse_openai_request
 from epp.scheduling.types import ApiKind
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 from tests.hostile_bodies import DEEP_BUT_VALID, HOSTILE, PATHS, request_bodies
 
 TOKENIZER = ModelTokenizer()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.tokenization import (
+from epp.tokenizer.model import (
     CHAT_TEMPLATE_FILE,
     GIL_FREE_CHARS,
     TINY_MODEL_DIR,

@@ -13,15 +13,15 @@ from tokenizers import Tokenizer
 
 from epp.kvcache.block_chains import block_chains_of
 from epp.metrics import TokenizerCacheCollector
-from epp.tokenization import TINY_MODEL_DIR, ModelTokenizer
-from epp.tokenizer_cache import (
+from epp.tokenizer.cache import (
     FIRST_CHUNK_BYTES,
     TokenizerCache,
     TooLongToInline,
     agreed_length,
     chunk_keys,
 )
-from epp.tokenizer_cuts import cut_points
+from epp.tokenizer.cuts import cut_points
+from epp.tokenizer.model import TINY_MODEL_DIR, ModelTokenizer
 from tests.epp.tokenizers_under_test import TOKENIZERS, encode, texts
 
 PLAIN = ModelTokenizer()

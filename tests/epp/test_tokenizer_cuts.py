@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from epp.tokenizer_cuts import UnsupportedTokenizer, cut_points, word_pieces
+from epp.tokenizer.cuts import UnsupportedTokenizer, cut_points, word_pieces
 from tests.epp.tokenizers_under_test import TOKENIZERS, encode, texts, tiny_tokenizer
 
 

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from epp.app import EppApp
-from epp.estimated_tokens import MAX_BYTES_PER_TOKEN, estimated_ids
 from epp.kvcache.approximate_index import prefix_block_hashes
 from epp.kvcache.block_hash import chain_hashes
 from epp.load.peer_totals import PeerTotals
@@ -26,8 +25,9 @@ from epp.scheduling.config import ConfigError
 from epp.settings import EppSettings
 from epp.sync.messages import decode, heartbeat_bytes_per_token
 from epp.sync.state import ReplicaSyncState, SyncTargets
-from epp.tokenization import ModelTokenizer
-from epp.tokenizer_sampling import SAMPLE_CHARS, CalibrationCollector, CountCalibration, SampledTokenizer
+from epp.tokenizer.estimated import MAX_BYTES_PER_TOKEN, estimated_ids
+from epp.tokenizer.model import ModelTokenizer
+from epp.tokenizer.sampling import SAMPLE_CHARS, CalibrationCollector, CountCalibration, SampledTokenizer
 from sim.processes import free_port
 from tests.epp.extproc_harness import Harness
 from tests.epp.factories import FakeClock, local_epp_settings

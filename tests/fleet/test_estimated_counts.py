@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.estimated_tokens import BYTES_PER_TOKEN
+from epp.tokenizer.estimated import BYTES_PER_TOKEN
 from sim.fleet.estimated import TokenText
 from sim.fleet.prompts import synthetic_tokens
 

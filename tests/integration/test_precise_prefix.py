@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 from sim.stack import LocalStack
 from tests.stacks import start_stack
 from tests.support import metric_sum, wait_for

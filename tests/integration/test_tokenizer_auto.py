@@ -14,8 +14,8 @@ from typing import Any
 import openai
 import pytest
 
-from epp.estimated_tokens import EstimatedTokenizer
-from epp.tokenization import TINY_MODEL_DIR, TOKENIZER_FILES
+from epp.tokenizer.estimated import EstimatedTokenizer
+from epp.tokenizer.model import TINY_MODEL_DIR, TOKENIZER_FILES
 from sim.processes import free_port
 from sim.stack import LocalStack
 from tests.helm import fake_hub

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 from sim.engine import DecodeTerms, Engine, EngineConfig, EngineRequest, PrefillTerms, StepCostModel
 from sim.engine.engine import RequestOutput, ScheduledStep
 from sim.host_cpu import HostCpu

@@ -25,7 +25,7 @@ from epp.datalayer.metrics import KVEventMetrics
 from epp.kvcache.block_hash import BlockHasher
 from epp.kvcache.precise_index import PreciseIndex
 from epp.scheduling.types import Endpoint
-from epp.tokenization import ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 from sim.real_vllm import BLOCK_SIZE, vllm_python
 from sim.stack import LocalStack
 from tests.support import eventually

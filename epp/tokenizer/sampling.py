@@ -4,7 +4,7 @@ on those for the rest.
 Tokenizing is the largest single part of a request's EPP CPU (~0.4-0.55 ms for a unique
 1k-token prompt, ``docs/capacity.md``), and the library's own work: no cache helps a prompt
 that shares nothing. Routing needs the ids for two things, prefix affinity and counts
-(features, token load). Estimated ids (``epp.estimated_tokens``) keep prefix affinity; their
+(features, token load). Estimated ids (``epp.tokenizer.estimated``) keep prefix affinity; their
 count is right only if the text's bytes per token is the estimate's. So every Nth prompt is
 also tokenized by the served model's tokenizer, and the estimate runs at the ratio those
 prompts measure: the counts are on the model's scale for this traffic (prose, code, other
@@ -36,9 +36,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from epp.estimated_tokens import BYTES_PER_TOKEN, MAX_BYTES_PER_TOKEN, estimated_ids, utf8
-from epp.tokenization import PromptTokenizer
-from epp.tokenizer_cache import TokenizerCache, check_inline
+from epp.tokenizer.cache import TokenizerCache, check_inline
+from epp.tokenizer.estimated import BYTES_PER_TOKEN, MAX_BYTES_PER_TOKEN, estimated_ids, utf8
+from epp.tokenizer.model import PromptTokenizer
 
 SAMPLE_CHARS = 8_192
 """A sampled prompt is tokenized over its last this many characters: the newest text, whose
@@ -99,7 +99,7 @@ class CountCalibration:
 
 
 class SampledTokenizer:
-    """Implements ``epp.tokenization.PromptTokenizer``: estimated ids at the calibrated ratio,
+    """Implements ``epp.tokenizer.model.PromptTokenizer``: estimated ids at the calibrated ratio,
     the model's tokenizer run on one prompt in ``every`` to calibrate it (see the module)."""
 
     exact = False
@@ -120,7 +120,7 @@ class SampledTokenizer:
         self.calibration = calibration or CountCalibration()
         self.sampled = 0
         self._seen = 0
-        # Long prompts are encoded in a worker thread (epp.tokenization.GIL_FREE_CHARS).
+        # Long prompts are encoded in a worker thread (epp.tokenizer.model.GIL_FREE_CHARS).
         self._lock = threading.Lock()
 
     @property

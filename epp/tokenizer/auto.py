@@ -9,7 +9,7 @@ repositories, ``HF_ENDPOINT`` for a mirror) and hands the loaded tokenizer to ``
 
 Until then, and whenever it cannot (no egress, a gated model without a token, a repository
 without ``tokenizer.json``, a local path), the EPP routes on estimated counts
-(``epp.estimated_tokens``): ``llm_epp_tokenizer_estimated`` is 1, one warning says why and how to
+(``epp.tokenizer.estimated``): ``llm_epp_tokenizer_estimated`` is 1, one warning says why and how to
 supply the tokenizer, and the download is retried with backoff (quietly). Endpoints that name
 different models are reported (a warning per change, ``llm_epp_tokenizer_served_models`` > 1),
 never guessed between; a tokenizer already loaded stays until they agree again. When they agree
@@ -22,12 +22,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from epp.datalayer.endpoints import EndpointStore
-from epp.estimated_tokens import EstimatedTokenizer
-from epp.tokenization import CHAT_TEMPLATE_FILE, TOKENIZER_FILES, PromptTokenizer
+from epp.tokenizer.estimated import EstimatedTokenizer
+from epp.tokenizer.model import CHAT_TEMPLATE_FILE, TOKENIZER_FILES, PromptTokenizer
 
 log = logging.getLogger(__name__)
 SUPPLY_HINT = (
@@ -64,12 +64,20 @@ class TokenizerMetrics:
         ).labels(pool)
 
 
+class ServedModels(Protocol):
+    """What the pool's endpoints serve (``epp.datalayer.endpoints.EndpointStore`` is one)."""
+
+    def model_roots(self) -> dict[str, str]:
+        """The model each endpoint serves, by endpoint name, for those that named one."""
+        ...
+
+
 class AutoTokenizer:
     """Follows the pool's model and loads its tokenizer (see the module)."""
 
     def __init__(
         self,
-        store: EndpointStore,
+        store: ServedModels,
         metrics: TokenizerMetrics,
         on_loaded: Callable[[PromptTokenizer], None],
         load: Callable[[str], PromptTokenizer],

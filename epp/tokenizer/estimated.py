@@ -3,7 +3,7 @@
 Every ``BYTES_PER_TOKEN`` bytes of the prompt's UTF-8 text count as one token, and that token's
 id is those bytes read as a big-endian integer (the last run zero-padded; a run of over 4 bytes
 folded to 32 bits). The ratio may be any other up to
-``MAX_BYTES_PER_TOKEN`` (``epp.tokenizer_sampling`` measures the served model's on the prompts it
+``MAX_BYTES_PER_TOKEN`` (``epp.tokenizer.sampling`` measures the served model's on the prompts it
 tokenizes): run k is then bytes ``floor(k r)`` to ``floor((k + 1) r)``, so the runs keep to fixed
 offsets from the start of the text. Why this estimate:
 
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from epp.tokenization import normalise_messages
-from epp.tokenizer_cache import TokenizerCache, check_inline
+from epp.tokenizer.cache import TokenizerCache, check_inline
+from epp.tokenizer.model import normalise_messages
 
 BYTES_PER_TOKEN = 4
 MAX_BYTES_PER_TOKEN = 8
@@ -75,7 +75,7 @@ def utf8(text: str) -> bytes:
 
 
 class EstimatedTokenizer:
-    """Implements ``epp.tokenization.PromptTokenizer`` without a vocabulary (see the module)."""
+    """Implements ``epp.tokenizer.model.PromptTokenizer`` without a vocabulary (see the module)."""
 
     exact = False
     cache: TokenizerCache | None = None

@@ -6,7 +6,7 @@ engine will see. vLLM renders chat messages with the Jinja chat template from
 ``lstrip_blocks``, as ``transformers`` does), then tokenizes without adding special
 tokens; completion prompts are tokenized as given. This module does the same, so it is
 shared by the simulated engine and the EPP. The EPP also keeps a cache of recent prompts'
-ids (``epp.tokenizer_cache``), so a prompt that extends one it has seen is tokenized only
+ids (``epp.tokenizer.cache``), so a prompt that extends one it has seen is tokenized only
 where it is new.
 """
 
@@ -22,9 +22,9 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from epp.tokenizer_cache import TokenizerCache, check_inline
+from epp.tokenizer.cache import TokenizerCache, check_inline
 
-TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "sim" / "models" / "tiny"
+TINY_MODEL_DIR = Path(__file__).resolve().parents[2] / "sim" / "models" / "tiny"
 # Tokenization releases the GIL while Rust works (~0.7 µs per token here), so callers tokenize
 # texts longer than this in a worker thread, where a long prompt does not stall the event loop.
 GIL_FREE_CHARS = 16_384
@@ -73,7 +73,7 @@ def normalise_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any
 
 class PromptTokenizer(Protocol):
     """What the EPP needs of a tokenizer: the served model's (:class:`ModelTokenizer`), or token
-    counts estimated from the text (``epp.estimated_tokens``) while it has none."""
+    counts estimated from the text (``epp.tokenizer.estimated``) while it has none."""
 
     exact: bool
     """Whether the ids are the engine's (False: estimated; no length limit is enforced on them)."""
@@ -126,7 +126,7 @@ class ModelTokenizer:
         self, model_dir: Path | str = TINY_MODEL_DIR, cache_bytes: int = 0, verify_cache: bool = False
     ) -> None:
         """``cache_bytes`` > 0 keeps that much of recent prompts' ids to reuse (see
-        ``epp.tokenizer_cache``); ``verify_cache`` checks every reuse against a full tokenization."""
+        ``epp.tokenizer.cache``); ``verify_cache`` checks every reuse against a full tokenization."""
         model_dir = Path(model_dir)
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         config = json.loads((model_dir / "tokenizer_config.json").read_text())
@@ -155,7 +155,7 @@ class ModelTokenizer:
         return frozenset(i for i, t in self._tokenizer.get_added_tokens_decoder().items() if t.special)
 
     def encode(self, text: str, max_chars: int | None = None) -> list[int]:
-        """The ids of ``text``. ``epp.tokenizer_cache.TooLongToInline`` if more than ``max_chars``
+        """The ids of ``text``. ``epp.tokenizer.cache.TooLongToInline`` if more than ``max_chars``
         characters of it would be tokenized (the cache's reused part aside; None: no limit)."""
         if self.cache is not None:
             return self.cache.encode(text, max_chars)

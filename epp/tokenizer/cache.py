@@ -3,11 +3,11 @@
 Each turn of a conversation repeats the previous turn's rendered prompt and adds to it. The cache
 keeps, per recent prompt, its UTF-8 text and token ids; a new prompt is looked up by the longest
 cached text it starts with, and its ids are that text's ids up to a safe cut
-(``epp.tokenizer_cuts``) followed by the tokenization of the rest. The result is the same as
+(``epp.tokenizer.cuts``) followed by the tokenization of the rest. The result is the same as
 tokenizing the whole prompt, by construction, and it is checked as it is made: the rest is
 tokenized from ``OVERLAP_TOKENS`` tokens before the cut, and those tokens must come out as
 cached, else the whole prompt is tokenized (a *fallback*). New text is tokenized in pieces cut at
-word cuts (``epp.tokenizer_cuts.word_pieces``), which gives the same ids for less CPU. With
+word cuts (``epp.tokenizer.cuts.word_pieces``), which gives the same ids for less CPU. With
 ``verify`` every reused or pieced result is also compared with a full tokenization (tests run the
 EPP so), and mismatches are counted.
 
@@ -40,7 +40,7 @@ from tokenizers import Tokenizer
 from xxhash import xxh3_64_intdigest
 
 from epp.kvcache.block_chains import BlockChains, Chains, TokenIds
-from epp.tokenizer_cuts import CutPoints, UnsupportedTokenizer, cut_points, word_pieces
+from epp.tokenizer.cuts import CutPoints, UnsupportedTokenizer, cut_points, word_pieces
 
 log = logging.getLogger(__name__)
 FIRST_CHUNK_BYTES = 256
