@@ -121,6 +121,7 @@ bench: $(STAMP) $(VLLM_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(HELM_VENV) build *.egg-info .pytest_cache .ruff_cache

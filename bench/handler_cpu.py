@@ -44,13 +44,13 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 )
 from prometheus_client import CollectorRegistry
 
+import epp.plugin_types  # noqa: F401  (registers every plugin type)
 from bench.tokenize_bench import CHAT_PATH, Conversations, TokenizeBenchSettings
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
 from epp.extproc.stream import ExtProcStream
 from epp.latency.client import read_predictions
 from epp.latency.metrics import PredictionMetrics
-from epp.latency.predictions import Prediction
 from epp.latency.report import PredictionReport
 from epp.metrics import ModelLabels, RequestMetrics
 from epp.observability.decision import DecisionLog
@@ -60,6 +60,7 @@ from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
+from epp.scheduling.predictions import Prediction
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.settings import EppSettings
 from epp.tokenizer.model import ModelTokenizer

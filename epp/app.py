@@ -15,7 +15,7 @@ from kubernetes_asyncio.client import ApiClient
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-import epp.plugins  # noqa: F401  (registers every plugin type)
+import epp.plugin_types  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.kv_events import KVEventsSubscriber

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from epp.extproc.gate import ENVOY_MAX_HEADERS, ENVOY_MAX_HEADERS_KB
 from epp.requestcontrol.completion_log import ResponseMetering
+from epp.sync.nats_transport import SYNC_PASSWORD_ENV, SYNC_TOKEN_ENV
 from epp.tls import ServerTlsFiles
 
 # No default: tokenizing with any other model's vocabulary would silently skew every token
@@ -24,8 +25,6 @@ TOKENIZER_HELP = (
 # NATS subject tokens: no dots, spaces or wildcards in a replica id; dot-separated tokens in a prefix.
 _SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 _SUBJECT = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
-SYNC_TOKEN_ENV = "LLM_EPP_SYNC_NATS_TOKEN"
-SYNC_PASSWORD_ENV = "LLM_EPP_SYNC_NATS_PASSWORD"
 
 
 class EppSettings(BaseModel):

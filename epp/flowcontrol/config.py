@@ -6,6 +6,8 @@ import itertools
 from collections.abc import Sequence
 from typing import TypeVar
 
+from pydantic import ValidationError
+
 from epp.flowcontrol.controller import BandLimits, FlowController, FlowSettings
 from epp.flowcontrol.fairness import FairnessPolicy
 from epp.flowcontrol.ordering import OrderingPolicy
@@ -67,16 +69,25 @@ def _settings(spec: FlowControlSpec) -> FlowSettings:
     return FlowSettings(bands, default, spec.max_queued_requests, spec.retry_after_seconds)
 
 
+def flow_control_spec(config: EndpointPickerConfig) -> FlowControlSpec | None:
+    """``config``'s ``flowControl`` section, parsed; the defaults where only its feature gate is
+    on; None when it is off. Raises :class:`ConfigError` naming what is wrong in it."""
+    if config.flow_control is None:
+        return FlowControlSpec() if FEATURE_GATE in config.feature_gates else None
+    try:
+        return FlowControlSpec.model_validate(config.flow_control)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid EndpointPickerConfig: flowControl: {exc}") from exc
+
+
 def build_flow_control(
     config: EndpointPickerConfig, pipeline: Pipeline, context: PluginContext
 ) -> FlowControl | None:
     """The flow control ``config`` asks for, its plugins taken from (or added to) ``pipeline``'s;
     None when it is off (the default)."""
-    spec = config.flow_control
+    spec = flow_control_spec(config)
     if spec is None:
-        if FEATURE_GATE not in config.feature_gates:
-            return None
-        spec = FlowControlSpec()
+        return None
     plugins = pipeline.plugins
     detectors: Sequence[SaturationDetector] = [
         _resolve(ref, SaturationDetector, plugins, context) for ref in spec.saturation_detectors

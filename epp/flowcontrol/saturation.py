@@ -13,8 +13,8 @@ from abc import ABC, abstractmethod
 from pydantic import Field
 
 from epp.flowcontrol.types import FlowRequest, PoolView
-from epp.latency.predictions import LATENCY_PREDICTIONS
 from epp.scheduling.framework import CycleState, Plugin, PluginContext, PluginParameters
+from epp.scheduling.predictions import LATENCY_PREDICTIONS
 from epp.scheduling.registry import register
 
 

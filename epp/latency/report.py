@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from epp.latency.metrics import PredictionMetrics
-from epp.latency.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK, EndpointPrediction
 from epp.scheduling.framework import CycleState, RequestOutcome
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
+from epp.scheduling.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK, EndpointPrediction
 
 
 def chosen_prediction(state: CycleState, endpoint: str) -> EndpointPrediction | None:

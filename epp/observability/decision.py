@@ -34,14 +34,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from epp.latency.predictions import (
+from epp.scheduling.framework import DataKey, RequestOutcome
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
+from epp.scheduling.predictions import (
     DRIFTED_PREDICTIONS,
     LATENCY_PREDICTIONS,
     PREDICTION_FALLBACK,
     LatencyPredictions,
 )
-from epp.scheduling.framework import DataKey, RequestOutcome
-from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.trace import SCHEDULING_TRACE, SchedulingTrace
 from epp.scheduling.types import SchedulingResult
 

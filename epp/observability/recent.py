@@ -14,10 +14,10 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from epp.latency.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK
 from epp.observability.decision import DECISION_TRACE, TraceSource
 from epp.scheduling.framework import RequestOutcome, slo_misses
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
+from epp.scheduling.predictions import LATENCY_PREDICTIONS, PREDICTION_FALLBACK
 from epp.scheduling.types import LLMRequest
 
 CAPACITY = 500

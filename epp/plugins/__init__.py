@@ -1,23 +1,2 @@
-"""Plugin implementations. Importing this package registers every plugin type (and flow control's
-policies and saturation detectors, which live in ``epp.flowcontrol``)."""
-
-from epp.flowcontrol import fairness, ordering, saturation  # noqa: F401
-from epp.plugins import (  # noqa: F401
-    candidate_sampler,
-    endpoint_speed,
-    kv_affinity,
-    kv_cache_utilization_scorer,
-    latency_scorer,
-    latency_slo_admitter,
-    load_balancing,
-    pickers,
-    precise_prefix_cache,
-    predicted_latency,
-    prefix_affinity_filter,
-    prefix_cache,
-    queue_scorer,
-    session_affinity,
-    slo_headroom_tier_filter,
-    token_load,
-    token_load_scorer,
-)
+"""Plugin implementations, one module per plugin type or family (``epp.plugin_types`` imports
+them all, which registers them)."""

@@ -52,13 +52,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction
 from epp.load.token_load import NO_LOAD
 from epp.plugins.kv_cache_utilization_scorer import free_kv_scores
 from epp.plugins.prefix_cache import PREFIX_MATCH, prefix_scores
 from epp.plugins.token_load import TOKEN_LOAD
 from epp.scheduling.cycle_data import ENDPOINT_SPEED, EXPECTED_OUTPUT
 from epp.scheduling.framework import CycleState, PluginParameters, Scorer
+from epp.scheduling.predictions import LATENCY_PREDICTIONS, EndpointPrediction
 from epp.scheduling.registry import register
 from epp.scheduling.scores import min_max_inverse
 from epp.scheduling.types import EndpointState, LLMRequest

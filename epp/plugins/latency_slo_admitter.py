@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from epp.errors import RequestShed
-from epp.latency.predictions import LATENCY_PREDICTIONS
 from epp.scheduling.framework import Admitter, CycleState, PluginParameters
+from epp.scheduling.predictions import LATENCY_PREDICTIONS
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
 

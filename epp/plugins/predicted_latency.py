@@ -78,17 +78,6 @@ from pydantic import Field
 
 from epp.latency.correction import EndpointCorrections
 from epp.latency.drift import DriftMonitor, DriftRule
-from epp.latency.predictions import (
-    DRIFTED_PREDICTIONS,
-    FEATURE_ROWS,
-    LATENCY_PREDICTIONS,
-    PREDICTION_FALLBACK,
-    EndpointPrediction,
-    LatencyPredictions,
-    LatencyPredictor,
-    Prediction,
-    PredictionUnavailable,
-)
 from epp.load.token_load import NO_LOAD, EndpointLoad
 from epp.scheduling.config import ConfigError
 from epp.scheduling.cycle_data import EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD
@@ -102,6 +91,17 @@ from epp.scheduling.framework import (
     PreRequest,
     RequestOutcome,
     ResponseObserver,
+)
+from epp.scheduling.predictions import (
+    DRIFTED_PREDICTIONS,
+    FEATURE_ROWS,
+    LATENCY_PREDICTIONS,
+    PREDICTION_FALLBACK,
+    EndpointPrediction,
+    LatencyPredictions,
+    LatencyPredictor,
+    Prediction,
+    PredictionUnavailable,
 )
 from epp.scheduling.registry import register_default_producer
 from epp.scheduling.types import Endpoint, EndpointState, LLMRequest, SchedulingResult

@@ -53,10 +53,10 @@ from collections.abc import Callable, Sequence
 
 from pydantic import Field
 
-from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
 from epp.plugins.token_load import token_costs
 from epp.scheduling.cycle_data import ENDPOINT_SPEED, EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD
 from epp.scheduling.framework import CycleState, Filter, PluginContext, PluginParameters
+from epp.scheduling.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
 

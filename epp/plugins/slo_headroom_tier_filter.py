@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from epp.latency.predictions import LATENCY_PREDICTIONS
 from epp.scheduling.framework import CycleState, Filter, PluginParameters
+from epp.scheduling.predictions import LATENCY_PREDICTIONS
 from epp.scheduling.registry import register
 from epp.scheduling.types import EndpointState, LLMRequest
 

@@ -34,7 +34,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from epp.flowcontrol.spec import FlowControlSpec
 from epp.scheduling.framework import (
     CandidateSampler,
     DataKey,
@@ -86,8 +85,8 @@ class EndpointPickerConfig(_Strict):
     feature_gates: list[str] = Field(default_factory=list, alias="featureGates")
     plugins: list[PluginSpec] = Field(default_factory=list)
     scheduling_profiles: list[SchedulingProfileSpec] = Field(default_factory=list, alias="schedulingProfiles")
-    flow_control: FlowControlSpec | None = Field(default=None, alias="flowControl")
-    """Off (None) unless given; see ``epp.flowcontrol.spec``."""
+    flow_control: dict[str, Any] | None = Field(default=None, alias="flowControl")
+    """Off (None) unless given; parsed by the package that owns it (``epp.flowcontrol.config``)."""
 
     @classmethod
     def from_yaml(cls, text: str) -> EndpointPickerConfig:

@@ -17,7 +17,7 @@ key                written by                       read by
 =================  ===============================  ===============================================
 
 The predicted-latency producer's own keys (``LATENCY_PREDICTIONS``, ``PREDICTION_FALLBACK``,
-``FEATURE_ROWS``) are declared with their value types in :mod:`epp.latency.predictions`.
+``FEATURE_ROWS``) are declared with their value types in :mod:`epp.scheduling.predictions`.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from epp.scheduling.types import Endpoint, EndpointState, LLMRequest, SchedulingResult
 
 if TYPE_CHECKING:
-    from epp.latency.predictions import LatencyPredictor
+    from epp.scheduling.predictions import LatencyPredictor
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Plugin registry: kebab-case type name → plugin class.
 
-Plugin modules register themselves on import (``epp.plugins`` imports them all). A plugin
+Plugin modules register themselves on import (``epp.plugin_types`` imports them all). A plugin
 may also be registered as the default producer of a data key, so a configuration that uses
 a consumer without naming a producer still works: the framework creates the producer.
 """

@@ -12,12 +12,11 @@ anything the transport does, so the live director and the fleet simulator feed i
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from epp.plugins.predicted_latency import PredictedLatencyProducer
 from epp.plugins.prefix_cache import ApproximatePrefixCacheProducer
 from epp.plugins.token_load import TokenLoadProducer, find_token_load
-from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.cycle_data import PREFIX_MATCH
 from epp.scheduling.framework import RequestOutcome, RunsAmongReplicas
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
@@ -93,7 +92,16 @@ class ReplicaSyncHook(LifecycleObserver):
         self.sync.released(routed.state.key)
 
 
-def attach_replica_sync(lifecycle: RequestLifecycle, sync: ReplicaSyncState) -> ReplicaSyncHook:
+class ObservedPipeline(Protocol):
+    """A pipeline's request lifecycle, which tells observers each step
+    (``epp.requestcontrol.lifecycle.RequestLifecycle`` is one)."""
+
+    pipeline: Pipeline
+
+    def add_observer(self, observer: LifecycleObserver) -> None: ...
+
+
+def attach_replica_sync(lifecycle: ObservedPipeline, sync: ReplicaSyncState) -> ReplicaSyncHook:
     """Hook ``sync`` into ``lifecycle``: it hears each step after the pipeline's plugins and the
     observers added before it. Every plugin that ``RunsAmongReplicas`` is told so (while peers
     are alive, a ``max-score-picker`` breaks ties the same way in each replica,

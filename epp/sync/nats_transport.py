@@ -32,13 +32,12 @@ import socket
 import ssl
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
-from epp.settings import SYNC_PASSWORD_ENV, SYNC_TOKEN_ENV, EppSettings
 from epp.sync.messages import MessageKind
 from epp.sync.metrics import SyncMetrics
 from epp.sync.scrape_share import ScrapeShare
@@ -52,13 +51,30 @@ def default_replica_id() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", f"{socket.gethostname()}-{os.getpid()}")
 
 
+SYNC_TOKEN_ENV = "LLM_EPP_SYNC_NATS_TOKEN"
+SYNC_PASSWORD_ENV = "LLM_EPP_SYNC_NATS_PASSWORD"
+
+
+class NatsAuth(Protocol):
+    """How to authenticate to NATS and with what TLS (``epp.settings.EppSettings`` is one)."""
+
+    sync_nats_user: str | None
+    sync_nats_password_file: Path | None
+    sync_nats_token_file: Path | None
+    sync_nats_nkey_seed_file: Path | None
+    sync_nats_credentials_file: Path | None
+    sync_nats_tls_ca_file: Path | None
+    sync_nats_tls_cert_file: Path | None
+    sync_nats_tls_key_file: Path | None
+
+
 def _secret(path: Path | None, env: str, environ: Mapping[str, str]) -> str | None:
     if path is not None:
         return path.read_text(encoding="utf-8").strip()
     return environ.get(env) or None
 
 
-def connect_options(settings: EppSettings, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+def connect_options(settings: NatsAuth, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The auth and TLS keyword arguments of ``nats.connect`` that ``settings`` ask for (secrets
     from their files, else from the environment)."""
     s = settings

@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import epp.plugins  # noqa: F401  (registers every plugin type)
+import epp.plugin_types  # noqa: F401  (registers every plugin type)
 from epp.configs import config_path
 from epp.errors import RequestError
 from epp.latency.drift import DriftEvent

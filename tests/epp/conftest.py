@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import epp.plugins  # noqa: F401  (registers plugin types)
+import epp.plugin_types  # noqa: F401  (registers every plugin type)
 from epp.scheduling.framework import PluginContext
 from tests.epp.factories import FakeClock
 from tests.epp.fake_engine import Engine, serve

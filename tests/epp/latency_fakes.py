@@ -6,9 +6,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from epp.latency.predictions import Prediction
 from epp.plugins.predicted_latency import PredictedLatencyParameters, PredictedLatencyProducer
 from epp.scheduling.framework import CycleState, PluginContext
+from epp.scheduling.predictions import Prediction
 from tests.epp.factories import FakeClock, FakePredictor, make_request, run
 
 

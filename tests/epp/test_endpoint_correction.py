@@ -7,8 +7,8 @@ import math
 import pytest
 
 from epp.latency.correction import EndpointCorrections
-from epp.latency.predictions import LATENCY_PREDICTIONS
 from epp.scheduling.framework import RequestOutcome
+from epp.scheduling.predictions import LATENCY_PREDICTIONS
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import endpoint_state
 from tests.epp.latency_fakes import VersionedPredictor, produce, producer, streaming_request

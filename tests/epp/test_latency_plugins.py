@@ -9,13 +9,6 @@ import pytest
 
 from epp.configs import config_path
 from epp.errors import RequestShed
-from epp.latency.predictions import (
-    FEATURE_ROWS,
-    LATENCY_PREDICTIONS,
-    PREDICTION_FALLBACK,
-    EndpointPrediction,
-    LatencyPredictions,
-)
 from epp.load.token_load import EndpointLoad
 from epp.plugins.latency_scorer import (
     LatencyScorer,
@@ -29,6 +22,13 @@ from epp.plugins.slo_headroom_tier_filter import SloHeadroomTierFilter, SloHeadr
 from epp.scheduling.config import ConfigError, EndpointPickerConfig, build_pipeline
 from epp.scheduling.cycle_data import ENDPOINT_SPEED, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
+from epp.scheduling.predictions import (
+    FEATURE_ROWS,
+    LATENCY_PREDICTIONS,
+    PREDICTION_FALLBACK,
+    EndpointPrediction,
+    LatencyPredictions,
+)
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
 from tests.epp.latency_fakes import produce, producer, streaming_request

@@ -11,18 +11,18 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from epp.datalayer.endpoints import EndpointStore
-from epp.latency.predictions import (
-    LATENCY_PREDICTIONS,
-    PREDICTION_FALLBACK,
-    EndpointPrediction,
-    LatencyPredictions,
-)
 from epp.load.token_load import TokenLoadTracker
 from epp.observability.live import LiveData
 from epp.observability.recent import RecentDecisions
 from epp.observability.server import metrics_app
 from epp.scheduling.framework import CycleState, RequestOutcome
 from epp.scheduling.observers import RoutedRequest
+from epp.scheduling.predictions import (
+    LATENCY_PREDICTIONS,
+    PREDICTION_FALLBACK,
+    EndpointPrediction,
+    LatencyPredictions,
+)
 from epp.scheduling.types import EngineMetrics, SchedulingResult
 from tests.epp.factories import FakeClock, endpoint_state, make_request
 

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
 from epp.load.output_length import ExpectedOutput, OutputSource, SessionOutputLengths
 from epp.load.token_load import EndpointLoad
 from epp.plugins.latency_scorer import LatencyScorer, LatencyScorerParameters
@@ -15,6 +14,7 @@ from epp.plugins.token_load import TokenLoadParameters, TokenLoadProducer
 from epp.plugins.token_load_scorer import TokenLoadScorer, TokenLoadScorerParameters
 from epp.scheduling.cycle_data import EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
+from epp.scheduling.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
 from tests.epp.latency_fakes import producer as latency_producer

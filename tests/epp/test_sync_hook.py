@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from epp.configs import config_path
-from epp.latency.predictions import Prediction
 from epp.load.token_load import EndpointLoad
 from epp.plugins.predicted_latency import PredictedLatencyProducer
 from epp.plugins.token_load import find_token_load
@@ -15,6 +14,7 @@ from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RunsAmongReplicas
 from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.pipeline import Pipeline
+from epp.scheduling.predictions import Prediction
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.state import ReplicaSyncState
 from tests.epp.factories import FakeClock, endpoint_state, make_request, run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import epp.plugins  # noqa: F401  (registers plugin types)
+import epp.plugin_types  # noqa: F401  (registers every plugin type)
 from epp.flowcontrol.config import build_flow_control
 from epp.flowcontrol.fairness import LeastAttainedServiceFairness, RoundRobinFairness
 from epp.flowcontrol.ordering import EarliestDeadlineOrdering, FcfsOrdering

@@ -8,8 +8,8 @@ from epp.flowcontrol.saturation import (
     TokenLoadSaturationDetector,
 )
 from epp.flowcontrol.types import PoolView
-from epp.latency.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
 from epp.scheduling.framework import CycleState
+from epp.scheduling.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
 from tests.epp.factories import endpoint_state
 from tests.epp.flowcontrol.helpers import policy, request
 
