@@ -3,7 +3,7 @@
 Runs the observed stack (:mod:`bench.observed_stack`) under load for ``--seconds``, then writes
 
 - ``live-page.png``: headless Chromium's screenshot of the EPP's ``/dashboard``;
-- ``dashboard-panels.png``: every panel of :mod:`epp.observability.panels` (what the Grafana and
+- ``dashboard-panels.png``: every panel of :mod:`dashboards.panels` (what the Grafana and
   Cloud Monitoring dashboards show), plotted with matplotlib from Prometheus' ``query_range``
   over the run, in the dashboards' rows and with their legends. Grafana's own rendering is not
   reproduced (no Grafana runs here); the queries and the data are the same.
@@ -26,7 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench.observed_stack import observed_stack, run_chromium
-from epp.observability.panels import ROWS, Panel
+from dashboards.panels import ROWS, Panel
 
 COLUMNS = 3
 # Grafana unit → (scale, axis label) for the plots.

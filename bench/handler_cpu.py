@@ -60,7 +60,7 @@ from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import PluginContext
-from epp.scheduling.predictions import Prediction
+from epp.scheduling.predictor import Prediction
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.settings import EppSettings
 from epp.tokenizer.model import ModelTokenizer

@@ -69,7 +69,7 @@ from epp.tokenizer.auto import AutoTokenizer, TokenizerMetrics, download_from_hu
 from epp.tokenizer.estimated import EstimatedTokenizer
 from epp.tokenizer.model import TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
 from epp.tokenizer.sampling import Calibrated, CalibrationCollector, SampledTokenizer
-from trainer.auth import read_token
+from wire.auth import read_token
 
 log = logging.getLogger(__name__)
 HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)

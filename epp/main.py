@@ -15,7 +15,7 @@ from epp.app import EppApp
 from epp.datalayer.static_file import EndpointsFileError
 from epp.scheduling.config import ConfigError
 from epp.settings import EppSettings
-from trainer.auth import TokenFileError
+from wire.auth import TokenFileError
 from wire.heap import freeze_startup_heap
 
 

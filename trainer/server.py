@@ -38,9 +38,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from trainer.artifacts import MODEL_NAMES, ArtifactError, ModelName, sha256_hex
-from trainer.auth import BearerToken, TokenFileError, read_token
 from trainer.service import SamplesRejected, TrainerService
 from trainer.settings import TrainerSettings
+from wire.auth import BearerToken, TokenFileError, read_token
 from wire.webapp import (
     BadBody,
     add_common_routes,

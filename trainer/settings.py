@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainer.auth import require_token_off_loopback
+from wire.auth import require_token_off_loopback
 from wire.settings import HealthPort
 
 Objective = Literal["mean", "quantile"]

@@ -29,7 +29,7 @@ from envoy.config.core.v3.base_pb2 import HeaderMap
 
 from epp.errors import HeadersTooLarge
 from epp.requestcontrol.request_headers import DEBUG_HEADER
-from trainer.auth import read_token
+from wire.auth import read_token
 
 ENVOY_MAX_HEADERS = 100
 ENVOY_MAX_HEADERS_KB = 60
@@ -82,7 +82,7 @@ class DebugAccess:
 
     @classmethod
     def from_settings(cls, token_file: Path | None, networks: Sequence[str]) -> DebugAccess:
-        """The token read from ``token_file`` (:class:`~trainer.auth.TokenFileError` if it cannot
+        """The token read from ``token_file`` (:class:`~wire.auth.TokenFileError` if it cannot
         be read or is empty, once at start-up: a rotated token needs a restart), and the networks."""
         token = read_token(token_file) if token_file is not None else None
         return cls(token, tuple(ipaddress.ip_network(n, strict=False) for n in networks))

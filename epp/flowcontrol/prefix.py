@@ -12,20 +12,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from epp.flowcontrol.types import FlowRequest
-from epp.plugins.prefix_cache import ApproximatePrefixCacheProducer
+from epp.plugins.prefix_cache import IndexesPrefixes, find_prefix_index
 from epp.scheduling.cycle_data import PrefixMatch
 from epp.scheduling.framework import Plugin
 from epp.scheduling.types import LLMRequest
 
 
 class PrefixEstimate:
-    def __init__(self, producer: ApproximatePrefixCacheProducer) -> None:
+    def __init__(self, producer: IndexesPrefixes) -> None:
         self.producer = producer
 
     @classmethod
     def of(cls, plugins: Iterable[Plugin]) -> PrefixEstimate | None:
         """The estimate from the approximate prefix producer among ``plugins`` (None: there is none)."""
-        producer = next((p for p in plugins if isinstance(p, ApproximatePrefixCacheProducer)), None)
+        producer = find_prefix_index(plugins)
         return None if producer is None else cls(producer)
 
     def block_hashes(self, request: LLMRequest) -> list[int]:
@@ -38,6 +38,6 @@ class PrefixEstimate:
         match = PrefixMatch(
             len(request.block_hashes),
             self.producer.index.longest_prefix(request.block_hashes),
-            block_size_tokens=self.producer.params.block_size_tokens,
+            block_size_tokens=self.producer.block_size_tokens,
         )
         return {name: match.cached_tokens(name, request.prompt_tokens) for name in match.matched_blocks}

@@ -46,7 +46,7 @@ import orjson
 from epp.keepalive_http import Answer, HttpError, KeepAliveHttp
 from epp.latency.breaker import CircuitBreaker
 from epp.latency.metrics import PredictionMetrics
-from epp.scheduling.predictions import Prediction, PredictionUnavailable
+from epp.scheduling.predictor import Prediction, PredictionUnavailable
 from wire.latency import FeatureRowDict, TrainingSampleDict
 from wire.latency_binary import (
     CONSTANT_MODELS_HEADER,

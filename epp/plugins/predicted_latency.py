@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import Field
 
@@ -99,10 +99,8 @@ from epp.scheduling.predictions import (
     PREDICTION_FALLBACK,
     EndpointPrediction,
     LatencyPredictions,
-    LatencyPredictor,
-    Prediction,
-    PredictionUnavailable,
 )
+from epp.scheduling.predictor import LatencyPredictor, Prediction, PredictionUnavailable
 from epp.scheduling.registry import register_default_producer
 from epp.scheduling.types import Endpoint, EndpointState, LLMRequest, SchedulingResult
 from wire.latency import FeatureRowDict, TrainingSampleDict, endpoint_class_code
@@ -349,6 +347,18 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         return samples
 
 
-def find_predicted_latency(plugins: Iterable[Plugin]) -> PredictedLatencyProducer | None:
-    """The ``predicted-latency-producer`` among ``plugins``, if there is one."""
-    return next((p for p in plugins if isinstance(p, PredictedLatencyProducer)), None)
+@runtime_checkable
+class PredictsLatency(Protocol):
+    """A plugin that predicts each request's latency per endpoint: its error on the endpoints it
+    chose (``drift``), and the TPOT SLOs of the requests running on each endpoint, which replicas
+    share: the ``predicted-latency-producer``."""
+
+    drift: DriftMonitor
+
+    @property
+    def running_tpot_slos(self) -> dict[str, dict[Any, float]]: ...
+
+
+def find_predicted_latency(plugins: Iterable[Plugin]) -> PredictsLatency | None:
+    """The plugin among ``plugins`` that predicts latency, if there is one."""
+    return next((p for p in plugins if isinstance(p, PredictsLatency)), None)

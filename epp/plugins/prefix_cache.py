@@ -22,8 +22,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Iterable, Sequence
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import Field
 
@@ -33,6 +33,7 @@ from epp.scheduling.cycle_data import PREFIX_MATCH, PrefixMatch
 from epp.scheduling.framework import (
     CycleState,
     DataProducer,
+    Plugin,
     PluginContext,
     PluginParameters,
     PreRequest,
@@ -114,6 +115,34 @@ class ApproximatePrefixCacheProducer(DataProducer, PreRequest):
     def record(self, endpoint: str, block_hashes: list[int]) -> None:
         """Note that ``endpoint`` was sent these blocks (this replica's pick, or a peer's)."""
         self.index.record(endpoint, block_hashes, self._capacity.get(endpoint, DEFAULT_LRU_BLOCKS))
+
+    @property
+    def block_size_tokens(self) -> int:
+        return self.params.block_size_tokens
+
+
+@runtime_checkable
+class IndexesPrefixes(Protocol):
+    """A plugin that keeps where prompts' prefix blocks were sent, per endpoint (``index``, of
+    blocks of ``block_size_tokens``): the approximate and precise prefix-cache producers."""
+
+    index: ApproximatePrefixIndex
+
+    @property
+    def block_size_tokens(self) -> int: ...
+
+    def block_hashes(self, request: LLMRequest) -> list[int]:
+        """The chain of hashes naming the prompt's full blocks."""
+        ...
+
+    def record(self, endpoint: str, block_hashes: list[int]) -> None:
+        """Note that ``endpoint`` was sent these blocks."""
+        ...
+
+
+def find_prefix_index(plugins: Iterable[Plugin]) -> IndexesPrefixes | None:
+    """The plugin among ``plugins`` that indexes prefixes, if there is one."""
+    return next((p for p in plugins if isinstance(p, IndexesPrefixes)), None)
 
 
 @register

@@ -41,6 +41,7 @@ token-load scorers may read) is the client's ``x-expected-output-tokens`` hint, 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
 
 from pydantic import Field
 
@@ -183,9 +184,18 @@ def token_costs(
     return costs
 
 
-def find_token_load(plugins: Iterable[Plugin]) -> TokenLoadProducer | None:
-    """The ``token-load-producer`` among ``plugins``, if there is one."""
-    return next((p for p in plugins if isinstance(p, TokenLoadProducer)), None)
+@runtime_checkable
+class BooksTokenLoad(Protocol):
+    """A plugin that books each routed request's tokens per endpoint (``tracker``), beside those
+    peer replicas booked (``peers``, while replicas share load): the ``token-load-producer``."""
+
+    tracker: TokenLoadTracker
+    peers: PeerTotals
+
+
+def find_token_load(plugins: Iterable[Plugin]) -> BooksTokenLoad | None:
+    """The plugin among ``plugins`` that books token load, if there is one."""
+    return next((p for p in plugins if isinstance(p, BooksTokenLoad)), None)
 
 
 def find_tracker(plugins: Iterable[Plugin]) -> TokenLoadTracker | None:

@@ -21,14 +21,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from epp.scheduling.predictor import LatencyPredictor
 from epp.scheduling.types import Endpoint, EndpointState, LLMRequest, SchedulingResult
-
-if TYPE_CHECKING:
-    from epp.scheduling.predictions import LatencyPredictor
 
 T = TypeVar("T")
 

@@ -11,24 +11,17 @@ anything the transport does, so the live director and the fleet simulator feed i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
-from epp.plugins.predicted_latency import PredictedLatencyProducer
-from epp.plugins.prefix_cache import ApproximatePrefixCacheProducer
-from epp.plugins.token_load import TokenLoadProducer, find_token_load
+from epp.plugins.predicted_latency import find_predicted_latency
+from epp.plugins.prefix_cache import find_prefix_index
+from epp.plugins.token_load import BooksTokenLoad, find_token_load
 from epp.scheduling.cycle_data import PREFIX_MATCH
 from epp.scheduling.framework import RequestOutcome, RunsAmongReplicas
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import Pipeline
 from epp.scheduling.types import EndpointState
 from epp.sync.state import ReplicaSyncState, SyncTargets
-
-P = TypeVar("P")
-
-
-def _find(plugins: Iterable[object], cls: type[P]) -> P | None:
-    return next((p for p in plugins if isinstance(p, cls)), None)
 
 
 def sync_targets(pipeline: Pipeline) -> SyncTargets:
@@ -37,13 +30,13 @@ def sync_targets(pipeline: Pipeline) -> SyncTargets:
     (each None if the config has none)."""
     plugins = list(pipeline.plugins.values())
     token_load = find_token_load(plugins)
-    prefix = _find(plugins, ApproximatePrefixCacheProducer)
-    latency = _find(plugins, PredictedLatencyProducer)
+    prefix = find_prefix_index(plugins)
+    latency = find_predicted_latency(plugins)
     return SyncTargets(
         token_load=token_load.peers if token_load is not None else None,
         tpot_slos=latency.running_tpot_slos if latency is not None else None,
         record_prefix=prefix.record if prefix is not None else None,
-        prefix_block_size=prefix.params.block_size_tokens if prefix is not None else 0,
+        prefix_block_size=prefix.block_size_tokens if prefix is not None else 0,
         prefix_blocks=prefix.index.recent_blocks if prefix is not None else None,
     )
 
@@ -54,10 +47,10 @@ class ReplicaSyncHook(LifecycleObserver):
     def __init__(self, pipeline: Pipeline, sync: ReplicaSyncState) -> None:
         self.sync = sync
         plugins = list(pipeline.plugins.values())
-        self._token_load: TokenLoadProducer | None = find_token_load(plugins)
-        prefix = _find(plugins, ApproximatePrefixCacheProducer)
-        self._prefix_block_size = prefix.params.block_size_tokens if prefix is not None else 0
-        latency = _find(plugins, PredictedLatencyProducer)
+        self._token_load: BooksTokenLoad | None = find_token_load(plugins)
+        prefix = find_prefix_index(plugins)
+        self._prefix_block_size = prefix.block_size_tokens if prefix is not None else 0
+        latency = find_predicted_latency(plugins)
         self._tpot_slos = latency.running_tpot_slos if latency is not None else None
 
     def on_routed(self, routed: RoutedRequest, now: float) -> None:

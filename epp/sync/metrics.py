@@ -36,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoints import EndpointStore
-from epp.plugins.token_load import TokenLoadProducer
+from epp.plugins.token_load import BooksTokenLoad
 from epp.sync.scrape_share import ScrapeShare
 from epp.sync.state import ReplicaSyncState
 
@@ -51,7 +51,7 @@ class _SyncCollector(Collector):
         pool: str,
         store: EndpointStore,
         state: ReplicaSyncState,
-        token_load: TokenLoadProducer | None,
+        token_load: BooksTokenLoad | None,
         share: ScrapeShare | None,
     ) -> None:
         self.pool, self.store, self.state, self.token_load = pool, store, state, token_load
@@ -114,7 +114,7 @@ class _SyncCollector(Collector):
             sum(share.owns(s.name) for s in self.store.all()),
         )
 
-    def _remote_share(self, producer: TokenLoadProducer) -> GaugeMetricFamily:
+    def _remote_share(self, producer: BooksTokenLoad) -> GaugeMetricFamily:
         share = GaugeMetricFamily(
             REMOTE_TOKEN_SHARE,
             "Share of the endpoint's tokens in flight that peer replicas booked (0 when none are)",
@@ -134,7 +134,7 @@ class SyncMetrics:
         pool: str,
         store: EndpointStore,
         state: ReplicaSyncState,
-        token_load: TokenLoadProducer | None,
+        token_load: BooksTokenLoad | None,
         share: ScrapeShare | None = None,
     ) -> None:
         self.connected = Gauge(

@@ -1,6 +1,6 @@
 """The latency predictor in process: the real trainer service and model loading, on virtual time.
 
-``InProcessPredictor`` implements ``epp.scheduling.predictions.LatencyPredictor`` for the fleet
+``InProcessPredictor`` implements ``epp.scheduling.predictor.LatencyPredictor`` for the fleet
 simulator. Training samples go through ``TrainerService.add_samples`` (validation, the two
 stratified windows); ``retrain`` runs the trainer's retraining and publication into a private
 model directory and loads the published version exactly as a predictor sidecar does
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from epp.scheduling.predictions import Prediction, PredictionUnavailable
+from epp.scheduling.predictor import Prediction, PredictionUnavailable
 from predictor.models import ModelSet, build_model_set
 from trainer.features import decode_feature_rows
 from trainer.service import TrainerService

@@ -13,7 +13,7 @@ from epp.latency.client import PredictorClient, PredictorClientSettings
 from epp.latency.metrics import PredictionMetrics
 from epp.load.peer_totals import pack_tail_rows
 from epp.metrics import ModelLabels
-from epp.scheduling.predictions import Prediction, PredictionUnavailable
+from epp.scheduling.predictor import Prediction, PredictionUnavailable
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
 from epp.settings import EppSettings
 from epp.tokenizer.model import TINY_MODEL_DIR, ModelTokenizer

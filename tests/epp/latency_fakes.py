@@ -8,7 +8,7 @@ from typing import Any
 
 from epp.plugins.predicted_latency import PredictedLatencyParameters, PredictedLatencyProducer
 from epp.scheduling.framework import CycleState, PluginContext
-from epp.scheduling.predictions import Prediction
+from epp.scheduling.predictor import Prediction
 from tests.epp.factories import FakeClock, FakePredictor, make_request, run
 
 

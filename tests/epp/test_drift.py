@@ -8,11 +8,7 @@ from prometheus_client import CollectorRegistry
 from epp.latency.drift import DriftMonitor, DriftRule
 from epp.latency.metrics import DriftCollector
 from epp.scheduling.framework import RequestOutcome
-from epp.scheduling.predictions import (
-    DRIFTED_PREDICTIONS,
-    LATENCY_PREDICTIONS,
-    PREDICTION_FALLBACK,
-)
+from epp.scheduling.predictions import DRIFTED_PREDICTIONS, LATENCY_PREDICTIONS, PREDICTION_FALLBACK
 from epp.scheduling.types import SchedulingResult
 from tests.epp.factories import endpoint_state
 from tests.epp.latency_fakes import (

@@ -16,7 +16,7 @@ from epp.requestcontrol.lifecycle import ENDPOINT_HEADER, RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome, ResponseObserver
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
-from epp.scheduling.predictions import Prediction
+from epp.scheduling.predictor import Prediction
 from epp.scheduling.types import LLMRequest, SchedulingResult
 from tests.epp.factories import FakeClock, endpoint_state, make_request, run
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from epp.scheduling.predictions import Prediction, PredictionUnavailable
+from epp.scheduling.predictor import Prediction, PredictionUnavailable
 from tests.epp.factories import FakeClock, client_for
 from tests.trainer.synthetic import feature_rows
 from wire.latency import POD_TYPES

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from epp.extproc.gate import ADDED_BYTES, ADDED_HEADERS, DebugAccess, HeaderLimits, RequestGate
 from epp.settings import EppSettings
 from tests.epp.extproc_harness import Harness, body_msg, headers_msg, response_headers_msg
-from trainer.auth import TokenFileError
+from wire.auth import TokenFileError
 
 BODY = json.dumps({"model": "tiny", "prompt": "Hello world", "max_tokens": 4}).encode()
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from epp.configs import config_path
-from epp.load.token_load import EndpointLoad
-from epp.plugins.predicted_latency import PredictedLatencyProducer
+from epp.load.peer_totals import PeerTotals
+from epp.load.token_load import EndpointLoad, TokenLoadTracker
+from epp.plugins.predicted_latency import PredictedLatencyProducer, find_predicted_latency
+from epp.plugins.prefix_cache import find_prefix_index
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
@@ -14,7 +17,7 @@ from epp.scheduling.cycle_data import PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RunsAmongReplicas
 from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.pipeline import Pipeline
-from epp.scheduling.predictions import Prediction
+from epp.scheduling.predictor import Prediction
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.state import ReplicaSyncState
 from tests.epp.factories import FakeClock, endpoint_state, make_request, run
@@ -182,3 +185,22 @@ def test_every_plugin_that_runs_among_replicas_is_told_of_live_peers() -> None:
     a.send_to(b)  # b hears a: its token load now lags a's picks, so the gate stays shut
     assert b.sync.peer_count == 1
     assert sticky.filter(request, endpoints, state) == [endpoints[0]]
+
+
+def test_sync_finds_what_it_shares_by_capability_not_by_class() -> None:
+    """A plugin of any class that books token load, indexes prefixes or predicts latency is where
+    peers' deltas go; the shipped producers are found the same way."""
+
+    class OwnTokenLoad:
+        def __init__(self) -> None:
+            self.tracker = TokenLoadTracker()
+            self.peers = PeerTotals()
+
+    own = OwnTokenLoad()
+    assert find_token_load([object(), own]) is own
+    assert sync_targets(SimpleNamespace(plugins={"own": own})).token_load is own.peers  # type: ignore[arg-type]
+    shipped = SyncedReplica("a", "predicted-latency-token-load", FakeClock())
+    targets = sync_targets(shipped.pipeline)
+    assert targets.token_load is not None and targets.tpot_slos is not None
+    assert targets.record_prefix is not None and targets.prefix_block_size > 0
+    assert find_prefix_index([object()]) is None and find_predicted_latency([object()]) is None

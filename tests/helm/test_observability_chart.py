@@ -7,7 +7,7 @@ import json
 import kubernetes_validate
 import yaml
 
-from epp.observability.write_dashboards import CHART_FILES, GRAFANA_FILE
+from dashboards.write_dashboards import CHART_FILES, GRAFANA_FILE
 from tests.helm.render import RELEASE, ci_values, merged, render
 
 BASE = ci_values()["three-servers"]

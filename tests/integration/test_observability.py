@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from bench.observed_stack import ObservedStack, observed_stack, run_chromium
-from epp.observability.panels import all_queries
+from dashboards.panels import all_queries
 from tests.observability.prometheus import as_signal, exported_names, metric_names, query
 from tests.stacks import CheckedStack
 from tests.support import wait_for

@@ -1,4 +1,4 @@
-"""The shipped dashboards (generated from epp.observability.panels) and alert rules."""
+"""The shipped dashboards (generated from dashboards.panels) and alert rules."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import yaml
 
 from bench.observed_stack import system_binary
-from epp.observability import cloud_monitoring, grafana
-from epp.observability.panels import ROWS, all_queries
-from epp.observability.write_dashboards import CHART_FILES, rendered
+from dashboards import cloud_monitoring, grafana
+from dashboards.panels import ROWS, all_queries
+from dashboards.write_dashboards import CHART_FILES, rendered
 
 HERE = Path(__file__).parent
 
@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 def test_chart_files_are_what_the_generator_writes() -> None:
     for name, text in rendered().items():
         assert (CHART_FILES / name).read_text() == text, (
-            f"{name} is stale: run `python -m epp.observability.write_dashboards`"
+            f"{name} is stale: run `python -m dashboards.write_dashboards`"
         )
 
 

@@ -14,9 +14,9 @@ from predictor.settings import PredictorSettings
 from tests.support import sample_value
 from tests.trainer.running import started
 from tests.trainer.synthetic import training_samples
-from trainer.auth import BearerToken, TokenFileError, is_loopback
 from trainer.server import create_app
 from trainer.settings import TrainerSettings
+from wire.auth import BearerToken, TokenFileError, is_loopback
 from wire.webapp import probe_app
 
 TOKEN = "s3cr3t-token"

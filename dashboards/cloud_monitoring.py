@@ -1,5 +1,5 @@
 """The Cloud Monitoring dashboard (PromQL tiles over Managed Service for Prometheus), from
-:mod:`epp.observability.panels`; ``gcloud monitoring dashboards create --config-from-file``
+:mod:`dashboards.panels`; ``gcloud monitoring dashboards create --config-from-file``
 takes it as is."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from epp.observability.panels import ROWS, Panel, Query
+from dashboards.panels import ROWS, Panel, Query
 
 COLUMNS, TILE_WIDTH, TILE_HEIGHT = 48, 16, 16
 # Grafana units → the UCUM units Cloud Monitoring's unitOverride takes.

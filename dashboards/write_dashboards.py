@@ -1,7 +1,7 @@
-"""Writes the generated dashboards into the chart: ``python -m epp.observability.write_dashboards``.
+"""Writes the generated dashboards into the chart: ``python -m dashboards.write_dashboards``.
 
 The chart ships the files (Helm cannot run Python); a test fails when they differ from what
-this writes, so edit :mod:`epp.observability.panels` and rerun this, never the JSON.
+this writes, so edit :mod:`dashboards.panels` and rerun this, never the JSON.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from epp.observability import cloud_monitoring, grafana
+from dashboards import cloud_monitoring, grafana
 
-CHART_FILES = Path(__file__).resolve().parents[2] / "charts" / "llm-epp" / "files"
+CHART_FILES = Path(__file__).resolve().parents[1] / "charts" / "llm-epp" / "files"
 GRAFANA_FILE = "grafana-dashboard.json"
 CLOUD_MONITORING_FILE = "cloud-monitoring-dashboard.json"
 

@@ -1,4 +1,4 @@
-"""The Grafana dashboard, built with grafanalib from :mod:`epp.observability.panels`."""
+"""The Grafana dashboard, built with grafanalib from :mod:`dashboards.panels`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard, GridPos, RowPanel, Target, Template, Templating, Time, TimeSeries
 
-from epp.observability.panels import ROWS, Panel
+from dashboards.panels import ROWS, Panel
 
 UID = "llm-epp"
 DATASOURCE = "${datasource}"
