@@ -60,7 +60,8 @@ from epp.settings import TOKENIZER_HELP, EppSettings
 from epp.sync.hook import attach_replica_sync, sync_targets
 from epp.sync.messages import Capability
 from epp.sync.metrics import SyncMetrics
-from epp.sync.nats_transport import NatsSyncTransport, connect_options, default_replica_id
+from epp.sync.nats_auth import connect_options
+from epp.sync.nats_transport import NatsSyncTransport, default_replica_id
 from epp.sync.replica_header import ReplicaHeader
 from epp.sync.scrape_share import STALE_AFTER_TICKS, ScrapeShare
 from epp.sync.state import ReplicaSyncState, SyncTuning

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from epp.extproc.gate import ENVOY_MAX_HEADERS, ENVOY_MAX_HEADERS_KB
 from epp.requestcontrol.completion_log import ResponseMetering
-from epp.sync.nats_transport import SYNC_PASSWORD_ENV, SYNC_TOKEN_ENV
+from epp.sync.nats_auth import SYNC_PASSWORD_ENV, SYNC_TOKEN_ENV
 from epp.tls import ServerTlsFiles
 
 # No default: tokenizing with any other model's vocabulary would silently skew every token

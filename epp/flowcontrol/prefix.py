@@ -24,7 +24,7 @@ class PrefixEstimate:
 
     @classmethod
     def of(cls, plugins: Iterable[Plugin]) -> PrefixEstimate | None:
-        """The estimate from the approximate prefix producer among ``plugins`` (None: there is none)."""
+        """The estimate from the plugin among ``plugins`` that indexes prefixes (None: there is none)."""
         producer = find_prefix_index(plugins)
         return None if producer is None else cls(producer)
 

@@ -196,9 +196,3 @@ class BooksTokenLoad(Protocol):
 def find_token_load(plugins: Iterable[Plugin]) -> BooksTokenLoad | None:
     """The plugin among ``plugins`` that books token load, if there is one."""
     return next((p for p in plugins if isinstance(p, BooksTokenLoad)), None)
-
-
-def find_tracker(plugins: Iterable[Plugin]) -> TokenLoadTracker | None:
-    """The tracker of the ``token-load-producer`` among ``plugins``, if there is one."""
-    producer = find_token_load(plugins)
-    return producer.tracker if producer is not None else None

@@ -29,7 +29,7 @@ from epp.extproc.stream import ExtProcStream
 from epp.latency.metrics import PredictionMetrics
 from epp.latency.report import PredictionReport
 from epp.metrics import ModelLabels, RequestMetrics
-from epp.plugins.token_load import find_tracker
+from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.completion_log import MeteringSettings
 from epp.requestcontrol.director import Director
 from epp.requestcontrol.lifecycle import RequestLifecycle
@@ -127,7 +127,8 @@ class Harness:
         self.registry = CollectorRegistry()
         labels = ModelLabels()
         pool = PoolMetrics(self.registry, "pool", self.store, self.clock)
-        self.tracker = find_tracker(pipeline.plugins.values())
+        token_load = find_token_load(pipeline.plugins.values())
+        self.tracker = token_load.tracker if token_load is not None else None
         if self.tracker is not None:
             pool.export_token_load(self.tracker)
         lifecycle = RequestLifecycle(

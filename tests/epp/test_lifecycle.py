@@ -11,7 +11,7 @@ import pytest
 
 from epp.configs import config_path
 from epp.latency.report import PredictionReport
-from epp.plugins.token_load import find_tracker
+from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.lifecycle import ENDPOINT_HEADER, RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome, ResponseObserver
@@ -143,8 +143,9 @@ def test_a_request_served_elsewhere_is_rebooked_there_for_the_plugins_and_the_ob
             log.append(("observer", "rebooked", previous.endpoint.name, routed.endpoint_name))
 
     lc = lifecycle("ray-kv-aware", Rebooked(log))
-    tracker = find_tracker(lc.pipeline.plugins.values())
-    assert tracker is not None
+    token_load = find_token_load(lc.pipeline.plugins.values())
+    assert token_load is not None
+    tracker = token_load.tracker
     endpoints = [endpoint_state(0), endpoint_state(1)]
     routed = run(lc.route(make_request(list(range(64))), endpoints, 0.0, 0.0))
     first = routed.booked

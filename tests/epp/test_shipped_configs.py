@@ -7,7 +7,7 @@ import random
 import pytest
 
 from epp.configs import CONFIG_DIR, config_path
-from epp.plugins.token_load import find_tracker
+from epp.plugins.token_load import find_token_load
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request
@@ -51,6 +51,6 @@ async def test_shipped_config_schedules_requests_on_fake_endpoints(name: str) ->
         outcome = RequestOutcome(result.endpoint, 0.0, 2.0, 200, True, True, 1.0, 3)
         for observer in pipeline.observers:
             observer.on_finished(request, result, state, outcome)
-    tracker = find_tracker(pipeline.plugins.values())
-    if tracker is not None:
-        assert tracker.in_flight() == 0
+    token_load = find_token_load(pipeline.plugins.values())
+    if token_load is not None:
+        assert token_load.tracker.in_flight() == 0

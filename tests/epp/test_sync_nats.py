@@ -23,7 +23,8 @@ from epp.load.peer_totals import PeerTotals
 from epp.load.token_load import EndpointLoad
 from epp.settings import EppSettings
 from epp.sync.metrics import SyncMetrics
-from epp.sync.nats_transport import NatsSyncTransport, connect_options
+from epp.sync.nats_auth import connect_options
+from epp.sync.nats_transport import NatsSyncTransport
 from epp.sync.state import ReplicaSyncState, SyncTargets, SyncTuning
 from sim.certs import write_local_pki
 from tests.epp.sync_replicas import ENDPOINTS, EppReplica, Nats

@@ -14,7 +14,7 @@ import pytest
 
 from epp.main import parse_args as epp_args
 from epp.settings import EppSettings
-from epp.sync.nats_transport import SYNC_PASSWORD_ENV, SYNC_TOKEN_ENV, connect_options
+from epp.sync.nats_auth import SYNC_PASSWORD_ENV, SYNC_TOKEN_ENV, connect_options
 from sim.nats_server import nats_server_binary, speaks_nats
 from sim.processes import free_port, spawn, wait_until
 from tests.helm.render import NAMESPACE, RELEASE, Rendered, ci_values, merged, render

@@ -15,7 +15,7 @@ import nats
 import pytest
 
 from epp.main import parse_args as epp_args
-from epp.sync.nats_transport import connect_options
+from epp.sync.nats_auth import connect_options
 from sim.certs import write_local_pki
 from sim.nats_server import nats_server_binary, speaks_nats
 from sim.processes import free_port, spawn, wait_until
