@@ -31,7 +31,7 @@ EPP_REPLICAS ?= 1
 # the EPP also requires Envoy's client certificate.
 TLS ?=
 
-.PHONY: install system-packages vllm-env helm-env image run test test-fast bench lint lock clean
+.PHONY: install system-packages vllm-env helm-env image run test test-fast bench lint docs lock clean
 
 # setuptools comes first and pinned, so the editable build uses it (no build isolation, which
 # would fetch whatever setuptools is newest). xds-protos ships an older copy of
@@ -117,6 +117,11 @@ test-fast: $(STAMP) $(HELM_STAMP) system-packages
 
 bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/llm-epp-bench all --out results
+
+# docs/reference/ is generated from the code (docs_gen/); tests/test_reference_docs.py fails
+# while the checked-in pages differ from what this writes.
+docs: $(STAMP)
+	$(BIN)/python -m docs_gen
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

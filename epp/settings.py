@@ -19,7 +19,7 @@ from epp.tls import ServerTlsFiles
 TOKENIZER_HELP = (
     "the served model's tokenizer: a directory with its tokenizer.json and tokenizer_config.json "
     "(as in the model's Hugging Face repository); the Helm chart provides one from "
-    "inferenceExtension.tokenizer.* (README, 'Deploy on Kubernetes')"
+    "inferenceExtension.tokenizer.* (docs/operations.md, 'Deploy on Kubernetes')"
 )
 
 # NATS subject tokens: no dots, spaces or wildcards in a replica id; dot-separated tokens in a prefix.

@@ -15,16 +15,16 @@
                                        N, while kept); headers ``X-Model-Version`` and
                                        ``X-Model-SHA256`` (of the bytes sent)
 ``GET /models/list``                   every model file on disk
-``GET /healthz``, ``/readyz``,         liveness, readiness (accepting data), Prometheus
-``/metrics``
+``GET /healthz``, ``/readyz``          liveness, readiness (accepting data)
+``GET /metrics``                       Prometheus
 =====================================  ==========================================================
 
 It binds 127.0.0.1 by default: only its own pod reaches it. ``--health-port`` adds a listener on
 every interface that serves ``/healthz``, ``/readyz`` and ``/metrics`` and nothing else, for
 kubelet probes and Prometheus.
-Another ``--host`` needs ``--auth-token-file``; the mutating routes (``POST
-/add_training_data_bulk``, ``POST /retrain``) then answer 401 without ``Authorization: Bearer <token>``, even
-on loopback.
+Another ``--host`` needs ``--auth-token-file``; the mutating routes
+(``POST /add_training_data_bulk``, ``POST /retrain``) then answer 401 without
+``Authorization: Bearer <token>``, even on loopback.
 """
 
 from __future__ import annotations

@@ -4,6 +4,30 @@ Each looks at every endpoint on its own (an average hides one hot pod: the pool 
 some endpoint has), and counts what the EPP dispatched since the engines last reported, so it
 does not overshoot between scrapes. With several detectors configured the pool is saturated
 when any of them says so.
+
+===========================  =======  ============================================================
+parameter                    default  meaning
+===========================  =======  ============================================================
+queueDepthThreshold          5        ``queue-kv-saturation-detector``: queue slots per endpoint
+                                      (scraped waiting + routed since that scrape)
+kvCacheUtilThreshold         0.8      ``queue-kv-saturation-detector``: KV-cache usage at which an
+                                      endpoint has no room
+metricsStalenessSeconds      0.2      ``queue-kv-saturation-detector``: older metrics count as no
+                                      room (flow control has such endpoints scraped at once)
+maxTokensPerEndpoint         200000   ``token-load-saturation-detector``: tokens booked per
+                                      endpoint (prompt + expected output) it takes at most
+maxPrefillTokensPerEndpoint  none     ``token-load-saturation-detector``: prompt tokens without a
+                                      first token yet per endpoint (about one engine step's
+                                      ``max_num_batched_tokens``); the pick is held to endpoints
+                                      the request fits
+isolatedPrefillTokens        none     ``token-load-saturation-detector``, with the prefill limit
+                                      and 2+ endpoints: keep some endpoint's prefill in flight
+                                      within this, for requests with a TTFT objective
+defaultSloTtftMs             2000     ``predicted-ttft-saturation-detector``: the TTFT objective
+                                      of a request without one
+maxAgeSeconds                1        ``predicted-ttft-saturation-detector``: older predictions
+                                      count as room
+===========================  =======  ============================================================
 """
 
 from __future__ import annotations

@@ -30,6 +30,14 @@ and the endpoint's name. That hash is the same in every replica, so replicas tha
 state agree on identical prompts, where one router would follow the first pick's prefix, and
 spread different prompts as a random pick would. An EPP without replica sync, or one that hears
 no live peer, breaks ties at random, so a single EPP routes exactly as before.
+
+=================  ===========  ==================================================================
+parameter          default      meaning
+=================  ===========  ==================================================================
+maxNumOfEndpoints  3            endpoints returned: the target, then the fallbacks
+temperature        0            ``softmax-picker``: T above; 0 picks the highest score
+replicaTieBreak    prompt-hash  ``max-score-picker``: ``prompt-hash`` or ``random`` (above)
+=================  ===========  ==================================================================
 """
 
 from __future__ import annotations

@@ -331,7 +331,7 @@ class ReplicaSyncState:
     def _changed(self, endpoint: str, *, at_once: bool) -> None:
         """``endpoint``'s totals changed. A request routed, decoding or ended there goes out with
         the next :meth:`take_messages` (peers route on it; delaying it even to the next tick
-        herds their picks in bursts, see the README); decode progress waits for the tick."""
+        herds their picks in bursts: docs/benchmarks.md); decode progress waits for the tick."""
         if at_once:
             self._wake_if_idle()
             self._due[endpoint] = None

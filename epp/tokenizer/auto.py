@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 SUPPLY_HINT = (
     "to supply it, give the EPP a Hugging Face token for gated models (chart: "
     "inferenceExtension.tokenizer.hub.tokenSecret) or name its source (inferenceExtension.tokenizer.source: "
-    "configMap, secret, volume, image or hub; README, 'Deploy on Kubernetes')"
+    "configMap, secret, volume, image or hub; docs/operations.md, 'Deploy on Kubernetes')"
 )
 
 

@@ -47,7 +47,7 @@ if not HELM_PYTHON.exists():
 
 CI_VALUES = ci_values()
 PREDICTOR_OFF = CI_VALUES["predictor-off"]
-# The README's command: --set inferencePool.modelServers.matchLabels.app=... --set provider.name=gke
+# docs/operations.md's command: --set inferencePool.modelServers.matchLabels.app=... --set provider.name=gke
 # --set inferenceExtension.monitoring.gke.enabled=true --set inferenceExtension.latencyPredictor.enabled=true
 # and the tokenizer from the Hub
 GUIDE = CI_VALUES["guide-gke"]

@@ -20,7 +20,7 @@ tokenizer.json tokenizer_config.json
 {{- define "llm-epp.tokenizerSource" -}}
 {{- $t := .Values.inferenceExtension.tokenizer -}}
 {{- if not $t.source -}}
-{{- fail "inferenceExtension.tokenizer.source is required: the EPP needs the served model's tokenizer (tokenizer.json, tokenizer_config.json), e.g. auto (the default), or --set inferenceExtension.tokenizer.source=hub --set inferenceExtension.tokenizer.hub.repo=meta-llama/Llama-3.1-8B-Instruct (sources: auto, estimate, configMap, secret, volume, image, hub; see the README, 'Deploy on Kubernetes')" -}}
+{{- fail "inferenceExtension.tokenizer.source is required: the EPP needs the served model's tokenizer (tokenizer.json, tokenizer_config.json), e.g. auto (the default), or --set inferenceExtension.tokenizer.source=hub --set inferenceExtension.tokenizer.hub.repo=meta-llama/Llama-3.1-8B-Instruct (sources: auto, estimate, configMap, secret, volume, image, hub; see docs/operations.md, 'Deploy on Kubernetes')" -}}
 {{- else if eq $t.source "configMap" -}}
 {{- $_ := required "inferenceExtension.tokenizer.configMap.name is required with source configMap" $t.configMap.name -}}
 {{- else if eq $t.source "secret" -}}
