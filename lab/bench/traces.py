@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-TRACES_DIR = Path(os.environ.get("LLM_EPP_TRACES", Path(__file__).resolve().parents[2] / "shared" / "traces"))
+TRACES_DIR = Path(os.environ.get("LLM_EPP_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces"))
 """Where the public traces are (``LLM_EPP_TRACES`` overrides)."""
 MOONCAKE = {
     "conversation": "mooncake/conversation_trace.jsonl",

@@ -13,7 +13,7 @@
   the throughput ceiling on this machine's cores and on one core more.
 
 Kill, cancellation and NATS-outage behaviour is measured by ``llm-epp-bench sync-failures``
-(bench/sync_failures.py) and asserted by tests/integration/test_epp_replicas.py.
+(lab/bench/sync_failures.py) and asserted by tests/integration/test_epp_replicas.py.
 """
 
 from __future__ import annotations

@@ -39,10 +39,10 @@ from bench.report import machine, markdown_table, save_figure, write_results
 from bench.rig import GatewayRig
 from bench.stack_overhead import task_cpu_seconds
 from bench.stub_engine import stub_engine_bootstrap
-from epp.tokenizer.model import TINY_MODEL_DIR
+from sim.models import TINY_MODEL_DIR
 from sim.processes import Component, free_port, start_envoy, start_epp, write_endpoints_file
 
-VLLM_SCRAPE = Path(__file__).parent.parent / "tests" / "fixtures" / "vllm-0.32" / "metrics_full.txt"
+VLLM_SCRAPE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "vllm-0.32" / "metrics_full.txt"
 ARMS: dict[str, tuple[str, ...]] = {
     "idle tick": (),
     "fast tick": ("--idle-scrape-interval-s", "0.05"),

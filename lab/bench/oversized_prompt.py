@@ -32,6 +32,7 @@ from bench.rig import GatewayRig
 from epp.errors import BadRequest
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 
 TEN_MIB = 10 << 20
 WORDS = "hello world "  # 3 tokens in 12 characters
@@ -65,7 +66,7 @@ def _refusal_cpu_ms(path: str, body: bytes, tokenizer: ModelTokenizer, context: 
 
 
 def measure_in_process(settings: OversizedPromptSettings) -> list[dict[str, Any]]:
-    tokenizer = ModelTokenizer()
+    tokenizer = ModelTokenizer(TINY_MODEL_DIR)
     text = WORDS * (TEN_MIB // len(WORDS))
     rows = []
     for chat in (False, True):

@@ -47,13 +47,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from epp.tokenizer.model import TINY_MODEL_DIR, ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
 from sim.driver import EngineDriver
 from sim.engine import Engine, EngineConfigError, Profile, ProfileError, RequestOutput, load_profile
 from sim.engine.pool import load_variant
 from sim.host_cpu import HostCpu
 from sim.kv_events import KVEventPublisher, KVEventsConfig
 from sim.metrics import EngineMetricsExporter
+from sim.models import TINY_MODEL_DIR
 from sim.openai_api import (
     VLLM_VERSION,
     ApiError,

@@ -3,7 +3,7 @@
 The directory holds a byte-level BPE tokenizer trained on the Python standard library's
 sources, a Llama config for a ~1M-parameter model, and a chat template. No weights are
 written: real vLLM serves it with ``--load-format dummy``; the simulator only needs the
-tokenizer. The output is committed (``sim/models/tiny``), so this script runs only when the
+tokenizer. The output is committed (``lab/sim/models/tiny``), so this script runs only when the
 tokenizer or config changes::
 
     python -m sim.models.build_tiny [--out DIR]

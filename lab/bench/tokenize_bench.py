@@ -46,8 +46,9 @@ from epp.requestcontrol.openai_request import parse_openai_request
 from epp.scheduling.framework import PluginContext
 from epp.scheduling.types import LLMRequest
 from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHAT_PATH = "/v1/chat/completions"
 CACHE_BYTES = 256 << 20
 
@@ -63,7 +64,7 @@ class TokenizeBenchSettings:
 
 
 def _source_text() -> str:
-    dirs = ("epp", "sim", "bench", "predictor", "trainer")
+    dirs = ("epp", "lab/sim", "lab/bench", "predictor", "trainer")
     files = sorted(p for d in dirs for p in (REPO / d).rglob("*.py"))
     return "".join(p.read_text() for p in files)
 
@@ -120,7 +121,7 @@ class _Pipeline:
     """What the EPP does with a chat body before scoring: parse and tokenize, then hash the blocks."""
 
     def __init__(self, cache_bytes: int) -> None:
-        self.tokenizer = ModelTokenizer(cache_bytes=cache_bytes)
+        self.tokenizer = ModelTokenizer(TINY_MODEL_DIR, cache_bytes=cache_bytes)
         context = PluginContext(clock=time.monotonic)
         self.approximate = ApproximatePrefixCacheProducer("a", ApproximatePrefixParameters(), context)
         self.precise = PrecisePrefixCacheProducer("p", PrecisePrefixParameters(), context)
@@ -167,7 +168,7 @@ class _Case:
 
     def __init__(self, settings: TokenizeBenchSettings, cache_bytes: int, extension: bool) -> None:
         self.pipeline, self.extension = _Pipeline(cache_bytes), extension
-        self.conversations = Conversations(settings, ModelTokenizer())
+        self.conversations = Conversations(settings, ModelTokenizer(TINY_MODEL_DIR))
         warm = self.conversations.new(session=-1)  # warms the BPE word cache, as a running EPP's is
         self.pipeline.hash(self.pipeline.parse(_body(warm)))
         self.samples: list[dict[str, float]] = []
@@ -198,7 +199,7 @@ SESSION_BANDS = ((0, 8_000), (8_000, 16_000), (16_000, 24_000), (24_000, None))
 def interleaved_sessions(settings: TokenizeBenchSettings, sessions: int) -> dict[str, Any]:
     """``sessions`` conversations growing in turns to ``session_tokens`` tokens, with the cache:
     each request's cost and, at the end, whether every last prompt's ids are a full tokenization's."""
-    pipeline, plain = _Pipeline(CACHE_BYTES), ModelTokenizer()
+    pipeline, plain = _Pipeline(CACHE_BYTES), ModelTokenizer(TINY_MODEL_DIR)
     conversations = Conversations(settings, plain)
     chats = [conversations.start(session) for session in range(sessions)]
     requests: list[dict[str, Any]] = []

@@ -49,7 +49,7 @@ from epp.sync.messages import Capability
 from epp.sync.scrape_owners import owner as scrape_owner
 from epp.sync.scrape_share import ScrapeShare
 from epp.sync.state import ReplicaSyncState, SyncTargets
-from epp.tokenizer.model import TINY_MODEL_DIR
+from sim.models import TINY_MODEL_DIR
 from sim.nats_server import start_nats_server
 from sim.processes import Component, free_port, start_envoy, start_epp, wait_until, write_endpoints_file
 

@@ -1,6 +1,6 @@
 """An engine profile's predictions next to a published measurement of the same deployment.
 
-The measurement is a JSON file (``sim/engine/profiles/measurements/``) naming its source and
+The measurement is a JSON file (``lab/sim/engine/profiles/measurements/``) naming its source and
 listing points: each a batch of requests sent at once (their prompt and output lengths) and the
 published mean time to first token and median time per output token; and ``engine``, the served
 engine's limits where they differ from the profile's (the step-time model stays the profile's).

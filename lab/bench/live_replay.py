@@ -73,6 +73,7 @@ from epp.tokenizer.model import ModelTokenizer
 from sim.engine.pool import describe_pool, pool_profiles
 from sim.fleet import FleetConfig, FleetSimulator, SimulatedRequest, make_router
 from sim.fleet.workload import Workload
+from sim.models import TINY_MODEL_DIR
 from sim.stack import LocalStack, StackConfig, StackPorts
 
 DEFAULT_CONFIGS = ("gie-default", "predicted-latency", "predicted-latency-token-load")
@@ -552,7 +553,7 @@ def build(settings: ReplaySettings) -> tuple[Workload, list[PlannedSession]]:
         for session in workload.sessions
         if session.after is not None or session.start_s < settings.duration_s
     ]
-    return workload, plan_sessions(workload, PromptTexts(ModelTokenizer()), window)
+    return workload, plan_sessions(workload, PromptTexts(ModelTokenizer(TINY_MODEL_DIR)), window)
 
 
 def run(

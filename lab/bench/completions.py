@@ -17,7 +17,8 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.tokenizer.model import TINY_MODEL_DIR, ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from sim.openai_serving import ServedModel
 
 
