@@ -81,7 +81,7 @@ install: $(STAMP) system-packages
 
 # Debian packages: Prometheus and promtool (the dashboards' and alert rules' tests), headless
 # Chromium (the live page's test), mimalloc, which the EPP runs on (lab/sim/processes.py
-# EPP_ALLOCATOR), and wrk (lab/bench/wrk.py); ~106 MB to fetch, ~730 MB installed, once. Skipped
+# EPP_ALLOCATOR), and wrk (lab/bench/harness/wrk.py); ~106 MB to fetch, ~730 MB installed, once. Skipped
 # when the binaries are on PATH and the library is known to the loader; apt-get runs as root,
 # or through sudo.
 SYSTEM_BINARIES := prometheus promtool chromium wrk

@@ -8,25 +8,25 @@ stack      the ``make run`` stack's CPU per request, process by process: short r
            growing chat sessions to 30k+ tokens (EPP CPU against turn); py-spy flame graphs
 idle       EPP CPU per second with no traffic against the pool's size (4 and 100 stub engines),
            idle endpoints on the slow scrape tick and all on the fast one
-           (``idle --pool-sizes 4,100 --idle-s 10``; see lab/bench/idle_cost.py)
+           (``idle --pool-sizes 4,100 --idle-s 10``; see lab/bench/runs/idle_cost.py)
 inflight   EPP CPU against time in flight: one long streamed and one non-streamed request at a
            time (net of idle, per chunk, per second in flight, by thread); py-spy flame graphs
 metering   a streamed answer's EPP and Envoy CPU (1 and 512 tokens) under each response metering:
            every chunk, or the first token and Envoy's access log
 request-rate  the EPP's and Envoy's CPU per request at 50 and 150 requests/s open loop through the
            ``make run`` stack (~1k-token prompts), over each callout (ext_proc, ext_authz;
-           lab/bench/request_rate.py)
+           lab/bench/runs/request_rate.py)
 callout-floor  each callout's cost before any work: a servicer that only picks, behind the
-           gateway's Envoy, at 150 requests/s (lab/bench/callout_floor.py)
+           gateway's Envoy, at 150 requests/s (lab/bench/runs/callout_floor.py)
 capacity   each unit cost measured here (request, metered chunk, access-log entry, scrape, sync
            message and endpoint total, prediction row), and the sizing they give for 1k/5k/10k
            QPS over 100 pods (EPP cores and replicas, predictor servers, NATS messages/s, sync
-           CPU), llm-d's published figures beside them (~2 min; see lab/bench/capacity.py)
+           CPU), llm-d's published figures beside them (~2 min; see lab/bench/runs/capacity.py)
 predictor  predictor throughput/latency, trainer retrain time, prediction error (MAPE)
            (``predictor --throughput-only``: one model, its serving cost only)
 fidelity   the simulator (tiny-cpu profile) against real vLLM at three load levels
 published  the llama-3.1-8b-h100 profile's TTFT/TPOT against a published vLLM measurement of
-           the same model on one H100 (virtual time; see lab/bench/published_check.py)
+           the same model on one H100 (virtual time; see lab/bench/runs/published_check.py)
 kv-index   precise prefix index: lookup time (100k tokens, 64 endpoints), memory, event ingest
 oversized  the EPP's CPU to refuse a 10 MiB prompt over the context (in process, through Envoy)
 tokenize   parse + tokenize + block hashes of a 26k-token chat turn, first seen and extending a
@@ -37,27 +37,27 @@ sync-apply a replica's CPU for applying 3 peers' sync (100 endpoints) at 100, 1,
            10,000 requests/s pool-wide (in process, virtual time)
 scrape-share  each of K = 1, 2, 4 synced EPPs' CPU scraping 100 stub engines on the fast tick,
            with scrape sharing and without; a shared figure's apply cost (in process; ~2 min;
-           see lab/bench/scrape_share_cost.py)
+           see lab/bench/runs/scrape_share_cost.py)
 sync-failures  two active-active EPPs: one killed under load (FailOpen, FailClose), a
            cancellation soak, NATS stopped for 10 s under load; failures and recovery times
 compare    one workload replayed through several routers on the fleet simulator
-           (``compare --workload NAME --routers LIST|all --replicas N``; see lab/bench/compare.py)
+           (``compare --workload NAME --routers LIST|all --replicas N``; see lab/bench/runs/compare.py)
 fleet      a short default set of ``compare`` runs (RL stragglers, agentic, Mooncake)
 mixed      two mixed pools (2 fast + 2 engines 2.5x slower; 1 H100 + 3 smaller engines), every
            router and the oracle at 50/70/90% of each pool's measured capacity, on the Mooncake
-           trace (``mixed --limit 600 --routers all``, ~14 min; see lab/bench/mixed.py)
+           trace (``mixed --limit 600 --routers all``, ~14 min; see lab/bench/runs/mixed.py)
 prediction-floor  one router's TTFT/TPOT predictions against what the state at each decision
            determines (a copy of the engine run with no later arrival; ~5 min; see
-           lab/bench/prediction_floor.py)
+           lab/bench/runs/prediction_floor.py)
 sync-sweep K EPP replicas x sync delay on the fleet simulator: what replica sync is worth
            (``sync-sweep --router-replicas 1,2,4,8 --sync-delays-ms 0,50,500,none``; see
-           lab/bench/sync_sweep.py)
+           lab/bench/runs/sync_sweep.py)
 flow-control  a two-tenant overload on the fleet simulator, without flow control and with each
            fairness policy: per tenant TTFT, SLO attainment, goodput, shed, queue time
-           (``flow-control --loads 0.5,1.5,2 --duration 60``; see lab/bench/flow_control.py)
+           (``flow-control --loads 0.5,1.5,2 --duration 60``; see lab/bench/runs/flow_control.py)
 replay     a trace replayed in real time through the live stack, one config after another, with
            client-side TTFT/TPOT/E2E, CPU per process and the engines' scheduling lag
-           (``replay --workload NAME --duration S``; see lab/bench/live_replay.py)
+           (``replay --workload NAME --duration S``; see lab/bench/runs/live_replay.py)
 all        every benchmark above except a custom ``compare``, ``sync-sweep`` and ``replay``
 =========  ==================================================================================
 """
@@ -69,11 +69,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import (
+from bench.runs import (
     callout_floor,
     capacity,
     compare,
-    fidelity,
     flow_control,
     idle_cost,
     inflight_cost,
@@ -96,9 +95,10 @@ from bench import (
     tls_cost,
     tokenize_bench,
 )
-from bench.fleet_workloads import workload_names
+from bench.workloads.fleet_workloads import workload_names
 from sim.engine import ProfileError, available_profiles
 from sim.engine.pool import check_pool, pool_size
+from sim.fitting import fidelity
 from sim.fleet import router_names
 
 FLEET_DEFAULTS = (

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import traces
-from bench.fleet_workloads import WorkloadOptions, build_workload
-from bench.replay_plan import PlannedTurn, PromptTexts, plan_sessions
+from bench.workloads import traces
+from bench.workloads.fleet_workloads import WorkloadOptions, build_workload
+from bench.workloads.replay_plan import PlannedTurn, PromptTexts, plan_sessions
 from epp.tokenizer.model import ModelTokenizer
 from sim.models import TINY_MODEL_DIR
 

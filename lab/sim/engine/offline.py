@@ -1,6 +1,6 @@
 """One simulated engine serving requests in virtual time, with no server around it: for the
-benchmarks that check a profile's step model on its own (``bench.published_check``,
-``bench.term_attribution``)."""
+benchmarks that check a profile's step model on its own (``bench.runs.published_check``,
+``sim.fitting.term_attribution``)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ A profile measured on a CPU (the ``tiny-cpu`` fit of real vLLM's CPU build) hold
 of its ISA class (``sim.host_cpu.ISA_CLASSES``): vLLM runs other kernels elsewhere, 3-5 times
 slower on AVX2 than with AVX-512 and AMX. Such profiles are shipped one per fitted class, as
 ``NAME-CLASS.yaml``, and ``NAME`` alone loads the one for this machine's class. Where none was
-fitted for it, loading ``NAME`` fails, saying how to fit one here (``python -m bench.fidelity
+fitted for it, loading ``NAME`` fails, saying how to fit one here (``python -m sim.fitting.fidelity
 fit``), rather than fall back to another class's.
 """
 
@@ -86,7 +86,7 @@ def cpu_class_profile(name: str, cpu: HostCpu) -> str:
             f"no {name} profile is fitted for this CPU, {cpu.describe()}; shipped: "
             f"{', '.join(f'{name}-{isa}' for isa in fitted) or 'none'}, which do not hold here (vLLM "
             f"runs other kernels on other CPU classes). Fit one on this machine with `python -m "
-            f"bench.fidelity fit` (it writes {PROFILES_DIR / f'{name}-{cpu.isa}.yaml'}), or name a "
+            f"sim.fitting.fidelity fit` (it writes {PROFILES_DIR / f'{name}-{cpu.isa}.yaml'}), or name a "
             "profile explicitly."
         )
     return f"{name}-{cpu.isa}"

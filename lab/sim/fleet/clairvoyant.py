@@ -5,7 +5,7 @@ requests still in its front end), adds the request after its front-end delay, an
 with no later arrival until the request's first token and its last. The copy knows the engine's
 exact state and the request's true output length, which no router does; what it cannot know is
 what arrives later. Its error against what happened is therefore a floor for any predictor of
-the state at the decision (``bench.prediction_floor``).
+the state at the decision (``bench.runs.prediction_floor``).
 
 One simplification: requests still in the copy's front end enter its engine at once, not after
 their own remaining delays (a few milliseconds).
