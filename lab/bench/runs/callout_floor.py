@@ -31,8 +31,8 @@ import aiohttp
 import grpc
 import uvloop
 
+from bench.harness.process_cpu import task_cpu_seconds
 from bench.harness.stub_engine import stub_engine_bootstrap
-from bench.runs.stack_overhead import task_cpu_seconds
 from epp.app import GRPC_OPTIONS
 from epp.extauthz.check import Check, CheckAnswer
 from epp.extauthz.server import serve

@@ -34,9 +34,9 @@ from typing import Any
 import httpx
 import matplotlib.pyplot as plt
 
+from bench.harness.process_cpu import task_cpu_seconds
 from bench.harness.rig import GatewayRig
 from bench.harness.stub_engine import stub_engine_bootstrap
-from bench.runs.stack_overhead import task_cpu_seconds
 from sim.measure.prometheus_samples import scrape
 from sim.measure.report import machine, markdown_table, save_figure, write_results
 from sim.models import TINY_MODEL_DIR

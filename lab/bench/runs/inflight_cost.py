@@ -42,8 +42,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, ProcessingRequest
 
 from bench.harness.flame_graph import flame_graph
+from bench.harness.process_cpu import task_cpu_seconds
 from bench.runs.live_replay import uses_predictor
-from bench.runs.stack_overhead import task_cpu_seconds
 from sim.measure.report import machine, markdown_table, write_results
 from sim.processes import free_port
 from sim.stack import LocalStack, StackConfig, StackPorts

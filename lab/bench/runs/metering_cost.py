@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import matplotlib.pyplot as plt
 
-from bench.runs.stack_overhead import idle_cpu_rate, rare_scrape_args, task_cpu_seconds
+from bench.harness.process_cpu import idle_cpu_rate, rare_scrape_args, task_cpu_seconds
 from epp.settings import EppSettings
 from sim.measure.prometheus_samples import Samples, scrape, total
 from sim.measure.report import machine, markdown_table, save_figure, write_results

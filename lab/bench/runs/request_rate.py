@@ -38,8 +38,8 @@ import aiohttp
 import httpx
 
 from bench.harness.flame_graph import flame_graph
+from bench.harness.process_cpu import idle_cpu_rate, rare_scrape_args, task_cpu_seconds
 from bench.runs.metering_cost import SLO_HEADERS, _prompt
-from bench.runs.stack_overhead import idle_cpu_rate, rare_scrape_args, task_cpu_seconds
 from sim.envoy_config import Callout
 from sim.measure.report import machine, markdown_table, write_results
 from sim.stack import LocalStack, StackConfig, StackPorts

@@ -36,9 +36,9 @@ from typing import Any
 
 import uvloop
 
+from bench.harness.process_cpu import task_cpu_seconds
 from bench.harness.stub_engine import stub_engine_bootstrap
 from bench.runs.idle_cost import VLLM_SCRAPE, ms_per_s
-from bench.runs.stack_overhead import task_cpu_seconds
 from epp.datalayer.endpoints import EndpointStore
 from epp.datalayer.scraper import MetricsScraper
 from epp.keepalive_http import KeepAliveHttp

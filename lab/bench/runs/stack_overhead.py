@@ -57,6 +57,7 @@ from bench.harness import wrk
 from bench.harness.flame_graph import flame_graph
 from bench.harness.grpc_floor import FloorGateway, floor_gateway
 from bench.harness.loadgen import closed_loop
+from bench.harness.process_cpu import task_cpu_seconds
 from sim.envoy_config import gateway_bootstrap
 from sim.measure.report import machine, markdown_table, write_results
 from sim.processes import Component, free_port, start_envoy
@@ -87,39 +88,6 @@ class StackOverheadSettings:
     wrk_connections: int = 16
     idle_s: float = 3.0
     flame_graphs: bool = True
-
-
-def task_cpu_seconds(pid: int) -> float:
-    """CPU time of every live thread of ``pid``, at nanosecond resolution."""
-    total = 0
-    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-        try:
-            total += int(stat.read_text().split()[0])
-        except (OSError, IndexError, ValueError):
-            continue  # the thread ended between the listing and the read
-    return total / 1e9
-
-
-def rare_scrape_args(scrape_interval_s: float) -> list[str]:
-    """EPP flags for a bench that charges CPU to requests: warnings only, and the engines
-    scraped every ``scrape_interval_s`` (a cost per second of the pool's, measured apart), with
-    a timeout long enough that a late scrape, the only sign of life for seconds, ejects nothing."""
-    interval = str(scrape_interval_s)
-    return [
-        "--log-level",
-        "WARNING",
-        "--scrape-interval-s",
-        interval,
-        "--scrape-timeout-s",
-        str(2 * scrape_interval_s),
-    ]
-
-
-def idle_cpu_rate(pid: int, seconds: float) -> float:
-    """``pid``'s CPU seconds per second over ``seconds`` of waiting."""
-    before = task_cpu_seconds(pid)
-    time.sleep(seconds)
-    return (task_cpu_seconds(pid) - before) / seconds
 
 
 @dataclass

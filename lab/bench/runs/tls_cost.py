@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.loadgen import LoadResult, closed_loop
-from bench.runs.stack_overhead import SHORT_PROMPT, task_cpu_seconds
+from bench.harness.process_cpu import task_cpu_seconds
+from bench.runs.stack_overhead import SHORT_PROMPT
 from sim.measure.report import machine, markdown_table, write_results
 from sim.stack import LocalStack, StackConfig, StackPorts, TlsMode
 
