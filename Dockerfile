@@ -1,6 +1,7 @@
-# One image for every process of the project: llm-epp (the EPP), llm-epp-trainer,
-# llm-epp-predictor, llm-epp-sim, llm-epp-stack and llm-epp-bench. The Helm chart runs the
-# EPP and its sidecars from it with different commands.
+# The product's image: llm-epp (the EPP), llm-epp-trainer and llm-epp-predictor. The Helm chart
+# runs the EPP and its sidecars from it with different commands. The lab (lab/: the simulated
+# vLLM server, the fleet simulator, the local stack and the benchmarks, the llm-epp-lab
+# distribution) is not in it.
 #   make image            (docker build -t llm-epp:0.1.0 .)
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -12,8 +13,6 @@ COPY locks/venv.txt locks/
 COPY epp epp
 COPY trainer trainer
 COPY predictor predictor
-COPY sim sim
-COPY bench bench
 COPY wire wire
 # A regular (non-editable) install, pinned by the same lock as `make install`: the final stage
 # needs only the virtual environment. opentelemetry-proto goes last: xds-protos ships an older
@@ -24,7 +23,7 @@ RUN /opt/llm-epp/bin/pip install --no-cache-dir -c locks/venv.txt --upgrade pip 
  && /opt/llm-epp/bin/pip uninstall -y pip
 
 FROM ${PYTHON_IMAGE}
-# mimalloc: the EPP's tokenizer spends about half its time in glibc's malloc (sim/processes.py).
+# mimalloc: the EPP's tokenizer spends about half its time in glibc's malloc (lab/sim/processes.py).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libmimalloc2.0 \
  && rm -rf /var/lib/apt/lists/*

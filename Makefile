@@ -33,14 +33,16 @@ TLS ?=
 
 .PHONY: install system-packages vllm-env helm-env image run test test-fast bench lint docs lock clean
 
-# setuptools comes first and pinned, so the editable build uses it (no build isolation, which
-# would fetch whatever setuptools is newest). xds-protos ships an older copy of
+# Two distributions, both editable: the product, llm-epp (epp, trainer, predictor, wire: what the
+# image holds), and the lab, llm-epp-lab in lab/ (sim, bench: the simulator, the local stack and
+# the benchmarks). setuptools comes first and pinned, so the editable build uses it (no build
+# isolation, which would fetch whatever setuptools is newest). xds-protos ships an older copy of
 # opentelemetry-proto's modules in the same files, and whichever installs last wins them; the OTLP
 # exporter needs opentelemetry-proto's own, so it is reinstalled last.
-$(STAMP): pyproject.toml $(LOCKS)/venv.txt
+$(STAMP): pyproject.toml lab/pyproject.toml $(LOCKS)/venv.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(call pinned,venv) --upgrade pip setuptools wheel
-	$(BIN)/pip install -q $(call pinned,venv) --no-build-isolation -e '.[test,bench]'
+	$(BIN)/pip install -q $(call pinned,venv) --no-build-isolation -e '.[test]' -e ./lab
 	$(BIN)/pip install -q $(call pinned,venv) --no-deps --force-reinstall opentelemetry-proto
 	$(call freeze,$(VENV))
 	@touch $@
@@ -78,8 +80,8 @@ lock:
 install: $(STAMP) system-packages
 
 # Debian packages: Prometheus and promtool (the dashboards' and alert rules' tests), headless
-# Chromium (the live page's test), mimalloc, which the EPP runs on (sim/processes.py
-# EPP_ALLOCATOR), and wrk (bench/wrk.py); ~106 MB to fetch, ~730 MB installed, once. Skipped
+# Chromium (the live page's test), mimalloc, which the EPP runs on (lab/sim/processes.py
+# EPP_ALLOCATOR), and wrk (lab/bench/harness/wrk.py); ~106 MB to fetch, ~730 MB installed, once. Skipped
 # when the binaries are on PATH and the library is known to the loader; apt-get runs as root,
 # or through sudo.
 SYSTEM_BINARIES := prometheus promtool chromium wrk

@@ -24,7 +24,6 @@ from tokenizers import Tokenizer
 
 from epp.tokenizer.cache import TokenizerCache, check_inline
 
-TINY_MODEL_DIR = Path(__file__).resolve().parents[2] / "sim" / "models" / "tiny"
 # Tokenization releases the GIL while Rust works (~0.7 µs per token here), so callers tokenize
 # texts longer than this in a worker thread, where a long prompt does not stall the event loop.
 GIL_FREE_CHARS = 16_384
@@ -122,9 +121,7 @@ class ModelTokenizer:
 
     exact = True
 
-    def __init__(
-        self, model_dir: Path | str = TINY_MODEL_DIR, cache_bytes: int = 0, verify_cache: bool = False
-    ) -> None:
+    def __init__(self, model_dir: Path | str, cache_bytes: int = 0, verify_cache: bool = False) -> None:
         """``cache_bytes`` > 0 keeps that much of recent prompts' ids to reuse (see
         ``epp.tokenizer.cache``); ``verify_cache`` checks every reuse against a full tokenization."""
         model_dir = Path(model_dir)

@@ -8,8 +8,8 @@ import contextlib
 import json
 from pathlib import Path
 
-from bench import callout_floor
-from bench.callout_floor import FloorSettings, serve_authz
+from bench.runs import callout_floor
+from bench.runs.callout_floor import FloorSettings, serve_authz
 from sim.processes import free_port
 
 

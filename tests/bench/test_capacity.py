@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from envoy.service.accesslog.v3.als_pb2 import StreamAccessLogsMessage
 
-from bench import capacity
-from bench.capacity import (
+from bench.runs import capacity
+from bench.runs.capacity import (
     CapacitySettings,
     UnitCosts,
     access_log_batch,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.mixed import POOLS
+from bench.runs.mixed import POOLS
 from sim.engine.pool import pool_profiles, pool_size
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import traces
-from bench.fleet_workloads import WorkloadOptions, build_workload, spread_over_buckets
+from bench.workloads import traces
+from bench.workloads.fleet_workloads import WorkloadOptions, build_workload, spread_over_buckets
 
 SLICES = Path(__file__).parents[1] / "fixtures" / "traces"
 

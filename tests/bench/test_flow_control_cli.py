@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.flow_control import backlog_growth
+from bench.runs.flow_control import backlog_growth
 from sim.fleet import SimulatedRequest
 
 

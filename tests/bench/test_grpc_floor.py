@@ -7,8 +7,8 @@ import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
 
-from bench.grpc_floor import FloorProcessor, floor_gateway
-from bench.stub_engine import stub_engine_bootstrap
+from bench.harness.grpc_floor import FloorProcessor, floor_gateway
+from bench.harness.stub_engine import stub_engine_bootstrap
 from epp.extproc.messages import CONTINUE_SKIPPING_RESPONSE_BODY, DESTINATION_HEADER
 from sim.envoy_config import write_cluster_endpoints
 from sim.processes import free_port, start_envoy

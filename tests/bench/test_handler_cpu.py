@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from bench.handler_cpu import PROMPT, _messages, make_director, measure
+from bench.runs.handler_cpu import PROMPT, _messages, make_director, measure
 from epp.extproc.stream import ExtProcStream
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from bench import idle_cost
 from bench.cli import main
-from bench.stub_engine import stub_engine_bootstrap
+from bench.harness.stub_engine import stub_engine_bootstrap
+from bench.runs import idle_cost
 from epp.datalayer.engine_metrics import parse_engine_metrics
 from epp.datalayer.served_models import parse_max_model_len
 

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from bench.inflight_cost import InflightSettings, measure_bare_grpc, net_figures, thread_cpu_seconds
-from bench.stack_overhead import task_cpu_seconds
+from bench.harness.process_cpu import task_cpu_seconds
+from bench.runs.inflight_cost import InflightSettings, measure_bare_grpc, net_figures, thread_cpu_seconds
 
 
 def test_net_figures_take_the_idle_rate_over_the_wall_time_off():

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from bench import live_replay, traces
-from bench.live_replay import ReplaySettings
+from bench.runs import live_replay
+from bench.runs.live_replay import ReplaySettings
+from bench.workloads import traces
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import metering_cost
-from bench.metering_cost import MeteringCostSettings, shipped
+from bench.runs import metering_cost
+from bench.runs.metering_cost import MeteringCostSettings, shipped
 
 
 def _result(mode: str, epp: tuple[float, float], envoy: tuple[float, float]) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.mixed import POOLS
+from bench.runs.mixed import POOLS
 
 
 def test_mixed_runs_every_router_at_fractions_of_each_pools_measured_capacity(tmp_path: Path) -> None:

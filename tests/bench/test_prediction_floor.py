@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.prediction_floor import Triple, best_factor, summarize
+from bench.runs.prediction_floor import Triple, best_factor, summarize
 
 
 def test_the_best_factor_is_what_later_arrivals_add_on_average() -> None:

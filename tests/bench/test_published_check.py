@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.published_check import Point, load_measurement, predict, run, served_as
+from bench.runs.published_check import Point, load_measurement, predict, run, served_as
 from sim.engine import DecodeTerms, FrontendTerms, PrefillTerms, StepCostModel, load_profile
 
 STATED_ERRORS_PCT = {

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import traces
-from bench.fleet_workloads import WorkloadOptions, build_workload
-from bench.replay_plan import PlannedTurn, PromptTexts, plan_sessions
+from bench.workloads import traces
+from bench.workloads.fleet_workloads import WorkloadOptions, build_workload
+from bench.workloads.replay_plan import PlannedTurn, PromptTexts, plan_sessions
 from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 
 SLICES = Path(__file__).parents[1] / "fixtures" / "traces"
 WINDOW = 32768
@@ -23,7 +24,7 @@ def trace_slices(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> ModelTokenizer:
-    return ModelTokenizer()
+    return ModelTokenizer(TINY_MODEL_DIR)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.live_replay import RequestResult, Snapshot, rounds_table, sample_load, summarize
+from bench.runs.live_replay import RequestResult, Snapshot, rounds_table, sample_load, summarize
 
 
 def result(sent_s: float, fallback: str | None, error: str | None = None) -> RequestResult:

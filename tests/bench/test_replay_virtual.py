@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.live_replay import ReplaySettings, run_virtual
+from bench.runs.live_replay import ReplaySettings, run_virtual
 from sim.fleet.workload import Session, Turn, Workload
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bench import request_rate
-from bench.request_rate import RequestRateSettings, _drive, cpu_shares, thread_names
+from bench.runs import request_rate
+from bench.runs.request_rate import RequestRateSettings, _drive, cpu_shares, thread_names
 
 
 @pytest.fixture

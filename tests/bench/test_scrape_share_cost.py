@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import scrape_share_cost
 from bench.cli import BENCHMARKS
+from bench.runs import scrape_share_cost
 
 
 def test_the_apply_cost_splits_a_message_into_its_figures_and_the_rest() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.stack_overhead import _floor_rows, _session_rows
+from bench.runs.stack_overhead import _floor_rows, _session_rows
 
 
 def _turn(turn: int, tokens: int, cpu: float) -> dict[str, float]:

@@ -3,7 +3,7 @@ and one core at most for each EPP process."""
 
 from __future__ import annotations
 
-from bench.sync_bench import ceilings
+from bench.runs.sync_bench import ceilings
 
 
 def test_one_epp_is_bound_by_its_own_core_and_two_by_the_shared_cores() -> None:

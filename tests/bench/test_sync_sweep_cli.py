@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import traces
 from bench.cli import main
+from bench.workloads import traces
 
 SLICES = Path(__file__).parents[1] / "fixtures" / "traces"
 

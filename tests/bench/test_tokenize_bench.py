@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.tokenize_bench import TokenizeBenchSettings, run
+from bench.runs.tokenize_bench import TokenizeBenchSettings, run
 
 
 def test_tokenize_bench_writes_its_cases(tmp_path: Path) -> None:

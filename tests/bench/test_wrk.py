@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import pytest
 
-from bench.wrk import parse_summary, post
+from bench.harness.wrk import parse_summary, post
 
 BODY = json.dumps({"model": "tiny", "prompt": 'say "hi"\n\tthen é \\ bye', "max_tokens": 1}).encode()
 

@@ -38,6 +38,7 @@ from epp.scheduling.framework import PluginContext
 from epp.scheduling.observers import LifecycleObserver
 from epp.scheduling.types import Endpoint, EngineMetrics
 from epp.tokenizer.model import ModelTokenizer, PromptTokenizer
+from sim.models import TINY_MODEL_DIR
 from tests.epp.factories import FakeClock
 
 LOCAL_CLIENT = "127.0.0.1:40000"
@@ -137,7 +138,7 @@ class Harness:
         self.director = Director(
             lifecycle,
             self.store,
-            tokenizer or ModelTokenizer(),
+            tokenizer or ModelTokenizer(TINY_MODEL_DIR),
             RequestMetrics(self.registry, labels),
             self.clock,
             random.Random(1),

@@ -16,7 +16,8 @@ from epp.metrics import ModelLabels
 from epp.scheduling.predictor import Prediction, PredictionUnavailable
 from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
 from epp.settings import EppSettings
-from epp.tokenizer.model import TINY_MODEL_DIR, ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from sim.processes import free_port, write_endpoints_file
 from wire.latency import FeatureRowDict, TrainingSampleDict
 
@@ -65,7 +66,7 @@ class CountingTokenizer(ModelTokenizer):
     """The tiny model's tokenizer, noting the length of every text it tokenizes."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(TINY_MODEL_DIR)
         self.encoded: list[int] = []
 
     def encode(self, text: str, max_chars: int | None = None) -> list[int]:

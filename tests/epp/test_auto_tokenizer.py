@@ -16,7 +16,8 @@ from epp.datalayer.served_models import parse_model_root
 from epp.scheduling.types import Endpoint
 from epp.tokenizer.auto import AutoTokenizer, TokenizerMetrics, download_from_hub
 from epp.tokenizer.estimated import EstimatedTokenizer
-from epp.tokenizer.model import TINY_MODEL_DIR, TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
+from epp.tokenizer.model import TOKENIZER_FILES, ModelTokenizer, PromptTokenizer
+from sim.models import TINY_MODEL_DIR
 from sim.openai_api import models_response
 from tests.epp.factories import FakeClock
 from tests.helm import fake_hub
@@ -68,7 +69,7 @@ class Pool:
         if self.failures:
             self.failures -= 1
             raise OSError("huggingface.co unreachable")
-        return ModelTokenizer()
+        return ModelTokenizer(TINY_MODEL_DIR)
 
     def gauge(self, name: str) -> float | None:
         return self.registry.get_sample_value(name, {"name": "pool"})
@@ -139,7 +140,7 @@ def test_the_hub_download_gives_a_directory_the_epp_loads(
     with fake_hub.serve(TINY_MODEL_DIR) as hub:
         directory = download_from_hub(REPO, endpoint=hub.url, cache_dir=tmp_path)
     tokenizer = ModelTokenizer(directory)
-    assert tokenizer.encode("Hello world") == ModelTokenizer().encode("Hello world")
+    assert tokenizer.encode("Hello world") == ModelTokenizer(TINY_MODEL_DIR).encode("Hello world")
     downloads = [(path, auth) for path, auth in hub.requests if path.startswith(f"/{REPO}/resolve/")]
     assert set(TOKENIZER_FILES) <= {path.rsplit("/", 1)[1] for path, _ in downloads}
     assert {auth for _, auth in downloads} == {"Bearer hf_test_token"}

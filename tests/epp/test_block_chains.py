@@ -15,6 +15,7 @@ from epp.plugins.precise_prefix_cache import PrecisePrefixCacheProducer, Precise
 from epp.plugins.prefix_cache import ApproximatePrefixCacheProducer, ApproximatePrefixParameters
 from epp.scheduling.framework import PluginContext
 from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from tests.epp.factories import FakeClock, make_request
 from tests.epp.tokenizers_under_test import texts
 
@@ -83,7 +84,7 @@ def _conversation_requests(tokenizer: ModelTokenizer, turns: list[str], salt: st
 def test_producers_hash_cached_prompts_as_whole_prompts(
     turns: list[str], branch: str, salt: str | None, block_size: int, max_blocks: int
 ) -> None:
-    tokenizer = ModelTokenizer(cache_bytes=16 << 20)
+    tokenizer = ModelTokenizer(TINY_MODEL_DIR, cache_bytes=16 << 20)
     limits = {"blockSizeTokens": block_size, "maxPrefixBlocksToMatch": max_blocks}
     approximate = ApproximatePrefixCacheProducer("a", ApproximatePrefixParameters(**limits), CONTEXT)
     precise = PrecisePrefixCacheProducer("p", PrecisePrefixParameters(**limits), CONTEXT)
@@ -97,7 +98,7 @@ def test_producers_hash_cached_prompts_as_whole_prompts(
 
 
 def test_a_growing_conversation_hashes_only_its_new_blocks(monkeypatch) -> None:
-    tokenizer = ModelTokenizer(cache_bytes=16 << 20)
+    tokenizer = ModelTokenizer(TINY_MODEL_DIR, cache_bytes=16 << 20)
     producer = PrecisePrefixCacheProducer("p", PrecisePrefixParameters(blockSizeTokens=16), CONTEXT)
     hashed: list[int] = []
     real_chain = BlockHasher.chain
@@ -132,7 +133,7 @@ def test_known_chains_cover_only_the_shared_tokens() -> None:
 
 
 def test_remembered_chains_count_in_the_cache_memory() -> None:
-    tokenizer = ModelTokenizer(cache_bytes=16 << 20)
+    tokenizer = ModelTokenizer(TINY_MODEL_DIR, cache_bytes=16 << 20)
     ids = tokenizer.encode("a prompt long enough for the cache " * 20)
     chains = block_chains_of(ids)
     before = tokenizer.cache.stats().bytes

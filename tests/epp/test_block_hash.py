@@ -8,6 +8,7 @@ from pathlib import Path
 
 from epp.kvcache.block_hash import NONE_HASH, chain_hashes, external_hash, hash_block
 from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "vllm-0.32" / "kv_events_sample.txt"
 # The prompt whose BlockStored event vLLM 0.32 published in the fixture (block size 32).
@@ -22,7 +23,7 @@ def recorded_first_event_hashes() -> list[int]:
 
 
 def test_chain_matches_vllm_block_stored_event() -> None:
-    tokens = ModelTokenizer().encode(PROMPT)
+    tokens = ModelTokenizer(TINY_MODEL_DIR).encode(PROMPT)
     ours = [external_hash(d) for d in chain_hashes(tokens, 32)]
     assert ours == recorded_first_event_hashes()
 

@@ -14,6 +14,7 @@ from epp.errors import BadRequest
 from epp.kvcache.block_hash import chain_hashes
 from epp.tokenizer.estimated import BYTES_PER_TOKEN, EstimatedTokenizer
 from epp.tokenizer.model import ChatTemplateError, ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from tests.epp.extproc_harness import Harness
 
 ESTIMATED = EstimatedTokenizer()
@@ -51,7 +52,7 @@ def test_chat_messages_are_checked_as_with_a_model_template(messages: list[dict[
     with pytest.raises(ChatTemplateError):
         ESTIMATED.render_chat(messages)
     with pytest.raises(ChatTemplateError):
-        ModelTokenizer().render_chat(messages)
+        ModelTokenizer(TINY_MODEL_DIR).render_chat(messages)
 
 
 LONG = {"model": "tiny", "prompt": "many words here " * 20, "max_tokens": 4}
@@ -76,7 +77,7 @@ async def test_estimated_counts_route_without_refusing_for_length() -> None:
 async def test_a_replaced_tokenizer_counts_the_next_request() -> None:
     harness = Harness(tokenizer=EstimatedTokenizer())
     before = await _schedule(harness, LONG)
-    harness.director.tokenizer = ModelTokenizer()
+    harness.director.tokenizer = ModelTokenizer(TINY_MODEL_DIR)
     after = await _schedule(harness, LONG)
     assert before == ESTIMATED.encode(LONG["prompt"])  # type: ignore[arg-type]
-    assert after == ModelTokenizer().encode(LONG["prompt"])  # type: ignore[arg-type]
+    assert after == ModelTokenizer(TINY_MODEL_DIR).encode(LONG["prompt"])  # type: ignore[arg-type]

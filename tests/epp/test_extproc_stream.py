@@ -33,6 +33,7 @@ from epp.requestcontrol import director as director_module
 from epp.requestcontrol.director import OFFLOAD_BODY_BYTES
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.tokenizer.model import GIL_FREE_CHARS, ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from tests.epp.extproc_harness import (
     Harness,
     body_msg,
@@ -479,7 +480,7 @@ async def test_a_long_body_extending_a_seen_prompt_is_parsed_on_the_loop_a_new_o
         return function(*args, **kwargs)
 
     monkeypatch.setattr(director_module.asyncio, "to_thread", to_thread)
-    tokenizer = ModelTokenizer(cache_bytes=64 << 20)
+    tokenizer = ModelTokenizer(TINY_MODEL_DIR, cache_bytes=64 << 20)
     h = Harness(tokenizer=tokenizer)
     seen = "A long tool output line. " * 4_000  # over the worker-thread bounds, body and text
     assert len(seen) > max(GIL_FREE_CHARS, OFFLOAD_BODY_BYTES)
@@ -490,7 +491,7 @@ async def test_a_long_body_extending_a_seen_prompt_is_parsed_on_the_loop_a_new_o
         (reply,) = await s.on_message(body_msg(json.dumps({**COMPLETION, "prompt": prompt}).encode(), True))
         assert routed_destination(reply).startswith("10.0.0.1:")
         assert s.record is not None and s.record.request is not None
-        assert s.record.request.prompt_token_ids == ModelTokenizer().encode(prompt)
+        assert s.record.request.prompt_token_ids == ModelTokenizer(TINY_MODEL_DIR).encode(prompt)
         s.close()
 
     await route(seen)

@@ -10,9 +10,10 @@ from epp.errors import BadRequest
 from epp.requestcontrol.openai_request import api_kind, parse_openai_request
 from epp.scheduling.types import ApiKind
 from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from tests.hostile_bodies import DEEP_BUT_VALID, HOSTILE, PATHS, request_bodies
 
-TOKENIZER = ModelTokenizer()
+TOKENIZER = ModelTokenizer(TINY_MODEL_DIR)
 
 
 def parse(path: str, body: object, raw: bytes | None = None):

@@ -13,7 +13,7 @@ from epp.load.endpoint_speed import DecodeConditions
 from epp.main import parse_args
 from epp.plugins.endpoint_speed import find_endpoint_speeds
 from epp.scheduling.types import Endpoint
-from epp.tokenizer.model import TINY_MODEL_DIR
+from sim.models import TINY_MODEL_DIR
 from sim.processes import BIN, write_endpoints_file
 
 HOW_TO_GIVE_ONE = ("--tokenizer-dir", *TOKENIZER_FILES, "inferenceExtension.tokenizer")

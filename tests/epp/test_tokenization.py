@@ -9,13 +9,13 @@ import pytest
 from epp.tokenizer.model import (
     CHAT_TEMPLATE_FILE,
     GIL_FREE_CHARS,
-    TINY_MODEL_DIR,
     ChatTemplateError,
     ModelTokenizer,
     flatten_content,
 )
+from sim.models import TINY_MODEL_DIR
 
-TOKENIZER = ModelTokenizer()
+TOKENIZER = ModelTokenizer(TINY_MODEL_DIR)
 
 
 def test_long_texts_take_the_gil_free_path_with_identical_ids() -> None:

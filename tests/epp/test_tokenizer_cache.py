@@ -21,15 +21,16 @@ from epp.tokenizer.cache import (
     chunk_keys,
 )
 from epp.tokenizer.cuts import cut_points
-from epp.tokenizer.model import TINY_MODEL_DIR, ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from tests.epp.tokenizers_under_test import TOKENIZERS, encode, texts
 
-PLAIN = ModelTokenizer()
+PLAIN = ModelTokenizer(TINY_MODEL_DIR)
 ROLES = st.sampled_from(["system", "user", "assistant", "tool"])
 
 
 def cached_tokenizer(capacity: int = 64 << 20) -> ModelTokenizer:
-    tokenizer = ModelTokenizer(cache_bytes=capacity)
+    tokenizer = ModelTokenizer(TINY_MODEL_DIR, cache_bytes=capacity)
     assert tokenizer.cache is not None
     return tokenizer
 
@@ -178,7 +179,7 @@ def test_an_inline_limit_without_a_cache_bounds_the_whole_text() -> None:
 
 
 def test_an_inline_limit_sends_verify_modes_full_tokenization_away_too() -> None:
-    tokenizer = ModelTokenizer(cache_bytes=64 << 20, verify_cache=True)
+    tokenizer = ModelTokenizer(TINY_MODEL_DIR, cache_bytes=64 << 20, verify_cache=True)
     seen = "A verified turn. " * 40
     tokenizer.encode(seen)
     with pytest.raises(TooLongToInline):  # the reuse itself is short, its check is not

@@ -28,6 +28,7 @@ from epp.sync.state import ReplicaSyncState, SyncTargets
 from epp.tokenizer.estimated import MAX_BYTES_PER_TOKEN, estimated_ids
 from epp.tokenizer.model import ModelTokenizer
 from epp.tokenizer.sampling import SAMPLE_CHARS, CalibrationCollector, CountCalibration, SampledTokenizer
+from sim.models import TINY_MODEL_DIR
 from sim.processes import free_port
 from tests.epp.extproc_harness import Harness
 from tests.epp.factories import FakeClock, local_epp_settings
@@ -38,7 +39,7 @@ class CountingModel:
     """The tiny model's tokenizer, counting the prompts it tokenizes."""
 
     def __init__(self) -> None:
-        self.model = ModelTokenizer()
+        self.model = ModelTokenizer(TINY_MODEL_DIR)
         self.encoded = 0
         self.longest = 0
 
@@ -140,17 +141,19 @@ def test_a_long_prompt_is_sampled_over_its_tail_only() -> None:
 
 
 def test_chat_is_rendered_by_the_models_template() -> None:
-    sampled = SampledTokenizer(ModelTokenizer(), every=8)
+    sampled = SampledTokenizer(ModelTokenizer(TINY_MODEL_DIR), every=8)
     messages = [{"role": "user", "content": "Hello there"}]
-    assert sampled.render_chat(messages) == ModelTokenizer().render_chat(messages)
+    assert sampled.render_chat(messages) == ModelTokenizer(TINY_MODEL_DIR).render_chat(messages)
 
 
 def test_the_calibration_is_exported_while_the_tokenizer_samples() -> None:
     registry = CollectorRegistry()
-    current: list[Any] = [ModelTokenizer()]
+    current: list[Any] = [ModelTokenizer(TINY_MODEL_DIR)]
     registry.register(CalibrationCollector("pool", lambda: current[0]))
     assert registry.get_sample_value("llm_epp_tokenizer_bytes_per_token", {"name": "pool"}) is None
-    current[0] = SampledTokenizer(ModelTokenizer(), every=2, calibration=CountCalibration(window=2))
+    current[0] = SampledTokenizer(
+        ModelTokenizer(TINY_MODEL_DIR), every=2, calibration=CountCalibration(window=2)
+    )
     for n in range(4):
         current[0].encode(prose(random.Random(n), 100))
     value = registry.get_sample_value
@@ -162,7 +165,7 @@ def test_the_calibration_is_exported_while_the_tokenizer_samples() -> None:
 
 async def test_prompts_over_the_context_go_to_the_engine_to_refuse() -> None:
     """The EPP refuses only on exact counts: an estimate must not refuse what the engine takes."""
-    sampled = SampledTokenizer(ModelTokenizer(), every=2)
+    sampled = SampledTokenizer(ModelTokenizer(TINY_MODEL_DIR), every=2)
     harness = Harness(tokenizer=sampled, default_max_model_len=8)
     prompt = "many words here " * 20
     record = harness.director.new_record({})
@@ -195,7 +198,10 @@ def test_sampling_needs_a_models_tokenizer(tmp_path: Path) -> None:
 def test_a_peers_ratio_is_followed_and_the_windows_do_not_move_it_until_it_goes() -> None:
     peer: list[float | None] = [2.5]
     sampled = SampledTokenizer(
-        ModelTokenizer(), every=2, calibration=CountCalibration(window=4), agreed=lambda: peer[0]
+        ModelTokenizer(TINY_MODEL_DIR),
+        every=2,
+        calibration=CountCalibration(window=4),
+        agreed=lambda: peer[0],
     )
     text = prose(random.Random(5), 300)
     assert len(sampled.encode(text)) == math.ceil(len(text) / 2.5)
@@ -210,7 +216,9 @@ def test_a_peers_ratio_is_followed_and_the_windows_do_not_move_it_until_it_goes(
 
 
 def test_nothing_is_announced_before_a_window_ends() -> None:
-    sampled = SampledTokenizer(ModelTokenizer(), every=2, calibration=CountCalibration(window=2))
+    sampled = SampledTokenizer(
+        ModelTokenizer(TINY_MODEL_DIR), every=2, calibration=CountCalibration(window=2)
+    )
     sampled.encode("one prompt")
     assert sampled.calibration.announced is None
     for _ in range(3):

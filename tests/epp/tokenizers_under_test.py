@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
 from epp.tokenizer.cuts import GPT2_PATTERN, LLAMA3_PATTERN, O200K_PATTERN, QWEN2_PATTERN
-from epp.tokenizer.model import TINY_MODEL_DIR
+from sim.models import TINY_MODEL_DIR
 
 # "<think>" is a prefix of another added token: a text ending in it may continue into the longer one.
 SPECIAL_TOKENS = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fleet_workloads import WorkloadOptions, build_workload
+from bench.workloads.fleet_workloads import WorkloadOptions, build_workload
 from epp.configs import CONFIG_DIR
 from epp.load.token_load import EndpointLoad
 from epp.plugins.token_load import find_token_load

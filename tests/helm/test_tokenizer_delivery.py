@@ -20,7 +20,8 @@ import yaml
 
 from epp.app import TOKENIZER_FILES, load_tokenizer
 from epp.main import parse_args as epp_args
-from epp.tokenizer.model import TINY_MODEL_DIR, ModelTokenizer
+from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from sim.processes import BIN
 from tests.helm import fake_hub
 from tests.helm.render import CHART, HelmFailed, Rendered, ci_values, merged, render

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from bench.observed_stack import ObservedStack, observed_stack, run_chromium
+from bench.harness.observed_stack import ObservedStack, observed_stack, run_chromium
 from dashboards.panels import all_queries
 from tests.observability.prometheus import as_signal, exported_names, metric_names, query
 from tests.stacks import CheckedStack

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from sim.stack import LocalStack
 from tests.stacks import start_stack
 from tests.support import metric_sum, wait_for
@@ -46,7 +47,7 @@ def test_a_prompt_cached_behind_the_gateways_back_is_routed_to_its_replica(
     stack: LocalStack, holder: int, topic: str
 ) -> None:
     prompt = f"You answer questions about {topic} for a large company, politely and briefly. " * 30
-    tokens = ModelTokenizer().encode(prompt)
+    tokens = ModelTokenizer(TINY_MODEL_DIR).encode(prompt)
     blocks = len(tokens) // BLOCK_SIZE
     assert blocks >= 10
     before = index_blocks(stack, holder)

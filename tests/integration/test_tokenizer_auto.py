@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from epp.tokenizer.estimated import EstimatedTokenizer
-from epp.tokenizer.model import TINY_MODEL_DIR, TOKENIZER_FILES
+from epp.tokenizer.model import TOKENIZER_FILES
+from sim.models import TINY_MODEL_DIR
 from sim.processes import free_port
 from sim.stack import LocalStack
 from tests.helm import fake_hub

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from epp.app import EXT_PROC_SERVICE, EppApp
 from epp.settings import EppSettings
-from epp.tokenizer.model import TINY_MODEL_DIR
+from sim.models import TINY_MODEL_DIR
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.k8s.shapes import NAMESPACE, POOL, inference_objective, inference_pool, pod
 from tests.support import eventually

@@ -1,4 +1,5 @@
-"""What the tests ask of a Prometheus server (see ``bench.observed_stack``) and of PromQL expressions."""
+"""What the tests ask of a Prometheus server (see ``bench.harness.observed_stack``) and of PromQL
+expressions."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.observed_stack import system_binary
+from bench.harness.observed_stack import system_binary
 from dashboards import cloud_monitoring, grafana
 from dashboards.panels import ROWS, all_queries
 from dashboards.write_dashboards import CHART_FILES, rendered

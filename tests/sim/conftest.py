@@ -15,6 +15,7 @@ from sim.engine import DecodeTerms, Engine, EngineConfig, EngineRequest, Prefill
 from sim.engine.engine import RequestOutput, ScheduledStep
 from sim.host_cpu import HostCpu
 from sim.kv_events import KVEventsConfig
+from sim.models import TINY_MODEL_DIR
 from sim.openai_serving import ServedModel
 from sim.server import ServerSettings, SimulatedVllm
 from tests.support import serving
@@ -78,7 +79,7 @@ class EngineRun:
 
 @pytest.fixture(scope="session")
 def served_model() -> ServedModel:
-    return ServedModel(ModelTokenizer(), "tiny", "sim/models/tiny")
+    return ServedModel(ModelTokenizer(TINY_MODEL_DIR), "tiny", "sim/models/tiny")
 
 
 # Sized like the recorded vLLM 0.32 run: 2048-token context, 512 blocks of 32 (16,384 tokens).

@@ -121,7 +121,7 @@ def test_each_tiny_cpu_profile_matches_the_real_vllm_replicas(isa: str) -> None:
         MAX_MODEL_LEN,
     )
     assert (engine.max_num_seqs, engine.max_num_batched_tokens) == (128, 2048)  # vLLM's CPU defaults
-    assert "bench/fidelity.py" in profile.source
+    assert "lab/sim/fitting/fidelity.py" in profile.source
     # Plausible for a tiny model on a CPU: milliseconds per step, a frontend delay of milliseconds.
     assert 0.001 < profile.cost.step_time(0, 0, 1, 100, 0.0) < 0.05
     assert profile.cost.step_time(2000, 2001000, 0, 0, 0.0) > profile.cost.step_time(100, 5050, 0, 0, 0.0)
@@ -134,7 +134,7 @@ def test_tiny_cpu_is_the_profile_fitted_for_the_cpus_class() -> None:
     with pytest.raises(
         ProfileError,
         match=r"no tiny-cpu profile is fitted for this CPU, AMD EPYC Processor \(ISA class avx2\); "
-        r"shipped: tiny-cpu-amx, .*`python -m bench.fidelity fit` \(it writes .*tiny-cpu-avx2\.yaml\)",
+        r"shipped: tiny-cpu-amx, .*`python -m sim.fitting.fidelity fit` \(it writes .*tiny-cpu-avx2\.yaml\)",
     ):
         load_profile("tiny-cpu", AVX2_CPU)
     # A class's profile by its own name loads anywhere, as any other shipped profile.

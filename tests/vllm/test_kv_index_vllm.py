@@ -26,6 +26,7 @@ from epp.kvcache.block_hash import BlockHasher
 from epp.kvcache.precise_index import PreciseIndex
 from epp.scheduling.types import Endpoint
 from epp.tokenizer.model import ModelTokenizer
+from sim.models import TINY_MODEL_DIR
 from sim.real_vllm import BLOCK_SIZE, vllm_python
 from sim.stack import LocalStack
 from tests.support import eventually
@@ -110,7 +111,7 @@ async def test_index_names_vllms_blocks_by_the_epps_hashes_and_follows_evictions
     prompt = "# the KV-index test's own prompt\n" + (
         "def handler(event, context):\n    return {'status': 200, 'body': event['body']}\n" * 16 + "# end"
     )
-    tokens = ModelTokenizer().encode(prompt)
+    tokens = ModelTokenizer(TINY_MODEL_DIR).encode(prompt)
     blocks = len(tokens) // BLOCK_SIZE
     assert blocks >= 8 and len(tokens) % BLOCK_SIZE
     usage = await follower.complete(prompt)

@@ -1,0 +1,199 @@
+"""The fidelity benchmark's machine-dependent parts: which profile it compares with on which CPU,
+the profile it writes, and a report that names the CPU, shows each server's own clock and the
+profile's fit (no real vLLM needed)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from sim.engine import ProfileError, load_profile
+from sim.fitting.fidelity import (
+    FidelitySettings,
+    choose_profile,
+    clock_table,
+    engine_clock,
+    fit_record,
+    fit_record_markdown,
+    level_rates,
+    markdown_report,
+    profile_file,
+    profile_path_for,
+    profile_text,
+)
+from sim.host_cpu import HostCpu
+from sim.measure.prometheus_samples import parse
+
+AVX512 = frozenset({"avx2", "avx512f", "avx512vl", "avx512bw", "avx512dq"})
+AMX_CPU = HostCpu("Intel(R) Xeon(R) Processor", AVX512 | {"avx512_bf16", "amx_tile"})
+AVX2_CPU = HostCpu("AMD EPYC Processor", frozenset({"avx", "avx2", "fma"}))
+
+
+class Fits:
+    """Stands in for ``fit`` (which measures real vLLM for minutes): writes a copy of the shipped
+    profile where asked and remembers the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Path, HostCpu]] = []
+
+    def __call__(self, path: Path, cpu: HostCpu) -> None:
+        self.calls.append((path, cpu))
+        shipped = load_profile("tiny-cpu-amx")
+        path.write_text(
+            profile_text(shipped.cost, shipped.frontend, shipped.engine, cpu, header=["a test fit"])
+        )
+
+
+def test_a_cpu_of_a_fitted_class_is_compared_with_the_shipped_profile(tmp_path: Path) -> None:
+    fits = Fits()
+    assert choose_profile(FidelitySettings(), AMX_CPU, tmp_path, fits) == ("tiny-cpu", False)
+    assert fits.calls == []
+
+
+def test_a_cpu_of_another_class_gets_a_profile_fitted_here_first(tmp_path: Path) -> None:
+    fits = Fits()
+    chosen, fitted_here = choose_profile(FidelitySettings(), AVX2_CPU, tmp_path / "results", fits)
+    assert (chosen, fitted_here) == (tmp_path / "results" / "tiny-cpu-avx2.yaml", True)
+    assert fits.calls == [(chosen, AVX2_CPU)]
+    profile = load_profile(chosen)
+    assert profile.name == "tiny-cpu-avx2"
+    assert "AMD EPYC Processor (ISA class avx2)" in profile.description
+    assert "on AMD EPYC Processor" in profile.source
+
+
+def test_refit_fits_even_where_a_profile_is_shipped(tmp_path: Path) -> None:
+    fits = Fits()
+    chosen, fitted_here = choose_profile(FidelitySettings(refit=True), AMX_CPU, tmp_path, fits)
+    assert (chosen, fitted_here, len(fits.calls)) == (tmp_path / "tiny-cpu-amx.yaml", True, 1)
+
+
+def test_a_named_profile_that_does_not_exist_is_an_error_not_a_fit(tmp_path: Path) -> None:
+    fits = Fits()
+    with pytest.raises(ProfileError, match="unknown profile 'nope'"):
+        choose_profile(FidelitySettings(profile="nope"), AVX2_CPU, tmp_path, fits)
+    assert fits.calls == []
+
+
+def test_the_fitted_profile_goes_where_its_class_is_shipped() -> None:
+    assert profile_path_for(AMX_CPU).name == "tiny-cpu-amx.yaml"
+    assert profile_path_for(AVX2_CPU, Path("results")) == Path("results/tiny-cpu-avx2.yaml")
+    assert load_profile(profile_path_for(AMX_CPU)).name == "tiny-cpu-amx"
+
+
+def test_load_levels_are_fractions_of_the_measured_capacity() -> None:
+    settings = FidelitySettings()
+    assert level_rates(settings, 20.0) == [("light", 3.0), ("medium", 8.0), ("near saturation", 14.0)]
+    assert level_rates(settings, 6.0) == [("light", 0.9), ("medium", 2.4), ("near saturation", 4.2)]
+
+
+def level(name: str, rate: float) -> dict[str, object]:
+    vllm = {
+        "ttft_ms": {"p50": 30.0, "p90": 60.0},
+        "tpot_ms": {"p50": 4.0, "p90": 6.0},
+        "cpu_busy_before_pct": 3.0,
+        "load_average": [0.5, 1.0],
+        "engine_cpu_wait_pct": 2.0,
+        "frontend_cpu_wait_pct": 7.5,
+        "engine_clock": {"steps": 900, "tokens_per_step": 12.5, "queue_ms": 0.4, "prefill_ms": 20.0,
+                         "itl_ms": 4.1, "frontend_ms": 9.6, "step_lag_ms": None, "busy_s": 3.5},
+    }  # fmt: skip
+    sim = {**vllm, "frontend_cpu_wait_pct": 0.5}
+    errors = {f"{metric}_{q}": 0.0 for metric in ("ttft", "tpot") for q in ("p50", "p90")}
+    return {"level": name, "rate_rps": rate, "requests": 50, "vllm": vllm, "vllm_attempts": [2.0],
+            "sim": sim, "sim_vs_vllm_pct": errors}  # fmt: skip
+
+
+@pytest.mark.parametrize("fitted_here", [True, False])
+def test_the_report_names_the_cpu_its_class_and_the_profiles_origin(fitted_here: bool) -> None:
+    data = {
+        "machine": {"cpus": 2, "python": "3.11.7", "date": "2026-12-01", "cpu_model": AVX2_CPU.model,
+                    "isa": AVX2_CPU.isa},
+        "settings": asdict(FidelitySettings()),
+        "capacity_rps": 5.0,
+        "levels": [level("light", 1.0), level("medium", 2.8), level("near saturation", 4.5)],
+        "profile": {"name": "tiny-cpu-avx2", "fitted_here": fitted_here,
+                    "fit_record": ["Generated by a test.", "| term | value |", "|---|---|",
+                                   "| base | 2.3 |"]},
+    }  # fmt: skip
+    report = markdown_report(data)
+    assert "| medium | sim | 900 | 12.5 | 0.4 | 20.0 | 4.1 | 9.6 | – | 3.5 |" in report
+    assert "```text\nGenerated by a test.\n```" in report
+    assert "| term | value |\n|---|---|\n| base | 2.3 |" in report
+    assert "Machine: 2 CPUs, AMD EPYC Processor (ISA class avx2)" in report
+    origin = "fitted on this machine for this run" if fitted_here else "shipped for ISA class avx2"
+    assert f"Profile `tiny-cpu-avx2`: {origin}" in report
+    assert "0.15, 0.4, 0.7 of real vLLM's capacity here (5.0 req/s" in report
+    assert "| near saturation (4.5 req/s) | TTFT p50 | 30.0 | 30.0 | +0.0% |" in report
+    # Both front ends' waits for a CPU: vLLM's API server competes with its engine for the cores.
+    assert "| light | 50 | 3.0%, 0.50 → 1.00 | 2.0% (attempts: 2.0%) | 7.5% | 0.50 → 1.00 | 0.5% |" in report
+
+
+METRICS_BEFORE = """
+vllm:request_queue_time_seconds_sum{engine="0"} 1.0
+vllm:request_queue_time_seconds_count{engine="0"} 10
+vllm:request_prefill_time_seconds_sum{engine="0"} 2.0
+vllm:request_prefill_time_seconds_count{engine="0"} 10
+vllm:inter_token_latency_seconds_sum{engine="0"} 3.0
+vllm:inter_token_latency_seconds_count{engine="0"} 1000
+vllm:iteration_tokens_total_sum{engine="0"} 5000
+vllm:iteration_tokens_total_count{engine="0"} 400
+"""
+METRICS_AFTER = """
+vllm:request_queue_time_seconds_sum{engine="0"} 1.1
+vllm:request_queue_time_seconds_count{engine="0"} 20
+vllm:request_prefill_time_seconds_sum{engine="0"} 2.25
+vllm:request_prefill_time_seconds_count{engine="0"} 20
+vllm:inter_token_latency_seconds_sum{engine="0"} 7.0
+vllm:inter_token_latency_seconds_count{engine="0"} 3000
+vllm:iteration_tokens_total_sum{engine="0"} 9000
+vllm:iteration_tokens_total_count{engine="0"} 600
+"""
+
+
+def gained(before: str, after: str) -> dict:
+    old, new = parse(before), parse(after)
+    return {key: value - old.get(key, 0.0) for key, value in new.items()}
+
+
+def test_the_engine_clock_is_the_means_a_server_recorded_over_the_replay_only() -> None:
+    clock = engine_clock(gained(METRICS_BEFORE, METRICS_AFTER), ttft_mean_ms=40.0, engine_cpu_s=2.5)
+    # 10 requests: 0.1 s of queueing and 0.25 s of prefill; 2000 tokens 4 s apart in all.
+    assert clock == {"queue_ms": 10.0, "prefill_ms": 25.0, "itl_ms": 2.0, "step_lag_ms": None,
+                     "steps": 200, "tokens_per_step": 20.0, "frontend_ms": 5.0, "busy_s": 2.5}  # fmt: skip
+
+
+def test_the_simulators_step_lag_and_modelled_busy_time_are_in_its_clock() -> None:
+    sim = METRICS_AFTER + (
+        "llm_epp_sim_step_lag_seconds_sum 0.3\nllm_epp_sim_step_lag_seconds_count 200\n"
+        "llm_epp_sim_engine_busy_seconds_total 1.75\n"
+    )
+    clock = engine_clock(gained(METRICS_BEFORE, sim), ttft_mean_ms=40.0, engine_cpu_s=9.0)
+    assert clock["step_lag_ms"] == 1.5
+    assert clock["busy_s"] == 1.75  # its modelled steps, not the CPU time of its process
+
+
+def test_a_server_that_ran_nothing_has_no_means() -> None:
+    idle = engine_clock(gained(METRICS_BEFORE, METRICS_BEFORE), ttft_mean_ms=0.0, engine_cpu_s=0.0)
+    assert idle["steps"] == 0 and idle["itl_ms"] is None and idle["tokens_per_step"] is None
+
+
+def test_the_clock_table_has_a_row_per_level_and_server() -> None:
+    table = clock_table([level("light", 1.0), level("medium", 2.0)])
+    assert table.count("| light |") == 2 and table.count("| medium |") == 2
+    assert "| light | vllm | 900 | 12.5 | 0.4 | 20.0 | 4.1 | 9.6 | – | 3.5 |" in table
+
+
+def test_the_fit_record_is_the_profiles_leading_comment(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("# Generated by x.\n# | term | value |\n#\nname: p\n# not the header\n")
+    assert fit_record(path) == ["Generated by x.", "| term | value |", ""]
+    assert fit_record_markdown([])[0].startswith("(The profile has no fit record")
+
+
+def test_the_profile_file_of_each_kind_of_choice(tmp_path: Path) -> None:
+    assert profile_file(tmp_path / "x.yaml", AMX_CPU) == tmp_path / "x.yaml"
+    assert profile_file("tiny-cpu", AMX_CPU) == profile_path_for(AMX_CPU)
+    assert profile_file("llama-3.1-8b-h100", AMX_CPU).name == "llama-3.1-8b-h100.yaml"
+    assert fit_record(profile_file("tiny-cpu", AMX_CPU))[0].startswith("Generated by")
