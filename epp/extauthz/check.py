@@ -28,6 +28,7 @@ from epp.errors import InternalServerError, PayloadTooLarge, RequestError
 from epp.extproc.gate import DEFAULT_GATE, RequestGate
 from epp.extproc.messages import DESTINATION_HEADER
 from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestRecord
+from epp.requestcontrol.events import Routed
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,11 @@ class ExtAuthzCheck:
         if not body:
             result = self.director.schedule_bodyless(record)
             return self._routed(record, [t.hostport for t in result.targets])
-        result = await self.director.schedule(record, headers[":path"], headers, body)
-        answer = self._routed(record, [t.hostport for t in result.targets])
+        targets: list[str] = []
+        async for event in self.director.schedule(record, headers[":path"], headers, body):
+            if isinstance(event, Routed):  # held or not: the check waits either way
+                targets = [t.hostport for t in event.result.targets]
+        answer = self._routed(record, targets)
         self.director.hand_off_routed(record)
         return answer
 

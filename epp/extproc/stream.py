@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
@@ -55,12 +55,17 @@ from epp.extproc import messages
 from epp.extproc.envoy_contract import MAX_MESSAGE_TIMEOUT_S, MESSAGE_TIMEOUT_S
 from epp.extproc.gate import DEFAULT_GATE, RequestGate
 from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestRecord
+from epp.requestcontrol.events import Routed
+from epp.scheduling.types import SchedulingResult
 
 log = logging.getLogger(__name__)
 
 
-_ROUTING_MESSAGES = ("request_body", "request_trailers")
-"""The messages whose answer may wait for the pick (and so for flow control)."""
+def routes(message: ProcessingRequest) -> bool:
+    """Whether ``message`` may end the request body, so that its answer waits for the pick (and
+    for flow control): answer it with :meth:`ExtProcStream.route`, any other with
+    :meth:`ExtProcStream.answer`."""
+    return message.HasField("request_body") or message.HasField("request_trailers")
 
 
 class Phase(enum.Enum):
@@ -86,33 +91,68 @@ class ExtProcStream:
         self._duplex = True
         self._watch_response_body = True
         self._refusal: RequestError | None = None
-        self.on_interim: Callable[[ProcessingResponse], None] | None = None
-        """Where replies go that Envoy must get while a message is still being answered (set by
-        the server around messages that may wait in flow control)."""
 
     async def on_message(self, message: ProcessingRequest) -> list[ProcessingResponse]:
+        """All the replies to ``message`` at once (the server sends each as it is made)."""
+        if routes(message):
+            return [reply async for reply in self.route(message)]
+        return self.answer(message)
+
+    def answer(self, message: ProcessingRequest) -> list[ProcessingResponse]:
+        """The replies to a message that never waits (any but those :func:`routes` names).
+        Never raises (see the module doc)."""
+        kind = message.WhichOneof("request")
         try:
-            return await self._dispatch(message)
+            if kind == "request_headers":
+                return self._request_headers(message)
+            if kind == "response_headers":
+                return self._response_headers(message)
+            if kind == "response_body":
+                return self._response_body(message)
+            if kind == "response_trailers":
+                self.phase = Phase.DONE
+                return [messages.CONTINUE_RESPONSE_TRAILERS]
         except Exception as exc:
             return self._internal_error(message, exc)
-
-    async def _dispatch(self, message: ProcessingRequest) -> list[ProcessingResponse]:
-        kind = message.WhichOneof("request")
-        if kind == "request_headers":
-            return self._request_headers(message)
-        if kind == "request_body":
-            return await self._request_body(message.request_body.body, message.request_body.end_of_stream)
-        if kind == "request_trailers":
-            return await self._request_trailers()
-        if kind == "response_headers":
-            return self._response_headers(message)
-        if kind == "response_body":
-            return self._response_body(message)
-        if kind == "response_trailers":
-            self.phase = Phase.DONE
-            return [messages.CONTINUE_RESPONSE_TRAILERS]
         log.debug("ignoring ext_proc message of kind %s", kind)
         return []
+
+    async def route(self, message: ProcessingRequest) -> AsyncIterator[ProcessingResponse]:
+        """The replies to a request body chunk or the request's trailers, each as soon as it is
+        made: when they end the body, the request is routed, and while flow control holds a
+        BUFFERED body's request the extension of Envoy's message timeout comes first (Envoy
+        times no message of a FULL_DUPLEX_STREAMED one). Never raises (see the module doc)."""
+        trailers = message.HasField("request_trailers")
+        try:
+            # Trailers end a body whose last chunk did not carry end_of_stream.
+            replies = None if trailers and self.phase is Phase.BODY else []
+            if not trailers:
+                replies = self._request_body(message.request_body.body, message.request_body.end_of_stream)
+            if replies is None and self._refusal is not None:
+                replies = [self._reject(self._refusal)]
+            if replies is None:
+                record = self.record
+                assert record is not None
+                body = b"".join(self._body)
+                self._body.clear()
+                path = self._headers.get(":path", "/")
+                try:
+                    async for event in self.director.schedule(record, path, self._headers, body):
+                        if isinstance(event, Routed):
+                            replies = self._forward(record, event.result, body)
+                        elif not self._duplex:  # held: Envoy is to wait (and a little for the pick)
+                            yield messages.extend_timeout(
+                                min(event.max_wait_s + MESSAGE_TIMEOUT_S, MAX_MESSAGE_TIMEOUT_S)
+                            )
+                except RequestError as error:
+                    replies = [self._reject(error)]
+                assert replies is not None
+            if trailers and self.phase is not Phase.DONE:
+                replies.append(messages.CONTINUE_REQUEST_TRAILERS)
+        except Exception as exc:
+            replies = self._internal_error(message, exc)
+        for reply in replies:
+            yield reply
 
     @property
     def done(self) -> bool:
@@ -138,7 +178,7 @@ class ExtProcStream:
             self.gate.limits.check(message.request_headers.headers)
         except RequestError as error:
             if message.request_headers.end_of_stream:
-                return self._reject(error)
+                return [self._reject(error)]
             # Answered once the body is in: over HTTP/2 Envoy follows an answer that comes before
             # the request's end with a stream reset, and some clients (curl 7.88) drop the answer.
             self._refusal = error
@@ -152,74 +192,45 @@ class ExtProcStream:
         try:
             result = self.director.schedule_bodyless(self.record)
         except RequestError as error:
-            return self._reject(error)
+            return [self._reject(error)]
         self.phase = Phase.FORWARDED
         self._watch_response_body = False
         extra = {REQUEST_ID_HEADER: self.record.request_id}
         return [messages.route_to([t.hostport for t in result.targets], extra, skip_response_body=True)]
 
-    async def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
+    def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse] | None:
+        """The replies to a chunk of the request body; None when the body is whole (route it)."""
         if self.phase is not Phase.BODY:
             return []
         self._body_size += len(chunk)
         if self._body_size > self.max_body_bytes:
-            return self._reject(
-                PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
-            )
+            return [
+                self._reject(
+                    PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
+                )
+            ]
         self._body.append(chunk)
         # A BUFFERED body comes whole in one message (end_of_stream is false when trailers follow).
-        return await self._route_body() if end_of_stream or not self._duplex else []
+        return None if end_of_stream or not self._duplex else []
 
-    async def _request_trailers(self) -> list[ProcessingResponse]:
-        # Trailers end a body whose last chunk did not carry end_of_stream.
-        replies = await self._route_body() if self.phase is Phase.BODY else []
-        if self.phase is Phase.DONE:
-            return replies
-        return [*replies, messages.CONTINUE_REQUEST_TRAILERS]
-
-    async def _route_body(self) -> list[ProcessingResponse]:
-        assert self.record is not None
-        if self._refusal is not None:
-            return self._reject(self._refusal)
-        body = b"".join(self._body)
-        self._body.clear()
-        path = self._headers.get(":path", "/")
-        if self.on_interim is not None:
-            self.record.on_held = self._held
-        try:
-            result = await self.director.schedule(self.record, path, self._headers, body)
-        except RequestError as error:
-            return self._reject(error)
+    def _forward(
+        self, record: RequestRecord, result: SchedulingResult, body: bytes
+    ) -> list[ProcessingResponse]:
+        """The replies that send the routed request on to ``result``'s endpoints."""
         self.phase = Phase.FORWARDED
         targets = [t.hostport for t in result.targets]
         # Only streamed responses are metered token by token; for the others the response
         # headers carry all the EPP needs (status, completion time), so the headers reply
         # skips their body.
-        self._watch_response_body = self.record.request is not None and self.record.request.stream
-        upstream = self.director.upstream_headers(self.record)
+        self._watch_response_body = record.request is not None and record.request.stream
+        upstream = self.director.upstream_headers(record)
         if not self._duplex:
-            extra = {REQUEST_ID_HEADER: self.record.request_id, **upstream}
-            if self.director.hand_off_unread(self.record):
+            extra = {REQUEST_ID_HEADER: record.request_id, **upstream}
+            if self.director.hand_off_unread(record):
                 self.phase = Phase.DONE  # the access log finishes it; Envoy goes on without us
             return [messages.route_to(targets, extra, in_body_reply=True)]
-        extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: self.record.request_id, **upstream}
+        extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: record.request_id, **upstream}
         return [messages.route_to(targets, extra), *messages.streamed_request_body(body)]
-
-    def may_wait(self, message: ProcessingRequest) -> bool:
-        """Whether answering ``message`` may wait in flow control, past Envoy's message timeout
-        (a BUFFERED body's: Envoy times no message of a FULL_DUPLEX_STREAMED one)."""
-        return (
-            self.director.flow_gate is not None
-            and not self._duplex
-            and message.WhichOneof("request") in _ROUTING_MESSAGES
-        )
-
-    def _held(self, max_wait_s: float) -> None:
-        """Flow control holds the request: Envoy is to wait for it (and a little for the pick)."""
-        if self.on_interim is not None:
-            self.on_interim(
-                messages.extend_timeout(min(max_wait_s + MESSAGE_TIMEOUT_S, MAX_MESSAGE_TIMEOUT_S))
-            )
 
     def _response_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         record = self.record
@@ -268,11 +279,11 @@ class ExtProcStream:
             self.phase = Phase.DONE
         return [messages.CONTINUE_RESPONSE_BODY]
 
-    def _reject(self, error: RequestError) -> list[ProcessingResponse]:
+    def _reject(self, error: RequestError) -> ProcessingResponse:
         if self.record is not None:
             self.director.reject(self.record, error)
         self.phase = Phase.DONE
-        return [messages.immediate(error)]
+        return messages.immediate(error)
 
     def _internal_error(self, message: ProcessingRequest, exc: Exception) -> list[ProcessingResponse]:
         error = InternalServerError(exc)
@@ -281,7 +292,7 @@ class ExtProcStream:
             request_id = self.record.request_id if self.record else "-"
             log.error("request %s (%s phase): %s", request_id, self.phase.value, error.log_message())
         if ours:
-            return self._reject(error)
+            return [self._reject(error)]
         # The request is on its way upstream already: let it be; close() settles the books.
         self.phase = Phase.DONE
         continuation = messages.CONTINUE_BY_KIND.get(message.WhichOneof("request") or "")

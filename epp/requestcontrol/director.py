@@ -1,12 +1,12 @@
 """Request control: the ext_proc side of one request's path, from parse to last response byte.
 
 The ext_proc adapter calls, in order: :meth:`Director.schedule` (or
-:meth:`Director.schedule_bodyless`), :meth:`Director.response_headers`,
-:meth:`Director.response_body` for each chunk until it says the EPP needs no more, and always
-:meth:`Director.finish` once, however the stream ended. The director parses the request, reads
-the response's progress and status, and hands each step to the request lifecycle
-(``epp.requestcontrol.lifecycle``), which owns the bookings and the observers; it keeps the
-request metrics through a lifecycle observer.
+:meth:`Director.schedule_bodyless`), iterating its events (``epp.requestcontrol.events``),
+:meth:`Director.response_headers`, :meth:`Director.response_body` for each chunk until it says
+the EPP needs no more, and always :meth:`Director.finish` once, however the stream ended. The
+director parses the request, reads the response's progress and status, and hands each step to
+the request lifecycle (``epp.requestcontrol.lifecycle``), which owns the bookings and the
+observers; it keeps the request metrics through a lifecycle observer.
 
 With first-token metering (``epp.requestcontrol.completion_log``) most streamed responses are
 read to their first token only; :meth:`Director.finish` then keeps them booked until the
@@ -21,12 +21,12 @@ import logging
 import random
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 from epp.datalayer.endpoints import EndpointStore
 from epp.errors import NoEndpointAvailable, RequestError
-from epp.flowcontrol.gate import FlowGate, FlowTicket
+from epp.flowcontrol.gate import Admission, FlowGate, FlowTicket
 from epp.metrics import ModelSeries, RequestMetrics
 from epp.requestcontrol.completion_log import (
     BytesPerToken,
@@ -38,6 +38,7 @@ from epp.requestcontrol.completion_log import (
     MeteringSettings,
     finish_time,
 )
+from epp.requestcontrol.events import Held, RequestEvent, Routed
 from epp.requestcontrol.lifecycle import RequestLifecycle
 from epp.requestcontrol.openai_request import parse_openai_request
 from epp.requestcontrol.request_headers import DEBUG_HEADER
@@ -77,10 +78,10 @@ class RequestRecord:
     response_complete: bool = False
     finished: bool = False
     series: ModelSeries | None = None
+    admission: Admission | None = None
+    """Flow control's word on it, from its queueing (with flow control on)."""
     flow_ticket: FlowTicket | None = None
     """Held from flow control's dispatch to the finish (with flow control on)."""
-    on_held: Callable[[float], None] | None = None
-    """Called when flow control holds the request, with the most it may wait (seconds)."""
     hand_off: bool = False
     """The access log finishes it: a streamed response metered to its first token only, or a
     non-streamed one not read at all (first-token metering)."""
@@ -145,8 +146,9 @@ class Director:
 
     async def schedule(
         self, record: RequestRecord, path: str, headers: Mapping[str, str], body: bytes
-    ) -> SchedulingResult:
-        """Parse and route a request with a body. Raises a :class:`RequestError` to refuse it."""
+    ) -> AsyncIterator[RequestEvent]:
+        """Parse and route a request with a body: :class:`Held` while flow control holds it,
+        then :class:`Routed`. Raises a :class:`RequestError` to refuse it."""
         learned = self.store.max_model_len()
         max_model_len = learned if learned is not None else self.default_max_model_len
         tokenizer = self.tokenizer  # read once: the ``auto`` source may replace it meanwhile
@@ -172,7 +174,10 @@ class Director:
         record.series = self.metrics.for_model(request.model)
         record.series.requests.inc()
         if self.flow_gate is not None:  # waits while the pool is saturated
-            record.flow_ticket = await self.flow_gate.wait(request, record.received_at, record.on_held)
+            record.admission = admission = self.flow_gate.admit(request, record.received_at)
+            if admission.held_s is not None:
+                yield Held(admission.held_s)  # a driver that stops here withdraws it in finish()
+            record.flow_ticket = await admission.ticket()
         candidates = self.store.candidates()
         if not candidates:
             raise NoEndpointAvailable("no model server endpoint is ready")
@@ -186,7 +191,7 @@ class Director:
         self.metrics.scheduling.observe(self.clock() - started)
         if record.flow_ticket is not None:
             record.flow_ticket.routed(record.routed.endpoint_name, record.routed.state, self.clock())
-        return record.routed.result
+        yield Routed(record.routed.result)
 
     def schedule_bodyless(self, record: RequestRecord) -> SchedulingResult:
         """Route a request without a body (e.g. ``GET /v1/models``) to any ready endpoint."""
@@ -329,7 +334,7 @@ class Director:
             self.metrics.access_log_entries.labels("unknown").inc()  # the stream said it all
         if routed is None:  # refused, or body-less: routed, not metered
             self._live_ids.discard(record.request_id)
-            _release_ticket(record)
+            _release_flow(record)
             return
         meter = record.meter
         tokens = None
@@ -457,7 +462,7 @@ class Director:
         error: str,
     ) -> None:
         self._live_ids.discard(record.request_id)
-        _release_ticket(record)
+        _release_flow(record)
         outcome = self.lifecycle.finished(
             routed,
             now,
@@ -490,10 +495,13 @@ def _tokenless_events(request: LLMRequest) -> int:
     return int(request.api is ApiKind.CHAT) + int(usage)
 
 
-def _release_ticket(record: RequestRecord) -> None:
-    """Flow control's hold on the request ends with the request."""
+def _release_flow(record: RequestRecord) -> None:
+    """Flow control's hold on the request ends with the request: its booking goes, or, still
+    queued (its stream went away while it waited), it leaves the queue."""
     if record.flow_ticket is not None:
         record.flow_ticket.finished()
+    elif record.admission is not None:
+        record.admission.withdraw()
 
 
 class _MetricsObserver(LifecycleObserver):

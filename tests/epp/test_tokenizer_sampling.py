@@ -167,7 +167,8 @@ async def test_prompts_over_the_context_go_to_the_engine_to_refuse() -> None:
     prompt = "many words here " * 20
     record = harness.director.new_record({})
     body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 4}).encode()
-    await harness.director.schedule(record, "/v1/completions", {}, body)
+    async for _ in harness.director.schedule(record, "/v1/completions", {}, body):
+        pass
     assert record.request is not None and record.request.prompt_token_ids == estimated_ids(prompt.encode())
 
 
