@@ -54,7 +54,7 @@ from epp.errors import InternalServerError, PayloadTooLarge, RequestError
 from epp.extproc import messages
 from epp.extproc.envoy_contract import MAX_MESSAGE_TIMEOUT_S, MESSAGE_TIMEOUT_S
 from epp.extproc.gate import DEFAULT_GATE, RequestGate
-from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestRecord
+from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestHandle
 from epp.requestcontrol.events import Routed
 from epp.scheduling.types import SchedulingResult
 
@@ -84,7 +84,7 @@ class ExtProcStream:
         self.max_body_bytes = max_body_bytes
         self.gate = gate
         self.phase = Phase.HEADERS
-        self.record: RequestRecord | None = None
+        self.handle: RequestHandle | None = None
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._body_size = 0
@@ -131,15 +131,15 @@ class ExtProcStream:
             if replies is None and self._refusal is not None:
                 replies = [self._reject(self._refusal)]
             if replies is None:
-                record = self.record
-                assert record is not None
+                handle = self.handle
+                assert handle is not None
                 body = b"".join(self._body)
                 self._body.clear()
                 path = self._headers.get(":path", "/")
                 try:
-                    async for event in self.director.schedule(record, path, self._headers, body):
+                    async for event in handle.schedule(path, self._headers, body):
                         if isinstance(event, Routed):
-                            replies = self._forward(record, event.result, body)
+                            replies = self._forward(handle, event.result, body)
                         elif not self._duplex:  # held: Envoy is to wait (and a little for the pick)
                             yield messages.extend_timeout(
                                 min(event.max_wait_s + MESSAGE_TIMEOUT_S, MAX_MESSAGE_TIMEOUT_S)
@@ -163,14 +163,14 @@ class ExtProcStream:
         """The gRPC stream ended (request done, client gone, or Envoy reset): settle the books.
         A complete response only makes the stream :attr:`done`; the server calls this after
         the last reply has gone, so settling (observers, metrics) is off the response's path."""
-        if self.record is not None:
-            self.director.finish(self.record)
+        if self.handle is not None:
+            self.handle.finish()
         self.phase = Phase.DONE
 
     def _request_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         headers = messages.header_dict(message.request_headers.headers)
         self._headers = self.gate.debug.filter(headers, messages.source_address(message))
-        self.record = self.director.new_record(self._headers)
+        self.handle = self.director.open(self._headers)
         if message.HasField("protocol_config"):
             mode = message.protocol_config.request_body_mode
             self._duplex = mode == ProcessingMode.FULL_DUPLEX_STREAMED
@@ -190,12 +190,12 @@ class ExtProcStream:
                 return [messages.CONTINUE_SKIPPING_RESPONSE_HEADERS]
             return [messages.CONTINUE_REQUEST_HEADERS]
         try:
-            result = self.director.schedule_bodyless(self.record)
+            result = self.handle.schedule_bodyless()
         except RequestError as error:
             return [self._reject(error)]
         self.phase = Phase.FORWARDED
         self._watch_response_body = False
-        extra = {REQUEST_ID_HEADER: self.record.request_id}
+        extra = {REQUEST_ID_HEADER: self.handle.request_id}
         return [messages.route_to([t.hostport for t in result.targets], extra, skip_response_body=True)]
 
     def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse] | None:
@@ -214,7 +214,7 @@ class ExtProcStream:
         return None if end_of_stream or not self._duplex else []
 
     def _forward(
-        self, record: RequestRecord, result: SchedulingResult, body: bytes
+        self, handle: RequestHandle, result: SchedulingResult, body: bytes
     ) -> list[ProcessingResponse]:
         """The replies that send the routed request on to ``result``'s endpoints."""
         self.phase = Phase.FORWARDED
@@ -222,27 +222,27 @@ class ExtProcStream:
         # Only streamed responses are metered token by token; for the others the response
         # headers carry all the EPP needs (status, completion time), so the headers reply
         # skips their body.
-        self._watch_response_body = record.request is not None and record.request.stream
-        upstream = self.director.upstream_headers(record)
+        self._watch_response_body = handle.request is not None and handle.request.stream
+        upstream = handle.upstream_headers()
         if not self._duplex:
-            extra = {REQUEST_ID_HEADER: record.request_id, **upstream}
-            if self.director.hand_off_unread(record):
+            extra = {REQUEST_ID_HEADER: handle.request_id, **upstream}
+            if handle.hand_off_unread():
                 self.phase = Phase.DONE  # the access log finishes it; Envoy goes on without us
             return [messages.route_to(targets, extra, in_body_reply=True)]
-        extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: record.request_id, **upstream}
+        extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: handle.request_id, **upstream}
         return [messages.route_to(targets, extra), *messages.streamed_request_body(body)]
 
     def _response_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
-        record = self.record
-        if record is None or self.phase is not Phase.FORWARDED:
+        handle = self.handle
+        if handle is None or self.phase is not Phase.FORWARDED:
             return [messages.CONTINUE_RESPONSE_HEADERS]
         status, content_type = messages.status_and_content_type(message.response_headers.headers)
         body_comes = not message.response_headers.end_of_stream
         body_follows = self._watch_response_body and body_comes
         served_by = messages.served_endpoint(message)
-        self.director.response_headers(record, status, content_type, body_follows, served_by)
+        handle.response_headers(status, content_type, body_follows, served_by)
         skip_body = body_comes and not body_follows
-        reply = messages.add_response_headers(self.director.debug_headers(record), skip_body=skip_body)
+        reply = messages.add_response_headers(handle.debug_headers(), skip_body=skip_body)
         self.phase = Phase.RESPONSE if body_follows else Phase.DONE
         return [reply]
 
@@ -251,45 +251,41 @@ class ExtProcStream:
         its status and the endpoint that answered come as Envoy's response attributes. Without
         a status attribute, an SSE event says 200 and anything else nothing (0): the access log
         has the status either way."""
-        record = self.record
-        assert record is not None and record.request is not None
+        handle = self.handle
+        assert handle is not None and handle.request is not None
         chunk = message.response_body.body
         status = messages.response_status(message)
         if status is None:
             status = 200 if chunk.startswith(b"data:") else 0
-        sse = record.request.stream and 200 <= status < 300
+        sse = handle.request.stream and 200 <= status < 300
         served_by = messages.served_endpoint(message)
-        self.director.response_headers(
-            record, status, "text/event-stream" if sse else "", self._watch_response_body, served_by
+        handle.response_headers(
+            status, "text/event-stream" if sse else "", self._watch_response_body, served_by
         )
         self.phase = Phase.RESPONSE if self._watch_response_body else Phase.DONE
 
     def _response_body(self, message: ProcessingRequest) -> list[ProcessingResponse]:
-        if self.phase is Phase.FORWARDED and self.record is not None and self.record.request is not None:
+        if self.phase is Phase.FORWARDED and self.handle is not None and self.handle.request is not None:
             self._headerless_response(message)
         chunk, end_of_stream = message.response_body.body, message.response_body.end_of_stream
-        record = self.record
+        handle = self.handle
         # Ending the stream at the body's end, or at a handed-off response's first token, lets
         # Envoy re-inject the chunks it queued and go on without the EPP.
-        if (
-            record is not None
-            and self.phase is Phase.RESPONSE
-            and self.director.response_body(record, chunk, end_of_stream)
-        ):
+        if handle is not None and self.phase is Phase.RESPONSE and handle.response_body(chunk, end_of_stream):
             self.phase = Phase.DONE
         return [messages.CONTINUE_RESPONSE_BODY]
 
     def _reject(self, error: RequestError) -> ProcessingResponse:
-        if self.record is not None:
-            self.director.reject(self.record, error)
+        if self.handle is not None:
+            self.handle.reject(error)
         self.phase = Phase.DONE
         return messages.immediate(error)
 
     def _internal_error(self, message: ProcessingRequest, exc: Exception) -> list[ProcessingResponse]:
         error = InternalServerError(exc)
         ours = self.phase in (Phase.HEADERS, Phase.BODY)
-        if self.record is None or not ours:  # else the director's rejection logs it
-            request_id = self.record.request_id if self.record else "-"
+        if self.handle is None or not ours:  # else the handle's rejection logs it
+            request_id = self.handle.request_id if self.handle else "-"
             log.error("request %s (%s phase): %s", request_id, self.phase.value, error.log_message())
         if ours:
             return [self._reject(error)]

@@ -1,4 +1,4 @@
-"""What a request's routing tells its driver as it goes: :meth:`Director.schedule`'s events.
+"""What a request's routing tells its driver as it goes: :meth:`RequestHandle.schedule`'s events.
 
 A driver (the ext_proc stream, the ext_authz check) iterates them and answers its own peer:
 the ext_proc stream extends Envoy's message timeout while the request is :class:`Held`, and

@@ -32,7 +32,7 @@ from epp.extproc.messages import (
 from epp.extproc.stream import Phase
 from epp.observability.decision import DecisionLog
 from epp.requestcontrol import director as director_module
-from epp.requestcontrol.director import OFFLOAD_BODY_BYTES
+from epp.requestcontrol.director import OFFLOAD_BODY_BYTES, RequestHandle
 from epp.requestcontrol.events import RequestEvent
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.tokenizer.model import GIL_FREE_CHARS, ModelTokenizer
@@ -485,9 +485,9 @@ async def test_a_bug_while_the_request_is_ours_is_a_json_500_and_the_stream_goes
 
     async def broken(*args: object) -> AsyncIterator[RequestEvent]:
         raise RuntimeError("scheduler bug")
-        yield  # an async generator, as ``Director.schedule`` is
+        yield  # an async generator, as ``RequestHandle.schedule`` is
 
-    monkeypatch.setattr(h.director, "schedule", broken)
+    monkeypatch.setattr(RequestHandle, "schedule", broken)
     s = h.stream()
     await s.on_message(headers_msg(**{"x-request-id": "bug-1"}))
     (reply,) = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
@@ -514,7 +514,7 @@ async def test_a_bug_after_routing_lets_the_response_through_and_frees_the_endpo
     def broken(*args: object) -> None:
         raise KeyError("meter bug")
 
-    monkeypatch.setattr(h.director, "response_body", broken)
+    monkeypatch.setattr(RequestHandle, "response_body", broken)
     s = h.stream()
     await s.on_message(headers_msg())
     await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
@@ -566,8 +566,8 @@ async def test_a_long_body_extending_a_seen_prompt_is_parsed_on_the_loop_a_new_o
         await s.on_message(headers_msg(buffered=True))
         (reply,) = await s.on_message(body_msg(json.dumps({**COMPLETION, "prompt": prompt}).encode(), True))
         assert routed_destination(reply).startswith("10.0.0.1:")
-        assert s.record is not None and s.record.request is not None
-        assert s.record.request.prompt_token_ids == ModelTokenizer().encode(prompt)
+        assert s.handle is not None and s.handle.request is not None
+        assert s.handle.request.prompt_token_ids == ModelTokenizer().encode(prompt)
         s.close()
 
     await route(seen)
