@@ -124,13 +124,13 @@ class ExtProcStream:
         times no message of a FULL_DUPLEX_STREAMED one). Never raises (see the module doc)."""
         trailers = message.HasField("request_trailers")
         try:
-            # Trailers end a body whose last chunk did not carry end_of_stream.
-            replies = None if trailers and self.phase is Phase.BODY else []
-            if not trailers:
+            if trailers:  # they end a body whose last chunk did not carry end_of_stream
+                replies = None if self.phase is Phase.BODY else []
+            else:
                 replies = self._request_body(message.request_body.body, message.request_body.end_of_stream)
-            if replies is None and self._refusal is not None:
+            if replies is None and self._refusal is not None:  # the body is whole: refuse it
                 replies = [self._reject(self._refusal)]
-            if replies is None:
+            if replies is None:  # the body is whole: route it
                 handle = self.handle
                 assert handle is not None
                 body = b"".join(self._body)

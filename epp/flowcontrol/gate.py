@@ -7,8 +7,8 @@ the ticket where the request was routed and, once, that it finished (however it 
 releases its booking. A waiter that is cancelled or withdraws (the client hung up, so Envoy
 reset the stream) leaves the queue at once. One dispatcher task re-polls the controller while
 requests wait: at once when a request finishes or gets its first token, here or (with
-:meth:`FlowGate.share_load`) at a peer replica, at the next expiry, and
-every ``pollIntervalMs`` otherwise (scrapes and predictions change unannounced).
+:meth:`FlowGate.share_load`) at a peer replica, at the next expiry, and every
+``pollIntervalMs`` otherwise (scrapes and predictions change unannounced).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class FlowGate:
         cancelled = self.controller.cancel(key, self.clock())
         if cancelled is not None:
             self._record(cancelled)
-        else:
+        else:  # dispatched in the same loop turn as the hang-up (or answered): release its booking
             self.controller.finished(key)
 
     def released(self, key: int) -> None:
