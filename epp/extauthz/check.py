@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from epp.errors import InternalServerError, PayloadTooLarge, RequestError
 from epp.extproc.gate import DEFAULT_GATE, RequestGate
 from epp.extproc.messages import DESTINATION_HEADER
-from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestHandle
+from epp.requestcontrol.director import REQUEST_ID_HEADER, Director
 from epp.requestcontrol.events import Routed
+from epp.requestcontrol.handle import RequestHandle
 
 log = logging.getLogger(__name__)
 

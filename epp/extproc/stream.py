@@ -54,8 +54,9 @@ from epp.errors import InternalServerError, PayloadTooLarge, RequestError
 from epp.extproc import messages
 from epp.extproc.envoy_contract import MAX_MESSAGE_TIMEOUT_S, MESSAGE_TIMEOUT_S
 from epp.extproc.gate import DEFAULT_GATE, RequestGate
-from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestHandle
+from epp.requestcontrol.director import REQUEST_ID_HEADER, Director
 from epp.requestcontrol.events import Routed
+from epp.requestcontrol.handle import RequestHandle
 from epp.scheduling.types import SchedulingResult
 
 log = logging.getLogger(__name__)

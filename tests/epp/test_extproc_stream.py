@@ -31,9 +31,9 @@ from epp.extproc.messages import (
 )
 from epp.extproc.stream import Phase
 from epp.observability.decision import DecisionLog
-from epp.requestcontrol import director as director_module
-from epp.requestcontrol.director import OFFLOAD_BODY_BYTES, RequestHandle
+from epp.requestcontrol import handle as handle_module
 from epp.requestcontrol.events import RequestEvent
+from epp.requestcontrol.handle import OFFLOAD_BODY_BYTES, RequestHandle
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.tokenizer.model import GIL_FREE_CHARS, ModelTokenizer
 from tests.epp.extproc_harness import (
@@ -555,7 +555,7 @@ async def test_a_long_body_extending_a_seen_prompt_is_parsed_on_the_loop_a_new_o
         offloaded.append(function.__name__)
         return function(*args, **kwargs)
 
-    monkeypatch.setattr(director_module.asyncio, "to_thread", to_thread)
+    monkeypatch.setattr(handle_module.asyncio, "to_thread", to_thread)
     tokenizer = ModelTokenizer(cache_bytes=64 << 20)
     h = Harness(tokenizer=tokenizer)
     seen = "A long tool output line. " * 4_000  # over the worker-thread bounds, body and text
