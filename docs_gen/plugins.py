@@ -28,7 +28,7 @@ _KINDS = {
     "FairnessPolicy": "fairness policy",
     "OrderingPolicy": "ordering policy",
     "PreRequest": "pre-request",
-    "ResponseObserver": "response observer",
+    "LifecycleObserver": "lifecycle observer",
 }
 
 

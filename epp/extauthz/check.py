@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from epp.errors import InternalServerError, PayloadTooLarge, RequestError
 from epp.extproc.gate import DEFAULT_GATE, RequestGate
 from epp.extproc.messages import DESTINATION_HEADER
-from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestRecord
+from epp.requestcontrol.director import REQUEST_ID_HEADER, Director
+from epp.requestcontrol.events import Routed
+from epp.requestcontrol.handle import RequestHandle
 
 log = logging.getLogger(__name__)
 
@@ -77,41 +79,44 @@ class ExtAuthzCheck:
         path = check.path.removeprefix(CHECK_PATH_PREFIX) or "/"
         sized = [*headers.items(), (":method", check.method), (":path", path), (":scheme", "http")]
         headers = self.gate.debug.filter(headers, source)
-        record = self.director.new_record(headers)
+        handle = self.director.open(headers)
         try:
             self.gate.limits.check_size(len(sized), sum(len(k) + len(v) for k, v in sized))
             if len(check.body) > self.max_body_bytes:
                 raise PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
-            return await self._route(record, {**headers, ":path": path, ":method": check.method}, check.body)
+            return await self._route(handle, {**headers, ":path": path, ":method": check.method}, check.body)
         except RequestError as error:
-            return self._refuse(record, error)
+            return self._refuse(handle, error)
         except Exception as exc:
             error = InternalServerError(exc)
-            log.error("request %s (ext_authz check): %s", record.request_id, error.log_message())
-            return self._refuse(record, error)
+            log.error("request %s (ext_authz check): %s", handle.request_id, error.log_message())
+            return self._refuse(handle, error)
         finally:
             # A check cancelled (the client went away) or refused is over; a routed one is the
             # access log's now (``hand_off_routed`` marked it finished).
-            self.director.finish(record)
+            handle.finish()
 
-    async def _route(self, record: RequestRecord, headers: dict[str, str], body: bytes) -> CheckAnswer:
+    async def _route(self, handle: RequestHandle, headers: dict[str, str], body: bytes) -> CheckAnswer:
         if not body:
-            result = self.director.schedule_bodyless(record)
-            return self._routed(record, [t.hostport for t in result.targets])
-        result = await self.director.schedule(record, headers[":path"], headers, body)
-        answer = self._routed(record, [t.hostport for t in result.targets])
-        self.director.hand_off_routed(record)
+            result = handle.schedule_bodyless()
+            return self._routed(handle, [t.hostport for t in result.targets])
+        targets: list[str] = []
+        async for event in handle.schedule(headers[":path"], headers, body):
+            if isinstance(event, Routed):  # held or not: the check waits either way
+                targets = [t.hostport for t in event.result.targets]
+        answer = self._routed(handle, targets)
+        handle.hand_off_routed()
         return answer
 
-    def _routed(self, record: RequestRecord, targets: list[str]) -> CheckAnswer:
+    def _routed(self, handle: RequestHandle, targets: list[str]) -> CheckAnswer:
         headers = {
             DESTINATION_HEADER: ",".join(targets),
-            REQUEST_ID_HEADER: record.request_id,
-            **self.director.upstream_headers(record),
-            **self.director.debug_headers(record),
+            REQUEST_ID_HEADER: handle.request_id,
+            **handle.upstream_headers(),
+            **handle.debug_headers(),
         }
         return CheckAnswer(200, headers)
 
-    def _refuse(self, record: RequestRecord, error: RequestError) -> CheckAnswer:
-        self.director.reject(record, error)
+    def _refuse(self, handle: RequestHandle, error: RequestError) -> CheckAnswer:
+        handle.reject(error)
         return CheckAnswer(error.status, error.headers(), error.body())

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
@@ -54,13 +54,19 @@ from epp.errors import InternalServerError, PayloadTooLarge, RequestError
 from epp.extproc import messages
 from epp.extproc.envoy_contract import MAX_MESSAGE_TIMEOUT_S, MESSAGE_TIMEOUT_S
 from epp.extproc.gate import DEFAULT_GATE, RequestGate
-from epp.requestcontrol.director import REQUEST_ID_HEADER, Director, RequestRecord
+from epp.requestcontrol.director import REQUEST_ID_HEADER, Director
+from epp.requestcontrol.events import Routed
+from epp.requestcontrol.handle import RequestHandle
+from epp.scheduling.types import SchedulingResult
 
 log = logging.getLogger(__name__)
 
 
-_ROUTING_MESSAGES = ("request_body", "request_trailers")
-"""The messages whose answer may wait for the pick (and so for flow control)."""
+def routes(message: ProcessingRequest) -> bool:
+    """Whether ``message`` may end the request body, so that its answer waits for the pick (and
+    for flow control): answer it with :meth:`ExtProcStream.route`, any other with
+    :meth:`ExtProcStream.answer`."""
+    return message.HasField("request_body") or message.HasField("request_trailers")
 
 
 class Phase(enum.Enum):
@@ -79,40 +85,75 @@ class ExtProcStream:
         self.max_body_bytes = max_body_bytes
         self.gate = gate
         self.phase = Phase.HEADERS
-        self.record: RequestRecord | None = None
+        self.handle: RequestHandle | None = None
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._body_size = 0
         self._duplex = True
         self._watch_response_body = True
         self._refusal: RequestError | None = None
-        self.on_interim: Callable[[ProcessingResponse], None] | None = None
-        """Where replies go that Envoy must get while a message is still being answered (set by
-        the server around messages that may wait in flow control)."""
 
     async def on_message(self, message: ProcessingRequest) -> list[ProcessingResponse]:
+        """All the replies to ``message`` at once (the server sends each as it is made)."""
+        if routes(message):
+            return [reply async for reply in self.route(message)]
+        return self.answer(message)
+
+    def answer(self, message: ProcessingRequest) -> list[ProcessingResponse]:
+        """The replies to a message that never waits (any but those :func:`routes` names).
+        Never raises (see the module doc)."""
+        kind = message.WhichOneof("request")
         try:
-            return await self._dispatch(message)
+            if kind == "request_headers":
+                return self._request_headers(message)
+            if kind == "response_headers":
+                return self._response_headers(message)
+            if kind == "response_body":
+                return self._response_body(message)
+            if kind == "response_trailers":
+                self.phase = Phase.DONE
+                return [messages.CONTINUE_RESPONSE_TRAILERS]
         except Exception as exc:
             return self._internal_error(message, exc)
-
-    async def _dispatch(self, message: ProcessingRequest) -> list[ProcessingResponse]:
-        kind = message.WhichOneof("request")
-        if kind == "request_headers":
-            return self._request_headers(message)
-        if kind == "request_body":
-            return await self._request_body(message.request_body.body, message.request_body.end_of_stream)
-        if kind == "request_trailers":
-            return await self._request_trailers()
-        if kind == "response_headers":
-            return self._response_headers(message)
-        if kind == "response_body":
-            return self._response_body(message)
-        if kind == "response_trailers":
-            self.phase = Phase.DONE
-            return [messages.CONTINUE_RESPONSE_TRAILERS]
         log.debug("ignoring ext_proc message of kind %s", kind)
         return []
+
+    async def route(self, message: ProcessingRequest) -> AsyncIterator[ProcessingResponse]:
+        """The replies to a request body chunk or the request's trailers, each as soon as it is
+        made: when they end the body, the request is routed, and while flow control holds a
+        BUFFERED body's request the extension of Envoy's message timeout comes first (Envoy
+        times no message of a FULL_DUPLEX_STREAMED one). Never raises (see the module doc)."""
+        trailers = message.HasField("request_trailers")
+        try:
+            if trailers:  # they end a body whose last chunk did not carry end_of_stream
+                replies = None if self.phase is Phase.BODY else []
+            else:
+                replies = self._request_body(message.request_body.body, message.request_body.end_of_stream)
+            if replies is None and self._refusal is not None:  # the body is whole: refuse it
+                replies = [self._reject(self._refusal)]
+            if replies is None:  # the body is whole: route it
+                handle = self.handle
+                assert handle is not None
+                body = b"".join(self._body)
+                self._body.clear()
+                path = self._headers.get(":path", "/")
+                try:
+                    async for event in handle.schedule(path, self._headers, body):
+                        if isinstance(event, Routed):
+                            replies = self._forward(handle, event.result, body)
+                        elif not self._duplex:  # held: Envoy is to wait (and a little for the pick)
+                            yield messages.extend_timeout(
+                                min(event.max_wait_s + MESSAGE_TIMEOUT_S, MAX_MESSAGE_TIMEOUT_S)
+                            )
+                except RequestError as error:
+                    replies = [self._reject(error)]
+                assert replies is not None
+            if trailers and self.phase is not Phase.DONE:
+                replies.append(messages.CONTINUE_REQUEST_TRAILERS)
+        except Exception as exc:
+            replies = self._internal_error(message, exc)
+        for reply in replies:
+            yield reply
 
     @property
     def done(self) -> bool:
@@ -123,14 +164,14 @@ class ExtProcStream:
         """The gRPC stream ended (request done, client gone, or Envoy reset): settle the books.
         A complete response only makes the stream :attr:`done`; the server calls this after
         the last reply has gone, so settling (observers, metrics) is off the response's path."""
-        if self.record is not None:
-            self.director.finish(self.record)
+        if self.handle is not None:
+            self.handle.finish()
         self.phase = Phase.DONE
 
     def _request_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
         headers = messages.header_dict(message.request_headers.headers)
         self._headers = self.gate.debug.filter(headers, messages.source_address(message))
-        self.record = self.director.new_record(self._headers)
+        self.handle = self.director.open(self._headers)
         if message.HasField("protocol_config"):
             mode = message.protocol_config.request_body_mode
             self._duplex = mode == ProcessingMode.FULL_DUPLEX_STREAMED
@@ -138,7 +179,7 @@ class ExtProcStream:
             self.gate.limits.check(message.request_headers.headers)
         except RequestError as error:
             if message.request_headers.end_of_stream:
-                return self._reject(error)
+                return [self._reject(error)]
             # Answered once the body is in: over HTTP/2 Envoy follows an answer that comes before
             # the request's end with a stream reset, and some clients (curl 7.88) drop the answer.
             self._refusal = error
@@ -150,88 +191,59 @@ class ExtProcStream:
                 return [messages.CONTINUE_SKIPPING_RESPONSE_HEADERS]
             return [messages.CONTINUE_REQUEST_HEADERS]
         try:
-            result = self.director.schedule_bodyless(self.record)
+            result = self.handle.schedule_bodyless()
         except RequestError as error:
-            return self._reject(error)
+            return [self._reject(error)]
         self.phase = Phase.FORWARDED
         self._watch_response_body = False
-        extra = {REQUEST_ID_HEADER: self.record.request_id}
+        extra = {REQUEST_ID_HEADER: self.handle.request_id}
         return [messages.route_to([t.hostport for t in result.targets], extra, skip_response_body=True)]
 
-    async def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
+    def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse] | None:
+        """The replies to a chunk of the request body; None when the body is whole (route it)."""
         if self.phase is not Phase.BODY:
             return []
         self._body_size += len(chunk)
         if self._body_size > self.max_body_bytes:
-            return self._reject(
-                PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
-            )
+            return [
+                self._reject(
+                    PayloadTooLarge(f"request body exceeds the limit of {self.max_body_bytes} bytes")
+                )
+            ]
         self._body.append(chunk)
         # A BUFFERED body comes whole in one message (end_of_stream is false when trailers follow).
-        return await self._route_body() if end_of_stream or not self._duplex else []
+        return None if end_of_stream or not self._duplex else []
 
-    async def _request_trailers(self) -> list[ProcessingResponse]:
-        # Trailers end a body whose last chunk did not carry end_of_stream.
-        replies = await self._route_body() if self.phase is Phase.BODY else []
-        if self.phase is Phase.DONE:
-            return replies
-        return [*replies, messages.CONTINUE_REQUEST_TRAILERS]
-
-    async def _route_body(self) -> list[ProcessingResponse]:
-        assert self.record is not None
-        if self._refusal is not None:
-            return self._reject(self._refusal)
-        body = b"".join(self._body)
-        self._body.clear()
-        path = self._headers.get(":path", "/")
-        if self.on_interim is not None:
-            self.record.on_held = self._held
-        try:
-            result = await self.director.schedule(self.record, path, self._headers, body)
-        except RequestError as error:
-            return self._reject(error)
+    def _forward(
+        self, handle: RequestHandle, result: SchedulingResult, body: bytes
+    ) -> list[ProcessingResponse]:
+        """The replies that send the routed request on to ``result``'s endpoints."""
         self.phase = Phase.FORWARDED
         targets = [t.hostport for t in result.targets]
         # Only streamed responses are metered token by token; for the others the response
         # headers carry all the EPP needs (status, completion time), so the headers reply
         # skips their body.
-        self._watch_response_body = self.record.request is not None and self.record.request.stream
-        upstream = self.director.upstream_headers(self.record)
+        self._watch_response_body = handle.request is not None and handle.request.stream
+        upstream = handle.upstream_headers()
         if not self._duplex:
-            extra = {REQUEST_ID_HEADER: self.record.request_id, **upstream}
-            if self.director.hand_off_unread(self.record):
+            extra = {REQUEST_ID_HEADER: handle.request_id, **upstream}
+            if handle.hand_off_unread():
                 self.phase = Phase.DONE  # the access log finishes it; Envoy goes on without us
             return [messages.route_to(targets, extra, in_body_reply=True)]
-        extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: self.record.request_id, **upstream}
+        extra = {"content-length": str(len(body)), REQUEST_ID_HEADER: handle.request_id, **upstream}
         return [messages.route_to(targets, extra), *messages.streamed_request_body(body)]
 
-    def may_wait(self, message: ProcessingRequest) -> bool:
-        """Whether answering ``message`` may wait in flow control, past Envoy's message timeout
-        (a BUFFERED body's: Envoy times no message of a FULL_DUPLEX_STREAMED one)."""
-        return (
-            self.director.flow_gate is not None
-            and not self._duplex
-            and message.WhichOneof("request") in _ROUTING_MESSAGES
-        )
-
-    def _held(self, max_wait_s: float) -> None:
-        """Flow control holds the request: Envoy is to wait for it (and a little for the pick)."""
-        if self.on_interim is not None:
-            self.on_interim(
-                messages.extend_timeout(min(max_wait_s + MESSAGE_TIMEOUT_S, MAX_MESSAGE_TIMEOUT_S))
-            )
-
     def _response_headers(self, message: ProcessingRequest) -> list[ProcessingResponse]:
-        record = self.record
-        if record is None or self.phase is not Phase.FORWARDED:
+        handle = self.handle
+        if handle is None or self.phase is not Phase.FORWARDED:
             return [messages.CONTINUE_RESPONSE_HEADERS]
         status, content_type = messages.status_and_content_type(message.response_headers.headers)
         body_comes = not message.response_headers.end_of_stream
         body_follows = self._watch_response_body and body_comes
         served_by = messages.served_endpoint(message)
-        self.director.response_headers(record, status, content_type, body_follows, served_by)
+        handle.response_headers(status, content_type, body_follows, served_by)
         skip_body = body_comes and not body_follows
-        reply = messages.add_response_headers(self.director.debug_headers(record), skip_body=skip_body)
+        reply = messages.add_response_headers(handle.debug_headers(), skip_body=skip_body)
         self.phase = Phase.RESPONSE if body_follows else Phase.DONE
         return [reply]
 
@@ -240,48 +252,44 @@ class ExtProcStream:
         its status and the endpoint that answered come as Envoy's response attributes. Without
         a status attribute, an SSE event says 200 and anything else nothing (0): the access log
         has the status either way."""
-        record = self.record
-        assert record is not None and record.request is not None
+        handle = self.handle
+        assert handle is not None and handle.request is not None
         chunk = message.response_body.body
         status = messages.response_status(message)
         if status is None:
             status = 200 if chunk.startswith(b"data:") else 0
-        sse = record.request.stream and 200 <= status < 300
+        sse = handle.request.stream and 200 <= status < 300
         served_by = messages.served_endpoint(message)
-        self.director.response_headers(
-            record, status, "text/event-stream" if sse else "", self._watch_response_body, served_by
+        handle.response_headers(
+            status, "text/event-stream" if sse else "", self._watch_response_body, served_by
         )
         self.phase = Phase.RESPONSE if self._watch_response_body else Phase.DONE
 
     def _response_body(self, message: ProcessingRequest) -> list[ProcessingResponse]:
-        if self.phase is Phase.FORWARDED and self.record is not None and self.record.request is not None:
+        if self.phase is Phase.FORWARDED and self.handle is not None and self.handle.request is not None:
             self._headerless_response(message)
         chunk, end_of_stream = message.response_body.body, message.response_body.end_of_stream
-        record = self.record
+        handle = self.handle
         # Ending the stream at the body's end, or at a handed-off response's first token, lets
         # Envoy re-inject the chunks it queued and go on without the EPP.
-        if (
-            record is not None
-            and self.phase is Phase.RESPONSE
-            and self.director.response_body(record, chunk, end_of_stream)
-        ):
+        if handle is not None and self.phase is Phase.RESPONSE and handle.response_body(chunk, end_of_stream):
             self.phase = Phase.DONE
         return [messages.CONTINUE_RESPONSE_BODY]
 
-    def _reject(self, error: RequestError) -> list[ProcessingResponse]:
-        if self.record is not None:
-            self.director.reject(self.record, error)
+    def _reject(self, error: RequestError) -> ProcessingResponse:
+        if self.handle is not None:
+            self.handle.reject(error)
         self.phase = Phase.DONE
-        return [messages.immediate(error)]
+        return messages.immediate(error)
 
     def _internal_error(self, message: ProcessingRequest, exc: Exception) -> list[ProcessingResponse]:
         error = InternalServerError(exc)
         ours = self.phase in (Phase.HEADERS, Phase.BODY)
-        if self.record is None or not ours:  # else the director's rejection logs it
-            request_id = self.record.request_id if self.record else "-"
+        if self.handle is None or not ours:  # else the handle's rejection logs it
+            request_id = self.handle.request_id if self.handle else "-"
             log.error("request %s (%s phase): %s", request_id, self.phase.value, error.log_message())
         if ours:
-            return self._reject(error)
+            return [self._reject(error)]
         # The request is on its way upstream already: let it be; close() settles the books.
         self.phase = Phase.DONE
         continuation = messages.CONTINUE_BY_KIND.get(message.WhichOneof("request") or "")

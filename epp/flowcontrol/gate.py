@@ -1,13 +1,14 @@
 """The live adapter: an awaitable gate the request path passes before the scheduler picks.
 
-``FlowGate.wait`` queues the request and returns a :class:`FlowTicket` once the controller
-dispatches it, or raises :class:`RequestShed` (429 with ``Retry-After``) when it expired or was
-pushed out of a full queue. The driver tells the ticket where the request was routed and, once,
-that it finished (however it ended), which releases its booking. A waiter that is cancelled
-(the client hung up, so Envoy reset the stream) leaves the queue at once. One dispatcher task
-re-polls the controller while requests wait: at once when a request finishes or gets its first
-token, here or (with :meth:`FlowGate.share_load`) at a peer replica, at the next expiry, and
-every ``pollIntervalMs`` otherwise (scrapes and predictions change unannounced).
+``FlowGate.admit`` queues the request; its :class:`Admission` says whether it is held, and
+returns a :class:`FlowTicket` once the controller dispatches it, or raises :class:`RequestShed`
+(429 with ``Retry-After``) when it expired or was pushed out of a full queue. The driver tells
+the ticket where the request was routed and, once, that it finished (however it ended), which
+releases its booking. A waiter that is cancelled or withdraws (the client hung up, so Envoy
+reset the stream) leaves the queue at once. One dispatcher task re-polls the controller while
+requests wait: at once when a request finishes or gets its first token, here or (with
+:meth:`FlowGate.share_load`) at a peer replica, at the next expiry, and every
+``pollIntervalMs`` otherwise (scrapes and predictions change unannounced).
 """
 
 from __future__ import annotations
@@ -63,6 +64,41 @@ class FlowTicket:
         self._gate.released(self.key)
 
 
+class Admission:
+    """A request flow control has taken in: decided at once, or held until the dispatcher
+    decides. The holder awaits :meth:`ticket`, or calls :meth:`withdraw` if it gives up first."""
+
+    __slots__ = ("_future", "_gate", "held_s", "key")
+
+    def __init__(
+        self, gate: FlowGate, key: int, future: asyncio.Future[Decision], held_s: float | None
+    ) -> None:
+        self._gate, self.key, self._future = gate, key, future
+        self.held_s = held_s
+        """The most the request may wait, when it is held (its band's TTL, seconds); None when
+        it was dispatched or shed at once."""
+
+    async def ticket(self) -> FlowTicket:
+        """Return once the request may be scheduled; raise :class:`RequestShed` if it may not.
+        Cancelled (the client hung up, so Envoy reset the stream), the request leaves the queue."""
+        try:
+            decision = await self._future
+        except asyncio.CancelledError:
+            self.withdraw()
+            raise
+        if decision.outcome is not Outcome.DISPATCHED:
+            controller = self._gate.controller
+            raise RequestShed(
+                _SHED_MESSAGES[decision.outcome], retry_after_s=controller.settings.retry_after_s
+            )
+        return FlowTicket(self._gate, self.key, decision.endpoints)
+
+    def withdraw(self) -> None:
+        """The request no longer waits (idempotent): it leaves the queue, or, dispatched in the
+        same loop turn, releases its booking."""
+        self._gate.withdrawn(self.key)
+
+
 class FlowGate:
     def __init__(
         self,
@@ -83,45 +119,36 @@ class FlowGate:
         self._wake = asyncio.Event()
         self._dispatcher: asyncio.Task[None] | None = None
 
-    async def wait(
-        self, request: LLMRequest, received_at: float, on_held: Callable[[float], None] | None = None
-    ) -> FlowTicket:
-        """Return when ``request`` may be scheduled; raise :class:`RequestShed` when it may not.
-        ``on_held`` is called when it is held, with the most it may wait (its band's TTL, seconds):
-        the ext_proc stream then extends Envoy's message timeout."""
+    def admit(self, request: LLMRequest, received_at: float) -> Admission:
+        """Queue ``request``: flow control dispatches or sheds it at once, or holds it (then
+        :attr:`Admission.held_s` says for at most how long). Await :meth:`Admission.ticket`."""
         item = self.flow_control.flow_request(request, received_at)
         future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self._waiters[item.key] = future
         now = self.clock()
         self._settle(self.controller.enqueue(item, now))
         self._settle(self.controller.poll(now, self.endpoints()))
+        held_s = None
         if not future.done():
             if self.on_queued is not None:
                 self.on_queued()
             self._ensure_dispatcher()
-            if on_held is not None:
-                on_held(self.controller.settings.limits(item.band).ttl_s)
-        try:
-            decision = await future
-        except asyncio.CancelledError:
-            self._waiters.pop(item.key, None)
-            cancelled = self.controller.cancel(item.key, self.clock())
-            if cancelled is not None:
-                self._record(cancelled)
-            else:  # dispatched in the same loop turn as the hang-up: release its booking
-                self.controller.finished(item.key)
-            raise
-        if decision.outcome is not Outcome.DISPATCHED:
-            raise RequestShed(
-                _SHED_MESSAGES[decision.outcome], retry_after_s=self.controller.settings.retry_after_s
-            )
-        return FlowTicket(self, item.key, decision.endpoints)
+            held_s = self.controller.settings.limits(item.band).ttl_s
+        return Admission(self, item.key, future, held_s)
 
     def share_load(self, sync: ReplicaSyncState) -> None:
         """Count the peers' synced token load too (:class:`PeerTokenLoad`, which see for the
         errors), and look again at once when a peer's load goes down."""
         self.controller.peers = PeerTokenLoad(sync)
         sync.on_peer_freed = self.wake
+
+    def withdrawn(self, key: int) -> None:
+        self._waiters.pop(key, None)
+        cancelled = self.controller.cancel(key, self.clock())
+        if cancelled is not None:
+            self._record(cancelled)
+        else:  # dispatched in the same loop turn as the hang-up (or answered): release its booking
+            self.controller.finished(key)
 
     def released(self, key: int) -> None:
         self.controller.finished(key)

@@ -41,10 +41,10 @@ from epp.scheduling.framework import (
     PluginContext,
     PluginParameters,
     RequestOutcome,
-    ResponseObserver,
 )
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.registry import register
-from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
+from epp.scheduling.types import EndpointState, LLMRequest
 
 _DECODE_MARK: DataKey[DecodeMark] = DataKey("endpoint-speed-decode-mark")
 """This producer's own: where the request's decode began on its endpoint."""
@@ -55,7 +55,7 @@ class EndpointSpeedParameters(PluginParameters):
 
 
 @register
-class EndpointSpeedProducer(DataProducer, ResponseObserver):
+class EndpointSpeedProducer(DataProducer, LifecycleObserver):
     type_name = "endpoint-speed-producer"
     Parameters = EndpointSpeedParameters
     produces = (ENDPOINT_SPEED,)
@@ -75,23 +75,20 @@ class EndpointSpeedProducer(DataProducer, ResponseObserver):
             speeds.counts.sample(e.name, now, loads.get(e.name, NO_LOAD).requests)
         state.put(ENDPOINT_SPEED, {e.name: speeds.slowness(e.name) for e in endpoints})
 
-    def on_first_token(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, now: float
-    ) -> None:
-        target = result.endpoint.name
+    def on_first_token(self, routed: RoutedRequest, now: float) -> None:
+        request, state = routed.request, routed.state
+        target = routed.result.endpoint.name
         state.put(_DECODE_MARK, self.speeds.counts.mark(target, now))
         match = state.get(PREFIX_MATCH)
         cached = match.cached_tokens(target, request.input_tokens) if match else 0
         self.speeds.counts.prefilled(target, now, request.input_tokens - cached)
 
-    def on_finished(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
-    ) -> None:
-        started = state.get(_DECODE_MARK)
+    def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
+        started = routed.state.get(_DECODE_MARK)
         tpot_s, tokens = outcome.tpot_s, outcome.completion_tokens
         if started is None or not outcome.completed or tpot_s is None or tokens is None:
             return
-        self.speeds.decode_finished(result.endpoint.name, started, outcome.finished_at, tokens, tpot_s)
+        self.speeds.decode_finished(routed.result.endpoint.name, started, outcome.finished_at, tokens, tpot_s)
 
 
 @runtime_checkable

@@ -90,8 +90,8 @@ from epp.scheduling.framework import (
     PluginParameters,
     PreRequest,
     RequestOutcome,
-    ResponseObserver,
 )
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.predictions import (
     DRIFTED_PREDICTIONS,
     FEATURE_ROWS,
@@ -146,7 +146,7 @@ def feature_row(
 
 
 @register_default_producer
-class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
+class PredictedLatencyProducer(DataProducer, PreRequest, LifecycleObserver):
     type_name = "predicted-latency-producer"
     Parameters = PredictedLatencyParameters
     produces = (LATENCY_PREDICTIONS, FEATURE_ROWS, PREDICTION_FALLBACK)
@@ -285,9 +285,8 @@ class PredictedLatencyProducer(DataProducer, PreRequest, ResponseObserver):
         if self.params.streaming_mode and request.stream and request.slo_tpot_ms:
             self._running_tpot_slos.setdefault(result.endpoint.name, {})[state.key] = request.slo_tpot_ms
 
-    def on_finished(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
-    ) -> None:
+    def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
+        result, state = routed.result, routed.state
         running = self._running_tpot_slos.get(result.endpoint.name)
         if running is not None:
             running.pop(state.key, None)

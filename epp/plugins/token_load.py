@@ -57,8 +57,8 @@ from epp.scheduling.framework import (
     PluginParameters,
     PreRequest,
     RequestOutcome,
-    ResponseObserver,
 )
+from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.registry import register_default_producer
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
 
@@ -74,7 +74,7 @@ class TokenLoadParameters(PluginParameters):
 
 
 @register_default_producer
-class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
+class TokenLoadProducer(DataProducer, PreRequest, LifecycleObserver):
     type_name = "token-load-producer"
     Parameters = TokenLoadParameters
     produces = (TOKEN_LOAD, EXPECTED_OUTPUT)
@@ -142,22 +142,18 @@ class TokenLoadProducer(DataProducer, PreRequest, ResponseObserver):
         expected = state.get(EXPECTED_OUTPUT) or self.expected_output(request)
         self.tracker.admit(state.key, target, request.input_tokens, cached, expected.tokens)
 
-    def on_first_token(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, now: float
-    ) -> None:
-        self.tracker.first_token(state.key)
+    def on_first_token(self, routed: RoutedRequest, now: float) -> None:
+        self.tracker.first_token(routed.state.key)
 
-    def on_progress(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, tokens: int, now: float
-    ) -> None:
-        self.tracker.progress(state.key, tokens)
+    def on_progress(self, routed: RoutedRequest, tokens: int, now: float) -> None:
+        self.tracker.progress(routed.state.key, tokens)
 
-    def on_finished(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
-    ) -> None:
-        self.tracker.finish(state.key)
+    def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
+        self.tracker.finish(routed.state.key)
         if self.sessions is not None and outcome.completed and outcome.completion_tokens:
-            self.sessions.observe(self._session(request), outcome.completion_tokens, outcome.finished_at)
+            self.sessions.observe(
+                self._session(routed.request), outcome.completion_tokens, outcome.finished_at
+            )
 
 
 def token_costs(

@@ -1,33 +1,31 @@
 """Request control: the ext_proc side of one request's path, from parse to last response byte.
 
-The ext_proc adapter calls, in order: :meth:`Director.schedule` (or
-:meth:`Director.schedule_bodyless`), :meth:`Director.response_headers`,
-:meth:`Director.response_body` for each chunk until it says the EPP needs no more, and always
-:meth:`Director.finish` once, however the stream ended. The director parses the request, reads
-the response's progress and status, and hands each step to the request lifecycle
-(``epp.requestcontrol.lifecycle``), which owns the bookings and the observers; it keeps the
-request metrics through a lifecycle observer.
+The driver (the ext_proc stream, the ext_authz check) opens one :class:`RequestHandle` per
+request (:meth:`Director.open`) and calls its steps, in order: :meth:`RequestHandle.schedule`
+(or :meth:`RequestHandle.schedule_bodyless`), whose events (``epp.requestcontrol.events``) it
+iterates, :meth:`RequestHandle.response_headers`, :meth:`RequestHandle.response_body` for each
+chunk until it says the EPP needs no more, and always :meth:`RequestHandle.finish` once, however
+the stream ended. The handle parses the request, reads the response's progress and status, and
+hands each step to the request lifecycle (``epp.requestcontrol.lifecycle``), which owns the
+bookings and the observers; the director keeps the request metrics through a lifecycle
+observer, and what its requests teach it (bytes per token, decode rates).
 
 With first-token metering (``epp.requestcontrol.completion_log``) most streamed responses are
-read to their first token only; :meth:`Director.finish` then keeps them booked until the
+read to their first token only; :meth:`RequestHandle.finish` then keeps them booked until the
 gateway's access log finishes them (:meth:`Director.log_entry`), or until they have been silent
 too long (:meth:`Director.expire_handoffs`, called periodically).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import random
 import re
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from epp.datalayer.endpoints import EndpointStore
-from epp.errors import NoEndpointAvailable, RequestError
-from epp.flowcontrol.gate import FlowGate, FlowTicket
-from epp.metrics import ModelSeries, RequestMetrics
+from epp.flowcontrol.gate import FlowGate
+from epp.metrics import RequestMetrics
 from epp.requestcontrol.completion_log import (
     BytesPerToken,
     DecodeRates,
@@ -38,63 +36,24 @@ from epp.requestcontrol.completion_log import (
     MeteringSettings,
     finish_time,
 )
+from epp.requestcontrol.handle import RequestHandle, answer_kind
 from epp.requestcontrol.lifecycle import RequestLifecycle
-from epp.requestcontrol.openai_request import parse_openai_request
 from epp.requestcontrol.request_headers import DEBUG_HEADER
-from epp.requestcontrol.response_meter import ResponseMeter
 from epp.scheduling.framework import RequestOutcome, slo_misses
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
-from epp.scheduling.pipeline import NoCandidates
-from epp.scheduling.types import ApiKind, LLMRequest, SchedulingResult
-from epp.tokenizer.cache import TooLongToInline
-from epp.tokenizer.model import GIL_FREE_CHARS, PromptTokenizer
+from epp.scheduling.types import ApiKind, LLMRequest
+from epp.tokenizer.model import PromptTokenizer
 
-log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "x-request-id"
 # A client-supplied request id is kept only if it is short and plain; it ends up in logs,
 # upstream headers and engine request ids.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
-# Bodies larger than this are parsed on the event loop only while what is left to tokenize (past
-# the tokenizer cache's reuse) is at most GIL_FREE_CHARS: a longer tokenization is made in a
-# worker thread instead, where it does not stall the loop. Extending a seen prompt thus costs no
-# thread hop (~0.2 ms of CPU); a prompt seen first costs its parse twice up to the tokenization.
-OFFLOAD_BODY_BYTES = 64 << 10
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """What the director knows about one ext_proc stream's request; times are from its clock."""
-
-    request_id: str
-    received_at: float
-    request: LLMRequest | None = None
-    routed: RoutedRequest | None = None
-    """Set once the lifecycle routed the request (requests with a body)."""
-    bodyless_endpoint: str | None = None
-    """Where a request without a body (e.g. ``GET /v1/models``) went; it is not booked."""
-    status: int | None = None
-    meter: ResponseMeter | None = None
-    response_complete: bool = False
-    finished: bool = False
-    series: ModelSeries | None = None
-    flow_ticket: FlowTicket | None = None
-    """Held from flow control's dispatch to the finish (with flow control on)."""
-    on_held: Callable[[float], None] | None = None
-    """Called when flow control holds the request, with the most it may wait (seconds)."""
-    hand_off: bool = False
-    """The access log finishes it: a streamed response metered to its first token only, or a
-    non-streamed one not read at all (first-token metering)."""
-    first_token_estimated: bool = False
-    """Its first token is an estimate (:meth:`Director.estimate_progress`) the log will correct."""
-
-    @property
-    def endpoint_name(self) -> str | None:
-        return self.routed.endpoint_name if self.routed is not None else self.bodyless_endpoint
 
 
 class Director:
-    """The ext_proc driver of the request lifecycle: parses requests, reads the response
-    stream's progress, and measures what it sees (:class:`RequestMetrics`)."""
+    """The request lifecycle's ext_proc driver: opens each request's handle, and keeps what the
+    handles share (the endpoint store, the lifecycle, the metrics, the requests handed off to
+    the access log, and what finished requests taught it)."""
 
     def __init__(
         self,
@@ -115,15 +74,15 @@ class Director:
         ``tokenizer`` may be replaced by assigning ``self.tokenizer`` (the next request uses it)."""
         self.flow_gate = flow_gate
         self.metering = metering or MeteringSettings()
-        self._plan = MeteringPlan(self.metering)
+        self.plan = MeteringPlan(self.metering)
         self.bytes_per_token = BytesPerToken()
         self.decode_rates = DecodeRates()
         self.first_token_delays = EndpointMeans()
         """Each endpoint's recent time to first token, from the access log (ext_authz's requests)."""
-        self._handoffs: HandOffs[RequestRecord] = HandOffs(self.metering.silence_s)
-        self._live_ids: set[str] = set()
-        """The request ids of records not finished yet (handed-off ones included)."""
-        metrics.handed_off.set_function(lambda: len(self._handoffs))
+        self.handoffs: HandOffs[RequestHandle] = HandOffs(self.metering.silence_s)
+        self.live_ids: set[str] = set()
+        """The request ids of handles not finished yet (handed-off ones included)."""
+        metrics.handed_off.set_function(lambda: len(self.handoffs))
         self.lifecycle = lifecycle
         self.default_max_model_len = default_max_model_len
         self.objective_priorities = objective_priorities if objective_priorities is not None else {}
@@ -134,119 +93,14 @@ class Director:
         self.rng = rng or random.Random()
         lifecycle.add_observer(_MetricsObserver(metrics))
 
-    def new_record(self, headers: Mapping[str, str]) -> RequestRecord:
-        """A record under the client's request id if it is plain and no live request has it
-        (the access log finds a handed-off request by its id), else under a new one."""
+    def open(self, headers: Mapping[str, str]) -> RequestHandle:
+        """A request's handle, under the client's request id if it is plain and no live request
+        has it (the access log finds a handed-off request by its id), else under a new one."""
         request_id = headers.get(REQUEST_ID_HEADER, "")
-        if not _SAFE_REQUEST_ID.fullmatch(request_id) or request_id in self._live_ids:
+        if not _SAFE_REQUEST_ID.fullmatch(request_id) or request_id in self.live_ids:
             request_id = uuid.uuid4().hex
-        self._live_ids.add(request_id)
-        return RequestRecord(request_id=request_id, received_at=self.clock())
-
-    async def schedule(
-        self, record: RequestRecord, path: str, headers: Mapping[str, str], body: bytes
-    ) -> SchedulingResult:
-        """Parse and route a request with a body. Raises a :class:`RequestError` to refuse it."""
-        learned = self.store.max_model_len()
-        max_model_len = learned if learned is not None else self.default_max_model_len
-        tokenizer = self.tokenizer  # read once: the ``auto`` source may replace it meanwhile
-        if not tokenizer.exact:  # an estimated count must not refuse a prompt the engine takes
-            max_model_len = None
-        args = (
-            path,
-            headers,
-            body,
-            tokenizer,
-            record.request_id,
-            self.objective_priorities,
-            max_model_len,
-        )
-        if len(body) > OFFLOAD_BODY_BYTES:
-            try:
-                request = parse_openai_request(*args, max_chars=GIL_FREE_CHARS)
-            except TooLongToInline:
-                request = await asyncio.to_thread(parse_openai_request, *args)
-        else:
-            request = parse_openai_request(*args)
-        record.request = request
-        record.series = self.metrics.for_model(request.model)
-        record.series.requests.inc()
-        if self.flow_gate is not None:  # waits while the pool is saturated
-            record.flow_ticket = await self.flow_gate.wait(request, record.received_at, record.on_held)
-        candidates = self.store.candidates()
-        if not candidates:
-            raise NoEndpointAvailable("no model server endpoint is ready")
-        if record.flow_ticket is not None:  # dispatched to fit some endpoints only
-            candidates = record.flow_ticket.restrict(candidates)
-        started = self.clock()
-        try:
-            record.routed = await self.lifecycle.route(request, candidates, record.received_at, started)
-        except NoCandidates as exc:
-            raise NoEndpointAvailable(f"no endpoint can serve this request: {exc}") from None
-        self.metrics.scheduling.observe(self.clock() - started)
-        if record.flow_ticket is not None:
-            record.flow_ticket.routed(record.routed.endpoint_name, record.routed.state, self.clock())
-        return record.routed.result
-
-    def schedule_bodyless(self, record: RequestRecord) -> SchedulingResult:
-        """Route a request without a body (e.g. ``GET /v1/models``) to any ready endpoint."""
-        candidates = self.store.candidates()
-        if not candidates:
-            raise NoEndpointAvailable("no model server endpoint is ready")
-        chosen = self.rng.choice(candidates).endpoint
-        record.bodyless_endpoint = chosen.name
-        return SchedulingResult(targets=(chosen,), profile="bodyless")
-
-    def reject(self, record: RequestRecord, error: RequestError) -> None:
-        """The EPP answered the request itself with ``error``: one log line, one error count."""
-        level = (
-            logging.INFO if error.status < 500 else logging.WARNING if error.status > 500 else logging.ERROR
-        )
-        log.log(level, "request %s answered %d: %s", record.request_id, error.status, error.log_message())
-        self.metrics.error(record.series, str(error.status))
-
-    def upstream_headers(self, record: RequestRecord) -> dict[str, str]:
-        """Headers for the request forwarded to the endpoint (the lifecycle observers')."""
-        return self.lifecycle.upstream_headers(record.routed) if record.routed is not None else {}
-
-    def debug_headers(self, record: RequestRecord) -> dict[str, str]:
-        """The routing decision, for requests that asked for it with ``x-llm-epp-debug``."""
-        routed = record.routed
-        if routed is None or not routed.request.debug:
-            return {}
-        return self.lifecycle.debug_headers(routed)
-
-    def response_headers(
-        self,
-        record: RequestRecord,
-        status: int,
-        content_type: str,
-        body_follows: bool,
-        served_by: str | None = None,
-    ) -> None:
-        """The response started. Without a body to watch, the request is complete now.
-
-        ``served_by``: the ``ip:port`` that answered, as Envoy reports it (``SERVED_BY_HEADER``);
-        when Envoy retried the request on a fallback, the booking moves there."""
-        record.status = status
-        routed = record.routed
-        if served_by and routed is not None:
-            self._rebook_if_served_elsewhere(routed, served_by)
-        if body_follows:
-            streaming = content_type.startswith("text/event-stream")
-            record.meter = ResponseMeter(streaming=streaming)
-            record.hand_off = (
-                streaming and routed is not None and not self._plan.meter_fully(_answer_kind(routed.request))
-            )
-        else:
-            record.response_complete = True
-        name = record.endpoint_name
-        if name is None:
-            return
-        if status >= 500:
-            self._upstream_failed(name, f"HTTP {status}")
-        else:
-            self.store.record_alive(name, self.clock())
+        self.live_ids.add(request_id)
+        return RequestHandle(self, request_id, self.clock())
 
     def skips_response_headers(self, headers: Mapping[str, str]) -> bool:
         """Whether a request with these (gated) headers needs no response headers: with
@@ -256,29 +110,7 @@ class Director:
         way per streamed request."""
         return self.metering.mode == "first-token" and DEBUG_HEADER not in headers
 
-    def hand_off_unread(self, record: RequestRecord) -> bool:
-        """Whether the routed request's response needs no ext_proc message at all, and if so
-        hands it off to the access log. With first-token metering a non-streamed answer has no
-        first token to read: its entry's status and last upstream byte finish it. Not when its
-        caller gets the decision trace, which goes in the response headers."""
-        routed = record.routed
-        if self.metering.mode != "first-token" or routed is None:
-            return False
-        if routed.request.stream or routed.request.debug:
-            return False
-        record.hand_off = True
-        return True
-
-    def hand_off_routed(self, record: RequestRecord) -> None:
-        """Hand the routed request off to the access log at once, whatever its response: the
-        caller (the ext_authz check) sees nothing of it past its routing. A stream's first token
-        then comes from its log entries (``LogEntry.first_body_byte_s``)."""
-        assert record.routed is not None
-        record.hand_off = True
-        record.finished = True
-        self._handoffs.add(record.request_id, record, self.clock())
-
-    def _rebook_if_served_elsewhere(self, routed: RoutedRequest, served_by: str) -> None:
+    def rebook_if_served_elsewhere(self, routed: RoutedRequest, served_by: str) -> None:
         """Envoy retried the request on a fallback: the booking moves there."""
         if served_by == routed.result.endpoint.hostport:
             return
@@ -286,131 +118,69 @@ class Director:
         if actual is not None:
             self.lifecycle.rebooked(routed, actual, self.clock())
 
-    def response_body(self, record: RequestRecord, chunk: bytes, end_of_stream: bool) -> bool:
-        """One chunk of the watched response body; returns whether the EPP needs no more of it.
-        The response is complete at the body's end or at a streamed response's ``data: [DONE]``,
-        whichever comes first; a response to hand off needs nothing past its first token."""
-        meter = record.meter
-        if meter is None:
-            return True
-        routed = record.routed
-        if meter.feed(chunk) and routed is not None:
-            now = self.clock()
-            self.store.record_alive(routed.endpoint_name, now)
-            self.lifecycle.first_token(routed, now)
-            self.lifecycle.progress(routed, meter.tokens, now)
-            if record.flow_ticket is not None:
-                record.flow_ticket.first_token()
-        # ``data: [DONE]`` completes a streamed response as surely as the body's end does: the
-        # openai SDK closes its connection on reading it, and when that beats the engine's end
-        # of body to Envoy, Envoy closes this stream without sending an end_of_stream.
-        if end_of_stream or meter.done:
-            record.response_complete = True
-            return True
-        return record.hand_off and routed is not None and routed.first_token_at is not None
-
-    def finish(self, record: RequestRecord) -> None:
-        """The stream is over, completed or not; a response handed off at its first token waits
-        for its access-log entry. Idempotent."""
-        if record.finished:
-            return
-        record.finished = True
-        routed = record.routed
-        now = self.clock()
-        # A stream waits for its entry once its first token came; a non-streamed answer from
-        # its routing on (``hand_off_unread``).
-        started = routed is not None and (routed.first_token_at is not None or not routed.request.stream)
-        if record.hand_off and not record.response_complete and started:
-            early = self._handoffs.add(record.request_id, record, now)
-            if early is not None:
-                self.log_entry(early)
-            return
-        if self._handoffs.drop_early(record.request_id) is not None:
-            self.metrics.access_log_entries.labels("unknown").inc()  # the stream said it all
-        if routed is None:  # refused, or body-less: routed, not metered
-            self._live_ids.discard(record.request_id)
-            _release_ticket(record)
-            return
-        meter = record.meter
-        tokens = None
-        if meter is not None:
-            meter.finish()
-            tokens = meter.completion_tokens
-            if meter.streaming and record.response_complete:
-                self.bytes_per_token.observe(_answer_kind(routed.request), meter.body_bytes, tokens)
-        completed = record.response_complete and record.status is not None and record.status < 400
-        error = str(record.status) if record.response_complete else "aborted"
-        streaming = meter is not None and meter.streaming
-        self._finished(record, routed, now, completed, streaming, tokens, error)
-
     def log_entry(self, entry: LogEntry) -> None:
         """The gateway logged a request: finish it if it was handed off to the log (an entry for
         a stream still open, ``intermediate``, only moves its decode progress on)."""
         now = self.clock()
         if entry.intermediate:
-            record = self._handoffs.heard(entry.request_id, now)
-            self.metrics.access_log_entries.labels("intermediate" if record else "unknown").inc()
-            routed = record.routed if record is not None else None
-            if record is not None and routed is not None and routed.request.stream:
+            handle = self.handoffs.heard(entry.request_id, now)
+            self.metrics.access_log_entries.labels("intermediate" if handle else "unknown").inc()
+            routed = handle.routed if handle is not None else None
+            if handle is not None and routed is not None and routed.request.stream:
                 # A stream going on is a sign of life, as its tokens were when the EPP read them.
                 self.store.record_alive(routed.endpoint_name, now)
-                self._logged_first_token(record, routed, entry, now)
+                self._logged_first_token(handle, routed, entry, now)
                 tokens = self._logged_tokens(routed, entry)
                 if tokens is not None:
                     self.lifecycle.progress(routed, tokens, now)
             return
-        record = self._handoffs.pop(entry.request_id)
-        if record is None and entry.request_id in self._live_ids:
-            self._handoffs.keep_early(entry)
+        handle = self.handoffs.pop(entry.request_id)
+        if handle is None and entry.request_id in self.live_ids:
+            self.handoffs.keep_early(entry)
             return
-        self.metrics.access_log_entries.labels("final" if record else "unknown").inc()
-        if record is None or record.routed is None:
+        self.metrics.access_log_entries.labels("final" if handle else "unknown").inc()
+        if handle is None or handle.routed is None:
             return
-        routed = record.routed
+        routed = handle.routed
         if entry.served_by:
-            self._rebook_if_served_elsewhere(routed, entry.served_by)
+            self.rebook_if_served_elsewhere(routed, entry.served_by)
         if routed.request.stream:
-            self._logged_first_token(record, routed, entry, now)
-        finished_at = finish_time(record.received_at, routed.first_token_at, entry, now)
-        if record.status is None and entry.status >= 500:  # a response the EPP never saw
-            self._upstream_failed(routed.endpoint_name, f"HTTP {entry.status}")
+            self._logged_first_token(handle, routed, entry, now)
+        finished_at = finish_time(handle.received_at, routed.first_token_at, entry, now)
+        if handle.status is None and entry.status >= 500:  # a response the EPP never saw
+            self.upstream_failed(routed.endpoint_name, f"HTTP {entry.status}")
         elif entry.last_upstream_byte_s is not None:
             self.store.record_alive(routed.endpoint_name, finished_at)
         self.metrics.access_log_lag.observe(now - finished_at)
-        record.status = entry.status or record.status
+        handle.status = entry.status or handle.status
         error = str(entry.status) if entry.ended == "complete" else entry.ended
         streaming = routed.request.stream
         tokens = self._logged_tokens(routed, entry)
-        self._finished(record, routed, finished_at, entry.completed, streaming, tokens, error)
+        handle.settle(routed, finished_at, entry.completed, streaming, tokens, error)
 
     def _logged_first_token(
-        self, record: RequestRecord, routed: RoutedRequest, entry: LogEntry, now: float
+        self, handle: RequestHandle, routed: RoutedRequest, entry: LogEntry, now: float
     ) -> None:
         """A stream the EPP never read (``hand_off_routed``) starts decoding when its log says;
         the logged time replaces an estimate (the outcome reports it; the bookings moved then)."""
         if entry.first_body_byte_s is None or (
-            routed.first_token_at is not None and not record.first_token_estimated
+            routed.first_token_at is not None and not handle.first_token_estimated
         ):
             return
-        at = min(record.received_at + entry.first_body_byte_s, now)
-        self.first_token_delays.observe(routed.endpoint_name, at - record.received_at)
-        if record.first_token_estimated:
+        at = min(handle.received_at + entry.first_body_byte_s, now)
+        self.first_token_delays.observe(routed.endpoint_name, at - handle.received_at)
+        if handle.first_token_estimated:
             routed.first_token_at = at
-            record.first_token_estimated = False
+            handle.first_token_estimated = False
             return
-        self._first_token(record, routed, at)
-
-    def _first_token(self, record: RequestRecord, routed: RoutedRequest, at: float) -> None:
-        self.lifecycle.first_token(routed, at)
-        if record.flow_ticket is not None:
-            record.flow_ticket.first_token()
+        handle.first_token(routed, at)
 
     def _logged_tokens(self, routed: RoutedRequest, entry: LogEntry) -> int | None:
         """A logged stream's output tokens so far, from its body bytes; None for a non-streamed
         answer (the bytes-per-token lines are learned from streams)."""
         if not routed.request.stream:
             return None
-        tokens = self.bytes_per_token.tokens(_answer_kind(routed.request), entry.response_bytes)
+        tokens = self.bytes_per_token.tokens(answer_kind(routed.request), entry.response_bytes)
         if tokens is None and entry.sse_events:  # no stream of this kind was read (ext_authz)
             tokens = max(1, entry.sse_events - _tokenless_events(routed.request))
         return tokens
@@ -420,15 +190,15 @@ class Director:
         stream whose first token no one saw yet (ext_authz's) starts decoding once its endpoint's
         recent time to first token has passed."""
         now = self.clock()
-        for record in self._handoffs.waiting():
-            routed = record.routed
+        for handle in self.handoffs.waiting():
+            routed = handle.routed
             assert routed is not None
             if routed.first_token_at is None and routed.request.stream:
                 delay = self.first_token_delays.mean(routed.endpoint_name) or 0.0
-                if now - record.received_at < delay:
+                if now - handle.received_at < delay:
                     continue
-                self._first_token(record, routed, record.received_at + delay)
-                record.first_token_estimated = True
+                handle.first_token(routed, handle.received_at + delay)
+                handle.first_token_estimated = True
             if routed.first_token_at is None:  # a non-streamed answer: its decode is not seen
                 continue
             decoding_s = now - routed.first_token_at
@@ -439,47 +209,16 @@ class Director:
     def expire_handoffs(self) -> int:
         """Finish, as not completed, the handed-off requests silent too long; how many there were."""
         now = self.clock()
-        expired = list(self._handoffs.expired(now))
-        for record in expired:
-            assert record.routed is not None
-            self._finished(record, record.routed, now, False, record.routed.request.stream, None, "unlogged")
+        expired = list(self.handoffs.expired(now))
+        for handle in expired:
+            assert handle.routed is not None
+            handle.settle(handle.routed, now, False, handle.routed.request.stream, None, "unlogged")
         self.metrics.handed_off_expired.inc(len(expired))
         return len(expired)
 
-    def _finished(
-        self,
-        record: RequestRecord,
-        routed: RoutedRequest,
-        now: float,
-        completed: bool,
-        streaming: bool,
-        completion_tokens: int | None,
-        error: str,
-    ) -> None:
-        self._live_ids.discard(record.request_id)
-        _release_ticket(record)
-        outcome = self.lifecycle.finished(
-            routed,
-            now,
-            status=record.status,
-            completed=completed,
-            streaming=streaming,
-            completion_tokens=completion_tokens,
-        )
-        if outcome.completed and streaming and (tpot := outcome.tpot_s) is not None:
-            self.decode_rates.observe(routed.endpoint_name, tpot)
-        if not outcome.completed and record.series is not None:
-            self.metrics.error(record.series, error)
-
-    def _upstream_failed(self, name: str, why: str) -> None:
+    def upstream_failed(self, name: str, why: str) -> None:
         self.metrics.upstream_failures.labels(name).inc()
         self.store.record_failure(name, why)
-
-
-def _answer_kind(request: LLMRequest) -> str:
-    """What a streamed answer's bytes per token depend on: the model (its name is in every
-    event) and the API (chat deltas or completion texts)."""
-    return f"{request.model} {request.api.value}"
 
 
 def _tokenless_events(request: LLMRequest) -> int:
@@ -488,12 +227,6 @@ def _tokenless_events(request: LLMRequest) -> int:
     options = request.body.get("stream_options")
     usage = isinstance(options, dict) and bool(options.get("include_usage"))
     return int(request.api is ApiKind.CHAT) + int(usage)
-
-
-def _release_ticket(record: RequestRecord) -> None:
-    """Flow control's hold on the request ends with the request."""
-    if record.flow_ticket is not None:
-        record.flow_ticket.finished()
 
 
 class _MetricsObserver(LifecycleObserver):

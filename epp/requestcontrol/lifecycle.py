@@ -14,18 +14,19 @@ each step on its own clock:
 5. :meth:`RequestLifecycle.finished` exactly once, completed or not (a failed upstream, a client
    that went away, an engine's refusal).
 
-This is the only place that builds a :class:`RequestOutcome` and calls the response observers:
-first the pipeline's plugins (token-load release, training samples, prefix-index updates, SLO
-bookkeeping), then the lifecycle observers (:class:`LifecycleObserver`: the live metrics, the
-prediction report, the active-active replica sync), in the order given. No I/O happens here
-and no clock is read: each step's time comes from the driver.
+This is the only place that builds a :class:`RequestOutcome` and calls the observers: one list
+of :class:`LifecycleObserver`, the pipeline's observer plugins (token-load release, training
+samples, prefix-index updates, SLO bookkeeping) first, then the lifecycle's own (the live
+metrics, the prediction report, the active-active replica sync), in the order given; each step
+calls only the observers that override it. No I/O happens here and no clock is read: each
+step's time comes from the driver.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from epp.scheduling.framework import CycleState, RequestOutcome, ResponseObserver
+from epp.scheduling.framework import CycleState, RequestOutcome
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.pipeline import Pipeline
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
@@ -38,21 +39,33 @@ class RequestLifecycle:
 
     def __init__(self, pipeline: Pipeline, observers: Sequence[LifecycleObserver] = ()) -> None:
         self.pipeline = pipeline
-        self.observers: list[LifecycleObserver] = list(observers)
+        self.observers: list[LifecycleObserver] = [*pipeline.observers, *observers]
+        self._steps()
 
     def add_observer(self, observer: LifecycleObserver) -> None:
         """Follow every request from now on, after the observers already added."""
         self.observers.append(observer)
+        self._steps()
+
+    def _steps(self) -> None:
+        # Each step's observers, those that override it: most observers follow a few steps only,
+        # and a request's walk skips the others' no-op calls.
+        def overriding(step: str) -> tuple[LifecycleObserver, ...]:
+            default = getattr(LifecycleObserver, step)
+            return tuple(o for o in self.observers if getattr(type(o), step) is not default)
+
+        self._on_routed = overriding("on_routed")
+        self._on_rebooked = overriding("on_rebooked")
+        self._on_first_token = overriding("on_first_token")
+        self._on_progress = overriding("on_progress")
+        self._on_finished = overriding("on_finished")
+        self._upstream_headers = overriding("upstream_headers")
+        self._debug_headers = overriding("debug_headers")
 
     @property
     def wants_progress(self) -> bool:
         """Whether any observer does something with decode progress (drivers may skip the calls)."""
-        plugins = any(
-            type(o).on_progress is not ResponseObserver.on_progress for o in self.pipeline.observers
-        )
-        return plugins or any(
-            type(o).on_progress is not LifecycleObserver.on_progress for o in self.observers
-        )
+        return bool(self._on_progress)
 
     async def route(
         self, request: LLMRequest, candidates: Sequence[EndpointState], received_at: float, now: float
@@ -78,7 +91,7 @@ class RequestLifecycle:
         booked = next(c for c in candidates if c.endpoint.name == name)
         booked.in_flight += 1
         routed = RoutedRequest(request, result, state, booked, received_at)
-        for observer in self.observers:
+        for observer in self._on_routed:
             observer.on_routed(routed, now)
         return routed
 
@@ -91,9 +104,8 @@ class RequestLifecycle:
         previous = routed.booked
         if actual is previous or routed.first_token_at is not None or routed.outcome is not None:
             return
-        request, result, state = routed.request, routed.result, routed.state
         unserved = RequestOutcome(
-            endpoint=result.endpoint,
+            endpoint=routed.result.endpoint,
             received_at=routed.received_at,
             finished_at=now,
             status=None,
@@ -102,8 +114,9 @@ class RequestLifecycle:
             first_token_at=None,
             completion_tokens=None,
         )
-        for plugin in self.pipeline.observers:
-            plugin.on_finished(request, result, state, unserved)
+        for plugin in self.pipeline.observers:  # the plugins' bookings there go
+            plugin.on_finished(routed, unserved)
+        request, result, state = routed.request, routed.result, routed.state
         others = tuple(t for t in result.targets if t.name != actual.endpoint.name)
         result = SchedulingResult((actual.endpoint, *others), result.profile, result.scores)
         for hook in self.pipeline.pre_request:
@@ -112,26 +125,20 @@ class RequestLifecycle:
             previous.in_flight -= 1
         actual.in_flight += 1
         routed.result, routed.booked = result, actual
-        for observer in self.observers:
+        for observer in self._on_rebooked:
             observer.on_rebooked(routed, previous, now)
 
     def first_token(self, routed: RoutedRequest, now: float) -> None:
         if routed.first_token_at is not None or routed.outcome is not None:
             return
         routed.first_token_at = now
-        request, result, state = routed.request, routed.result, routed.state
-        for plugin in self.pipeline.observers:
-            plugin.on_first_token(request, result, state, now)
-        for observer in self.observers:
+        for observer in self._on_first_token:
             observer.on_first_token(routed, now)
 
     def progress(self, routed: RoutedRequest, tokens: int, now: float) -> None:
         if routed.outcome is not None:
             return
-        request, result, state = routed.request, routed.result, routed.state
-        for plugin in self.pipeline.observers:
-            plugin.on_progress(request, result, state, tokens, now)
-        for observer in self.observers:
+        for observer in self._on_progress:
             observer.on_progress(routed, tokens, now)
 
     def finished(
@@ -162,23 +169,20 @@ class RequestLifecycle:
             completion_tokens=completion_tokens,
         )
         routed.outcome = outcome
-        request, result, state = routed.request, routed.result, routed.state
-        for plugin in self.pipeline.observers:
-            plugin.on_finished(request, result, state, outcome)
-        for observer in self.observers:
+        for observer in self._on_finished:
             observer.on_finished(routed, outcome)
         return outcome
 
     def upstream_headers(self, routed: RoutedRequest) -> dict[str, str]:
         """Headers every observer adds to the request forwarded to the endpoint."""
         headers: dict[str, str] = {}
-        for observer in self.observers:
+        for observer in self._upstream_headers:
             headers.update(observer.upstream_headers(routed))
         return headers
 
     def debug_headers(self, routed: RoutedRequest) -> dict[str, str]:
         """The routing decision as response headers: the endpoint, then each observer's."""
         headers = {ENDPOINT_HEADER: routed.endpoint_name}
-        for observer in self.observers:
+        for observer in self._debug_headers:
             headers.update(observer.debug_headers(routed))
         return headers

@@ -258,22 +258,3 @@ def slo_misses(request: LLMRequest, outcome: RequestOutcome) -> tuple[bool, bool
     tpot_s = outcome.tpot_s if outcome.streaming else None
     tpot = request.slo_tpot_ms is not None and tpot_s is not None and tpot_s * 1e3 > request.slo_tpot_ms
     return ttft, tpot
-
-
-class ResponseObserver(Plugin):
-    """Follows a routed request's response. Override the steps you need; each is a no-op here."""
-
-    def on_first_token(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, now: float
-    ) -> None:
-        """The first generated token reached the gateway."""
-
-    def on_progress(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, tokens: int, now: float
-    ) -> None:
-        """``tokens`` output tokens have streamed so far."""
-
-    def on_finished(
-        self, request: LLMRequest, result: SchedulingResult, state: CycleState, outcome: RequestOutcome
-    ) -> None:
-        """The request is over: completed, failed upstream, or cancelled by the client."""

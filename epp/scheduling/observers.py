@@ -1,11 +1,11 @@
-"""What follows a routed request besides the pipeline's plugins: the lifecycle observer interface.
+"""The one interface that follows a routed request: :class:`LifecycleObserver`.
 
-The request lifecycle (``epp.requestcontrol.lifecycle``) calls every :class:`LifecycleObserver`
-it was given at each step, after the pipeline's response observers (``ResponseObserver``
-plugins), with the :class:`RoutedRequest` it follows. The live EPP's request metrics, its
-prediction report (``epp.latency.report``) and the active-active replica sync
-(``epp.sync.hook``) are lifecycle observers; an observer that needs a new step adds it here and
-in the lifecycle, nowhere else.
+The request lifecycle (``epp.requestcontrol.lifecycle``) calls, at each step, every observer
+that overrides it, with the :class:`RoutedRequest` it follows: first the pipeline's plugins that
+are observers (token-load bookings, training samples, endpoint speeds), then the lifecycle's
+own (the live EPP's request metrics, its prediction report ``epp.latency.report``, the
+active-active replica sync ``epp.sync.hook``), in the order given. An observer that needs a new
+step adds it here and in the lifecycle, nowhere else.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ class RoutedRequest:
 
 
 class LifecycleObserver:
-    """Follows every routed request after the pipeline's plugins. Override the steps you need;
-    each is a no-op here."""
+    """Follows every routed request. Override the steps you need; each is a no-op here (and the
+    lifecycle does not call it)."""
 
     def on_routed(self, routed: RoutedRequest, now: float) -> None:
         """The request was scheduled and booked; it is about to be forwarded."""
@@ -54,7 +54,8 @@ class LifecycleObserver:
         """``tokens`` output tokens have streamed so far."""
 
     def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
-        """The request is over (``outcome.completed`` says whether it ended normally)."""
+        """The request is over (``outcome.completed`` says whether it ended normally: completed,
+        failed upstream, or cancelled by the client)."""
 
     def upstream_headers(self, routed: RoutedRequest) -> Mapping[str, str]:
         """Headers to add to the request forwarded to the endpoint (a trace context)."""

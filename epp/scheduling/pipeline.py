@@ -16,10 +16,10 @@ from epp.scheduling.framework import (
     Picker,
     Plugin,
     PreRequest,
-    ResponseObserver,
     ScoredEndpoint,
     Scorer,
 )
+from epp.scheduling.observers import LifecycleObserver
 from epp.scheduling.trace import SCHEDULING_TRACE, SchedulingTrace, ScorerStep
 from epp.scheduling.types import EndpointState, LLMRequest, SchedulingResult
 
@@ -90,14 +90,15 @@ class Pipeline:
     sampling_inputs: list[DataProducer] = field(default_factory=list)
     admitters: list[Admitter] = field(init=False)
     pre_request: list[PreRequest] = field(init=False)
-    observers: list[ResponseObserver] = field(init=False)
+    observers: list[LifecycleObserver] = field(init=False)
+    """The plugins that follow routed requests (the lifecycle calls them)."""
     producer_failures: Counter[str] = field(default_factory=Counter)
     """Exceptions each producer raised (and the pipeline swallowed), by plugin name."""
 
     def __post_init__(self) -> None:
         self.admitters = [p for p in self.plugins.values() if isinstance(p, Admitter)]
         self.pre_request = [p for p in self.plugins.values() if isinstance(p, PreRequest)]
-        self.observers = [p for p in self.plugins.values() if isinstance(p, ResponseObserver)]
+        self.observers = [p for p in self.plugins.values() if isinstance(p, LifecycleObserver)]
 
     async def schedule(
         self, request: LLMRequest, endpoints: Sequence[EndpointState], state: CycleState

@@ -13,8 +13,10 @@ from epp.latency.client import PredictorClient, PredictorClientSettings
 from epp.latency.metrics import PredictionMetrics
 from epp.load.peer_totals import pack_tail_rows
 from epp.metrics import ModelLabels
+from epp.scheduling.framework import CycleState
+from epp.scheduling.observers import RoutedRequest
 from epp.scheduling.predictor import Prediction, PredictionUnavailable
-from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest
+from epp.scheduling.types import ApiKind, Endpoint, EndpointState, EngineMetrics, LLMRequest, SchedulingResult
 from epp.settings import EppSettings
 from epp.tokenizer.model import ModelTokenizer
 from sim.models import TINY_MODEL_DIR
@@ -116,3 +118,10 @@ async def client_for(
 def tail_rows(*bookings: tuple[int, int]) -> bytes:
     """Packed tail rows of not yet prefilled bookings, each (tail, prompt_tokens), 30 tokens expected."""
     return pack_tail_rows([(tail, prompt, prompt, 0, 30, prompt) for tail, prompt in bookings])
+
+
+def routed_request(
+    request: LLMRequest, result: SchedulingResult, state: CycleState, received_at: float = 0.0
+) -> RoutedRequest:
+    """``request`` as the lifecycle routes it to ``result``'s endpoint (an observer's input)."""
+    return RoutedRequest(request, result, state, EndpointState(result.endpoint, EngineMetrics()), received_at)

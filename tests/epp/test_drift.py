@@ -10,7 +10,7 @@ from epp.latency.metrics import DriftCollector
 from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.predictions import DRIFTED_PREDICTIONS, LATENCY_PREDICTIONS, PREDICTION_FALLBACK
 from epp.scheduling.types import SchedulingResult
-from tests.epp.factories import endpoint_state
+from tests.epp.factories import endpoint_state, routed_request
 from tests.epp.latency_fakes import (
     ConstantTpotPredictor,
     VersionedPredictor,
@@ -115,7 +115,7 @@ def test_collector_exports_error_per_target_and_version() -> None:
 def _finish(plugin, request, state, ttft_s: float, tpot_s: float) -> None:
     endpoint = endpoint_state(0).endpoint
     outcome = RequestOutcome(endpoint, 0.0, ttft_s + 10 * tpot_s, 200, True, True, ttft_s, 11)
-    plugin.on_finished(request, SchedulingResult((endpoint,), "default"), state, outcome)
+    plugin.on_finished(routed_request(request, SchedulingResult((endpoint,), "default"), state), outcome)
 
 
 def test_producer_falls_back_with_reason_drift_keeps_measuring_and_asks_once_for_a_retrain() -> None:

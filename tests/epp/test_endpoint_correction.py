@@ -10,7 +10,7 @@ from epp.latency.correction import EndpointCorrections
 from epp.scheduling.framework import RequestOutcome
 from epp.scheduling.predictions import LATENCY_PREDICTIONS
 from epp.scheduling.types import SchedulingResult
-from tests.epp.factories import endpoint_state
+from tests.epp.factories import endpoint_state, routed_request
 from tests.epp.latency_fakes import VersionedPredictor, produce, producer, streaming_request
 
 SQRT = math.sqrt(2.5)
@@ -58,7 +58,7 @@ def test_unpredicted_or_unmeasured_samples_teach_nothing_and_outliers_are_clippe
 def _finish(plugin, request, state, endpoint_index: int, ttft_s: float, tpot_s: float) -> None:
     endpoint = endpoint_state(endpoint_index).endpoint
     outcome = RequestOutcome(endpoint, 0.0, ttft_s + 10 * tpot_s, 200, True, True, ttft_s, 11)
-    plugin.on_finished(request, SchedulingResult((endpoint,), "default"), state, outcome)
+    plugin.on_finished(routed_request(request, SchedulingResult((endpoint,), "default"), state), outcome)
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -18,7 +18,7 @@ from epp.plugins.token_load_scorer import TokenLoadScorer, TokenLoadScorerParame
 from epp.scheduling.cycle_data import ENDPOINT_SPEED, PREFIX_MATCH, TOKEN_LOAD, PrefixMatch
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.types import SchedulingResult
-from tests.epp.factories import FakeClock, endpoint_state, make_request
+from tests.epp.factories import FakeClock, endpoint_state, make_request, routed_request
 
 
 def step_s(batch: int) -> float:
@@ -178,13 +178,13 @@ def test_the_producer_learns_from_completed_requests_under_their_conditions(cont
         endpoint = endpoints[index].endpoint
         result, state = SchedulingResult((endpoint,), "default"), CycleState()
         first_token = clock()
-        plugin.on_first_token(make_request([1]), result, state, first_token)
+        plugin.on_first_token(routed_request(make_request([1]), result, state), first_token)
         beside = route()
         clock.advance(5 * tpot_s)
-        plugin.on_first_token(long_prompt, result, beside, clock())
+        plugin.on_first_token(routed_request(long_prompt, result, beside), clock())
         clock.advance(5 * tpot_s)
         outcome = RequestOutcome(endpoint, 0.0, clock(), 200, True, completed, first_token, 11)
-        plugin.on_finished(make_request([1]), result, state, outcome)
+        plugin.on_finished(routed_request(make_request([1]), result, state), outcome)
 
     route()
     for _ in range(10):

@@ -59,8 +59,9 @@ LONG = {"model": "tiny", "prompt": "many words here " * 20, "max_tokens": 4}
 
 
 async def _schedule(harness: Harness, body: dict[str, object]) -> list[int]:
-    record = harness.director.new_record({})
-    await harness.director.schedule(record, "/v1/completions", {}, json.dumps(body).encode())
+    record = harness.director.open({})
+    async for _ in record.schedule("/v1/completions", {}, json.dumps(body).encode()):
+        pass
     assert record.request is not None
     return record.request.prompt_token_ids
 

@@ -107,7 +107,7 @@ async def test_traces_go_to_admitted_sources_only_and_the_gateways_headers_are_n
     assert traced.headers["x-llm-epp-endpoint"] in {"e0", "e1"}
     stranger = await checker.answer(check(**{"x-llm-epp-debug": "true", SOURCE_HEADER: "10.9.9.9"}))
     assert "x-llm-epp-endpoint" not in stranger.headers
-    routed = list(h.director._handoffs.waiting())
+    routed = list(h.director.handoffs.waiting())
     assert len(routed) == 2
     assert all(SOURCE_HEADER not in r.routed.request.headers for r in routed if r.routed)
     assert all("x-envoy-internal" not in r.routed.request.headers for r in routed if r.routed)
@@ -136,7 +136,7 @@ async def test_a_cancelled_check_releases_its_request() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert "gone" not in h.director._live_ids
+    assert "gone" not in h.director.live_ids
 
 
 def test_the_gateways_marks_are_read_from_the_entry() -> None:

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
@@ -18,6 +18,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from epp.extproc.envoy_contract import MAX_MESSAGE_TIMEOUT_S, MESSAGE_TIMEOUT_S
 from epp.extproc.messages import (
     BODY_CHUNK_BYTES,
     CONTINUE_RESPONSE_BODY,
@@ -25,12 +26,14 @@ from epp.extproc.messages import (
     LB_METADATA_NAMESPACE,
     SERVED_BY_ATTRIBUTE,
     SERVED_METADATA_KEY,
+    extend_timeout,
     header_dict,
 )
 from epp.extproc.stream import Phase
 from epp.observability.decision import DecisionLog
-from epp.requestcontrol import director as director_module
-from epp.requestcontrol.director import OFFLOAD_BODY_BYTES
+from epp.requestcontrol import handle as handle_module
+from epp.requestcontrol.events import RequestEvent
+from epp.requestcontrol.handle import OFFLOAD_BODY_BYTES, RequestHandle
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.tokenizer.model import GIL_FREE_CHARS, ModelTokenizer
 from sim.models import TINY_MODEL_DIR
@@ -261,6 +264,79 @@ async def test_buffered_body_mode_routes_in_the_body_reply() -> None:
     assert h.in_flight() == 1
 
 
+class HoldingGate:
+    """A flow gate that holds every request until :attr:`release` is set, then lets it go on
+    to any endpoint (its admission and its ticket, in one)."""
+
+    held_s = 30.0
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.withdrawn = False
+
+    def admit(self, request: object, received_at: float) -> HoldingGate:
+        return self
+
+    async def ticket(self) -> HoldingGate:
+        await self.release.wait()
+        return self
+
+    def withdraw(self) -> None:
+        self.withdrawn = True
+
+    def restrict(self, candidates: object) -> object:
+        return candidates
+
+    def routed(self, *args: object) -> None:
+        pass
+
+    def finished(self) -> None:
+        pass
+
+
+async def test_a_held_buffered_request_extends_envoys_timeout_before_it_is_routed() -> None:
+    h = Harness()
+    h.director.flow_gate = gate = HoldingGate()
+    s = h.stream()
+    await s.on_message(headers_msg(buffered=True))
+    replies = s.route(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    wait_s = min(gate.held_s + MESSAGE_TIMEOUT_S, MAX_MESSAGE_TIMEOUT_S)
+    assert await anext(replies) == extend_timeout(wait_s)  # sent while the request waits
+    assert h.in_flight() == 0
+    gate.release.set()
+    (reply,) = [reply async for reply in replies]
+    assert routed_destination(reply).startswith("10.0.0.1:") and h.in_flight() == 1
+
+
+async def test_a_held_request_whose_stream_goes_away_is_withdrawn() -> None:
+    """Envoy reset the stream while the request waited (the gRPC server stops iterating)."""
+    h = Harness()
+    h.director.flow_gate = gate = HoldingGate()
+    s = h.stream()
+    await s.on_message(headers_msg(buffered=True))
+    replies = s.route(body_msg(json.dumps(COMPLETION).encode(), eos=True))
+    await anext(replies)
+    await replies.aclose()
+    s.close()
+    assert gate.withdrawn and h.in_flight() == 0
+
+
+async def test_a_held_full_duplex_request_sends_nothing_until_it_is_routed() -> None:
+    """Envoy times no message of a FULL_DUPLEX_STREAMED body: the headers reply, with the
+    destination, is the first."""
+    h = Harness()
+    h.director.flow_gate = gate = HoldingGate()
+    s = h.stream()
+    await s.on_message(headers_msg())
+    answer = asyncio.ensure_future(s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True)))
+    await asyncio.sleep(0.01)
+    assert not answer.done()
+    gate.release.set()
+    replies = await answer
+    assert routed_destination(replies[0]).startswith("10.0.0.1:")
+    assert not any(r.HasField("override_message_timeout") for r in replies)
+
+
 async def test_buffered_body_followed_by_trailers_is_routed_at_once() -> None:
     # A buffered body is whole in one message; with trailers to follow it has no end_of_stream.
     h = Harness()
@@ -408,10 +484,11 @@ async def test_a_bug_while_the_request_is_ours_is_a_json_500_and_the_stream_goes
 ) -> None:
     h = Harness()
 
-    async def broken(*args: object) -> None:
+    async def broken(*args: object) -> AsyncIterator[RequestEvent]:
         raise RuntimeError("scheduler bug")
+        yield  # an async generator, as ``RequestHandle.schedule`` is
 
-    monkeypatch.setattr(h.director, "schedule", broken)
+    monkeypatch.setattr(RequestHandle, "schedule", broken)
     s = h.stream()
     await s.on_message(headers_msg(**{"x-request-id": "bug-1"}))
     (reply,) = await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
@@ -438,7 +515,7 @@ async def test_a_bug_after_routing_lets_the_response_through_and_frees_the_endpo
     def broken(*args: object) -> None:
         raise KeyError("meter bug")
 
-    monkeypatch.setattr(h.director, "response_body", broken)
+    monkeypatch.setattr(RequestHandle, "response_body", broken)
     s = h.stream()
     await s.on_message(headers_msg())
     await s.on_message(body_msg(json.dumps(COMPLETION).encode(), eos=True))
@@ -479,7 +556,7 @@ async def test_a_long_body_extending_a_seen_prompt_is_parsed_on_the_loop_a_new_o
         offloaded.append(function.__name__)
         return function(*args, **kwargs)
 
-    monkeypatch.setattr(director_module.asyncio, "to_thread", to_thread)
+    monkeypatch.setattr(handle_module.asyncio, "to_thread", to_thread)
     tokenizer = ModelTokenizer(TINY_MODEL_DIR, cache_bytes=64 << 20)
     h = Harness(tokenizer=tokenizer)
     seen = "A long tool output line. " * 4_000  # over the worker-thread bounds, body and text
@@ -490,8 +567,8 @@ async def test_a_long_body_extending_a_seen_prompt_is_parsed_on_the_loop_a_new_o
         await s.on_message(headers_msg(buffered=True))
         (reply,) = await s.on_message(body_msg(json.dumps({**COMPLETION, "prompt": prompt}).encode(), True))
         assert routed_destination(reply).startswith("10.0.0.1:")
-        assert s.record is not None and s.record.request is not None
-        assert s.record.request.prompt_token_ids == ModelTokenizer(TINY_MODEL_DIR).encode(prompt)
+        assert s.handle is not None and s.handle.request is not None
+        assert s.handle.request.prompt_token_ids == ModelTokenizer(TINY_MODEL_DIR).encode(prompt)
         s.close()
 
     await route(seen)

@@ -308,13 +308,13 @@ async def test_a_client_reusing_a_live_request_id_gets_a_new_one_and_nothing_lea
     await calibrate(h)
     first, _ = await send_stream(h, "same", 50)
     second, _ = await send_stream(h, "same", 50)  # the first is still waiting for its entry
-    assert first.record is not None and second.record is not None
-    assert first.record.request_id == "same" and second.record.request_id != "same"
-    for record in (first.record, second.record):
-        h.director.log_entry(LogEntry(record.request_id, 200, stream_bytes(50), 0.5, "complete"))
+    assert first.handle is not None and second.handle is not None
+    assert first.handle.request_id == "same" and second.handle.request_id != "same"
+    for handle in (first.handle, second.handle):
+        h.director.log_entry(LogEntry(handle.request_id, 200, stream_bytes(50), 0.5, "complete"))
     assert h.in_flight() == 0 and h.metric("llm_epp_handed_off_requests") == 0
     third, _ = await send_stream(h, "same", 5, hang_up_after=1)  # the id is free again
-    assert third.record is not None and third.record.request_id == "same"
+    assert third.handle is not None and third.handle.request_id == "same"
 
 
 async def test_one_stream_in_n_is_still_metered_to_its_end() -> None:
@@ -440,8 +440,8 @@ async def test_a_non_streamed_answers_5xx_entry_marks_its_endpoint_failed() -> N
     h = first_token_harness()
     s, _ = await send_unstreamed(h, "n1")
     s.close()
-    assert s.record is not None and s.record.routed is not None
-    picked = s.record.routed.endpoint_name
+    assert s.handle is not None and s.handle.routed is not None
+    picked = s.handle.routed.endpoint_name
     h.director.log_entry(LogEntry("n1", 503, 60, 0.1, "complete"))
     assert h.metric("llm_epp_upstream_failures_total", model_server_pod=picked) == 1
     assert h.in_flight() == 0
@@ -529,4 +529,4 @@ async def test_a_first_chunk_without_headers_says_a_5xx_by_its_attribute_and_an_
     picked = next(e.name for e in h.store.all() if e.endpoint.hostport == routed_destination(routed))
     await s.on_message(response_body_msg(ROLE, eos=False, attributes=attributes))
     assert h.metric("llm_epp_upstream_failures_total", model_server_pod=picked) == failed
-    assert s.record is not None and s.record.status == (503 if failed else 200)
+    assert s.handle is not None and s.handle.status == (503 if failed else 200)

@@ -30,7 +30,7 @@ from epp.scheduling.predictions import (
     LatencyPredictions,
 )
 from epp.scheduling.types import SchedulingResult
-from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
+from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, routed_request, run
 from tests.epp.latency_fakes import produce, producer, streaming_request
 from wire.latency import FeatureRow, endpoint_class_code
 
@@ -124,7 +124,8 @@ def test_tightest_running_tpot_slo_binds() -> None:
         produce(plugin, loose, endpoints).get(LATENCY_PREDICTIONS).by_endpoint["e0"].tpot_headroom_ms == -5.0
     )
     plugin.on_finished(
-        tight, SchedulingResult((endpoints[0].endpoint,), "p"), state, outcome(completed=False)
+        routed_request(tight, SchedulingResult((endpoints[0].endpoint,), "p"), state),
+        outcome(completed=False),
     )
     assert (
         produce(plugin, loose, endpoints).get(LATENCY_PREDICTIONS).by_endpoint["e0"].tpot_headroom_ms == 40.0
@@ -139,7 +140,7 @@ def test_running_tpot_slos_of_requests_sharing_a_client_request_id_are_kept_apar
     first_state, retry_state = produce(plugin, first, endpoints), produce(plugin, retry, endpoints)
     plugin.pre_request(first, target, first_state)
     plugin.pre_request(retry, target, retry_state)
-    plugin.on_finished(first, target, first_state, outcome(completed=False))
+    plugin.on_finished(routed_request(first, target, first_state), outcome(completed=False))
     probe = streaming_request(slo_tpot_ms=50.0, request_id="probe")
     # The retry still runs there, so its 5 ms SLO still binds.
     assert (
@@ -173,7 +174,9 @@ def test_training_samples_from_the_chosen_endpoint_row() -> None:
     endpoints = [endpoint_state(0, waiting=1), endpoint_state(1)]
     request = streaming_request()
     state = produce(plugin, request, endpoints)
-    plugin.on_finished(request, SchedulingResult((endpoints[0].endpoint,), "p"), state, outcome())
+    plugin.on_finished(
+        routed_request(request, SchedulingResult((endpoints[0].endpoint,), "p"), state), outcome()
+    )
     ttft, tpot = fake.samples
     assert (
         ttft["num_request_waiting"] == 1 and ttft["actual_ttft_ms"] == 500.0 and ttft["actual_tpot_ms"] == 0.0
@@ -182,13 +185,15 @@ def test_training_samples_from_the_chosen_endpoint_row() -> None:
     assert ttft["timestamp"] == 1.7e9
     # Failed requests teach nothing; non-streaming mode trains on end-to-end latency.
     plugin.on_finished(
-        request, SchedulingResult((endpoints[0].endpoint,), "p"), state, outcome(completed=False)
+        routed_request(request, SchedulingResult((endpoints[0].endpoint,), "p"), state),
+        outcome(completed=False),
     )
     assert len(fake.samples) == 2
     e2e = producer(FakePredictor(), streamingMode=False)
     e2e_state = produce(e2e, request, endpoints)
     e2e.on_finished(
-        request, SchedulingResult((endpoints[0].endpoint,), "p"), e2e_state, outcome(streaming=False)
+        routed_request(request, SchedulingResult((endpoints[0].endpoint,), "p"), e2e_state),
+        outcome(streaming=False),
     )
     assert [s["actual_ttft_ms"] for s in e2e.predictor.samples] == [2000.0]
 
@@ -412,7 +417,7 @@ def pick(
     if finish:
         done = dataclasses.replace(outcome(), endpoint=result.endpoint)
         for observer in pipeline.observers:
-            observer.on_finished(request, result, state, done)
+            observer.on_finished(routed_request(request, result, state), done)
     return result.endpoint.name, state
 
 

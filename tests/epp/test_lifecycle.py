@@ -14,10 +14,9 @@ from epp.latency.report import PredictionReport
 from epp.plugins.token_load import find_token_load
 from epp.requestcontrol.lifecycle import ENDPOINT_HEADER, RequestLifecycle
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
-from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome, ResponseObserver
+from epp.scheduling.framework import Plugin, PluginContext, RequestOutcome
 from epp.scheduling.observers import LifecycleObserver, RoutedRequest
 from epp.scheduling.predictor import Prediction
-from epp.scheduling.types import LLMRequest, SchedulingResult
 from tests.epp.factories import FakeClock, endpoint_state, make_request, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,17 +47,17 @@ class Heard(LifecycleObserver):
         self.log.append(("observer", "finished", str(outcome.finished_at)))
 
 
-class PluginHeard(ResponseObserver):
+class PluginHeard(Plugin, LifecycleObserver):
     type_name = "test-heard"
 
     def __init__(self, log: list[tuple[str, ...]]) -> None:
         super().__init__("heard", None, PluginContext(clock=FakeClock()))  # type: ignore[arg-type]
         self.log = log
 
-    def on_first_token(self, request: LLMRequest, result: SchedulingResult, state: CycleState, now: float):
+    def on_first_token(self, routed: RoutedRequest, now: float) -> None:
         self.log.append(("plugin", "first", str(now)))
 
-    def on_finished(self, request, result, state, outcome: RequestOutcome) -> None:
+    def on_finished(self, routed: RoutedRequest, outcome: RequestOutcome) -> None:
         self.log.append(("plugin", "finished", str(outcome.finished_at)))
 
 
@@ -83,8 +82,9 @@ def test_a_request_is_booked_while_routed_and_released_once() -> None:
 
 def test_plugins_hear_each_step_before_the_lifecycle_observers_and_nothing_after_the_end() -> None:
     log: list[tuple[str, ...]] = []
-    lc = lifecycle("gie-default", Heard(log))
-    lc.pipeline.observers.insert(0, PluginHeard(log))
+    pipeline = lifecycle().pipeline
+    pipeline.observers.insert(0, PluginHeard(log))
+    lc = RequestLifecycle(pipeline, [Heard(log)])
     routed = run(lc.route(make_request(list(range(40))), [endpoint_state(0)], 1.0, 1.0))
     lc.first_token(routed, 2.0)
     lc.first_token(routed, 2.5)  # a second "first" token is not one

@@ -16,7 +16,7 @@ from epp.scheduling.cycle_data import EXPECTED_OUTPUT, PREFIX_MATCH, TOKEN_LOAD,
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
 from epp.scheduling.predictions import LATENCY_PREDICTIONS, EndpointPrediction, LatencyPredictions
 from epp.scheduling.types import SchedulingResult
-from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, run
+from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, routed_request, run
 from tests.epp.latency_fakes import producer as latency_producer
 
 
@@ -80,7 +80,7 @@ def producer(**params: object) -> tuple[TokenLoadProducer, FakeClock]:
 def finish(p: TokenLoadProducer, request, state: CycleState, tokens: int, at: float) -> None:
     result = SchedulingResult((endpoint_state(0).endpoint,), "p")
     outcome = RequestOutcome(result.endpoint, at - 1, at, 200, True, True, at - 0.5, tokens)
-    p.on_finished(request, result, state, outcome)
+    p.on_finished(routed_request(request, result, state), outcome)
 
 
 def test_the_hint_comes_first_then_the_session_then_the_pool_then_max_tokens() -> None:

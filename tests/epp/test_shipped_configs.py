@@ -10,7 +10,7 @@ from epp.configs import CONFIG_DIR, config_path
 from epp.plugins.token_load import find_token_load
 from epp.scheduling.config import EndpointPickerConfig, build_pipeline
 from epp.scheduling.framework import CycleState, PluginContext, RequestOutcome
-from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request
+from tests.epp.factories import FakeClock, FakePredictor, endpoint_state, make_request, routed_request
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 ROUTER_CONFIGS = {
@@ -46,11 +46,11 @@ async def test_shipped_config_schedules_requests_on_fake_endpoints(name: str) ->
         outcomes.append((request, result, state))
     for request, result, state in outcomes:
         for observer in pipeline.observers:
-            observer.on_first_token(request, result, state, 1.0)
-            observer.on_progress(request, result, state, 3, 1.5)
+            observer.on_first_token(routed_request(request, result, state), 1.0)
+            observer.on_progress(routed_request(request, result, state), 3, 1.5)
         outcome = RequestOutcome(result.endpoint, 0.0, 2.0, 200, True, True, 1.0, 3)
         for observer in pipeline.observers:
-            observer.on_finished(request, result, state, outcome)
+            observer.on_finished(routed_request(request, result, state), outcome)
     token_load = find_token_load(pipeline.plugins.values())
     if token_load is not None:
         assert token_load.tracker.in_flight() == 0

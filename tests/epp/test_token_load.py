@@ -22,7 +22,7 @@ from tests.epp.extproc_harness import (
     response_headers_msg,
     routed_destination,
 )
-from tests.epp.factories import FakeClock, endpoint_state, make_request, tail_rows
+from tests.epp.factories import FakeClock, endpoint_state, make_request, routed_request, tail_rows
 
 
 def test_lifecycle_moves_tokens_between_accounts() -> None:
@@ -112,11 +112,11 @@ def test_producer_books_on_pick_and_releases_on_finish_however_it_ends() -> None
     result = SchedulingResult((endpoints[1].endpoint,), "p")
     producer.pre_request(request, result, state)
     assert producer.tracker.load("e1") == EndpointLoad(1, 36, 0, 20, 100)  # 64 of 100 prompt tokens cached
-    producer.on_first_token(request, result, state, 0.0)
-    producer.on_progress(request, result, state, 5, 0.0)
+    producer.on_first_token(routed_request(request, result, state), 0.0)
+    producer.on_progress(routed_request(request, result, state), 5, 0.0)
     assert producer.tracker.load("e1") == EndpointLoad(1, 0, 105, 15, 105)
     aborted = RequestOutcome(endpoints[1].endpoint, 0.0, 1.0, 200, True, False, 0.5, 5)
-    producer.on_finished(request, result, state, aborted)
+    producer.on_finished(routed_request(request, result, state), aborted)
     assert producer.tracker.load("e1") == EndpointLoad()
     unbounded = make_request(list(range(10)))
     assert producer.expected_output(unbounded) == ExpectedOutput(15, OutputSource.DEFAULT)

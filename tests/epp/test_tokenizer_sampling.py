@@ -168,9 +168,10 @@ async def test_prompts_over_the_context_go_to_the_engine_to_refuse() -> None:
     sampled = SampledTokenizer(ModelTokenizer(TINY_MODEL_DIR), every=2)
     harness = Harness(tokenizer=sampled, default_max_model_len=8)
     prompt = "many words here " * 20
-    record = harness.director.new_record({})
+    record = harness.director.open({})
     body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 4}).encode()
-    await harness.director.schedule(record, "/v1/completions", {}, body)
+    async for _ in record.schedule("/v1/completions", {}, body):
+        pass
     assert record.request is not None and record.request.prompt_token_ids == estimated_ids(prompt.encode())
 
 

@@ -48,7 +48,7 @@ import epp.plugin_types  # noqa: F401  (registers every plugin type)
 from bench.runs.tokenize_bench import CHAT_PATH, Conversations, TokenizeBenchSettings
 from epp.configs import config_path
 from epp.datalayer.endpoints import EndpointStore
-from epp.extproc.stream import ExtProcStream
+from epp.extproc.stream import ExtProcStream, routes
 from epp.latency.client import read_predictions
 from epp.latency.metrics import PredictionMetrics
 from epp.latency.report import PredictionReport
@@ -173,10 +173,15 @@ def _batch(count: int, fresh: bool, start: int) -> list[list[bytes]]:
 
 
 async def _send(director: Director, wire: list[bytes]) -> None:
-    """One request's ext_proc stream: each message parsed (as the gRPC server does) and handled."""
+    """One request's ext_proc stream: each message parsed and answered as the gRPC server does."""
     stream = ExtProcStream(director, 64 << 20)
     for raw in wire:
-        await stream.on_message(ProcessingRequest.FromString(raw))
+        message = ProcessingRequest.FromString(raw)
+        if routes(message):
+            async for _ in stream.route(message):
+                pass
+        else:
+            stream.answer(message)
     stream.close()
 
 

@@ -69,9 +69,14 @@ async def until(condition) -> None:
         await asyncio.sleep(0.001)
 
 
+async def wait(gate: FlowGate, request: LLMRequest) -> FlowTicket:
+    """Admit ``request`` and wait for its ticket, as the director does."""
+    return await gate.admit(request, time.monotonic()).ticket()
+
+
 async def occupy(gate: FlowGate) -> FlowTicket:
     """Dispatch one request into the idle pool and route it, which saturates the pool."""
-    ticket = await gate.wait(llm_request(), time.monotonic())
+    ticket = await wait(gate, llm_request())
     ticket.routed("e0", CycleState(), time.monotonic())
     return ticket
 
@@ -83,7 +88,7 @@ async def test_waiters_are_released_in_band_order_as_requests_finish():
     tickets: dict[int, FlowTicket] = {}
 
     async def waiter(band: int) -> None:
-        tickets[band] = await gate.wait(llm_request(priority=band), time.monotonic())
+        tickets[band] = await wait(gate, llm_request(priority=band))
         order.append(band)
 
     tasks = [asyncio.create_task(waiter(band)) for band in (0, 1, 3)]
@@ -108,7 +113,7 @@ async def test_an_expired_request_is_shed_with_retry_after():
     gate, registry = make_gate()
     await occupy(gate)
     with pytest.raises(RequestShed) as shed:
-        await gate.wait(llm_request(priority=-1), time.monotonic())
+        await wait(gate, llm_request(priority=-1))
     assert shed.value.status == 429 and shed.value.headers()["retry-after"] == "2"
     assert "time limit" in shed.value.message
     assert len(gate.controller) == 0
@@ -124,7 +129,7 @@ async def test_an_expired_request_is_shed_with_retry_after():
 async def test_a_waiter_that_is_cancelled_leaves_the_queue_and_the_metrics():
     gate, registry = make_gate()
     await occupy(gate)
-    task = asyncio.create_task(gate.wait(llm_request(tenant="gone"), time.monotonic()))
+    task = asyncio.create_task(wait(gate, llm_request(tenant="gone")))
     await until(lambda: len(gate.controller) == 1)
     size = {"priority": "0", "fairness_id": "gone"}
     assert sample(registry, "inference_extension_flow_control_queue_size", **size) == 1
@@ -163,7 +168,7 @@ async def test_a_peers_release_wakes_the_dispatcher_without_waiting_for_its_poll
     key = peer.route("e0", prompt=700, cached=0, expected=100)  # 800 of e0's 1000 tokens
     for data in peer.sync.take_messages():
         ours.sync.receive(data)
-    waiter = asyncio.create_task(gate.wait(llm_request(), time.monotonic()))  # 600 tokens: no room
+    waiter = asyncio.create_task(wait(gate, llm_request()))  # 600 tokens: no room
     await until(lambda: len(gate.controller) == 1)
     await asyncio.sleep(0)  # the dispatcher is waiting for its wake-up
     assert not waiter.done()
@@ -183,8 +188,26 @@ async def test_a_held_request_calls_on_queued_and_one_dispatched_at_once_does_no
     gate.on_queued = lambda: holds.append(time.monotonic())
     running = await occupy(gate)
     assert holds == []
-    waiter = asyncio.create_task(gate.wait(llm_request(), time.monotonic()))
+    waiter = asyncio.create_task(wait(gate, llm_request()))
     await until(lambda: len(gate.controller) == 1)
     assert len(holds) == 1
     running.finished()
     (await waiter).finished()
+
+
+async def test_an_admission_says_whether_it_is_held_and_one_withdrawn_leaves_the_queue():
+    """A held request's admission says its band's TTL (the ext_proc stream extends Envoy's
+    timeout by it); one dispatched at once says nothing. A driver that gives up on a held
+    request before awaiting its ticket withdraws it."""
+    gate, registry = make_gate()
+    at_once = gate.admit(llm_request(), time.monotonic())
+    assert at_once.held_s is None
+    (await at_once.ticket()).routed("e0", CycleState(), time.monotonic())
+    held = gate.admit(llm_request(priority=-1, tenant="gone"), time.monotonic())
+    assert held.held_s == 0.2 and len(gate.controller) == 1
+    held.withdraw()
+    held.withdraw()  # idempotent
+    assert len(gate.controller) == 0
+    cancelled = {"priority": "-1", "fairness_id": "gone", "outcome": "cancelled"}
+    assert sample(registry, "inference_extension_flow_control_requests_total", **cancelled) == 1
+    await gate.close()
