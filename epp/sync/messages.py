@@ -8,7 +8,7 @@ Every message is ``[version, kind, replica, incarnation, seq, sent_at, body]``:
   SNAPSHOT carry the sender's latest ``seq``, so a receiver can tell it missed some;
 * ``sent_at`` is the sender's wall clock (seconds since the epoch), for the publish→apply lag.
 
-Bodies:
+Bodies (typed, field by field, in ``epp.sync.deltas``):
 
 * DELTAS: a list of deltas, each a list starting with its :class:`DeltaKind`::
 
