@@ -2,8 +2,8 @@
 
 The wire stays msgpack positional arrays (the schema in ``epp.sync.messages``); these types are
 that schema's fields by name at the edges. Each has ``fields()``, its wire array, and ``read``,
-which checks a received array and raises :class:`MalformedDelta` if it is not one. A delta in a
-DELTAS body is ``[kind, *fields]``; a snapshot carries the fields alone.
+which checks a received array: None if it is not one (malformed). A delta in a DELTAS body is
+``[kind, *fields]``; a snapshot carries the fields alone.
 
 A delta is read where it is applied, one by one, so one malformed delta is dropped (counted)
 and the rest of its message still applies.
@@ -20,10 +20,6 @@ from epp.sync.messages import Capability, DeltaKind, heartbeat_bytes_per_token, 
 # Read once, not per delta: reading deltas is the apply path that llm-epp-bench sync-apply measures.
 _tuple_new = tuple.__new__
 _NUMBER = (int, float)
-
-
-class MalformedDelta(ValueError):
-    """A received delta (or snapshot entry) that is not of its kind's shape."""
 
 
 class Totals(NamedTuple):
@@ -48,9 +44,9 @@ class Totals(NamedTuple):
         return [DeltaKind.TOTALS, *self]
 
     @classmethod
-    def read(cls, fields: object) -> Self:
+    def read(cls, fields: object) -> Self | None:
         if not isinstance(fields, list) or len(fields) != 8:
-            raise MalformedDelta
+            return None
         endpoint, requests, prefill, decode, remaining, kv, slo, rows = fields
         if (
             type(endpoint) is not str
@@ -64,7 +60,7 @@ class Totals(NamedTuple):
             or kv < 0
             or not (slo is None or (isinstance(slo, _NUMBER) and slo > 0))
         ):
-            raise MalformedDelta
+            return None
         return _tuple_new(cls, fields)  # as _make, without its length check: done above
 
 
@@ -84,13 +80,13 @@ class PrefixInsert(NamedTuple):
         return [DeltaKind.PREFIX, *self]
 
     @classmethod
-    def read(cls, fields: object) -> Self:
+    def read(cls, fields: object) -> Self | None:
         # block_size is only compared with the local index's, so any value reads.
         if not isinstance(fields, list) or len(fields) != 3:
-            raise MalformedDelta
+            return None
         endpoint, _, hashes = fields
         if not isinstance(endpoint, str) or not isinstance(hashes, bytes) or len(hashes) % 8:
-            raise MalformedDelta
+            return None
         return _tuple_new(cls, fields)  # as _make, without its length check: done above
 
 
@@ -106,11 +102,10 @@ class Snapshot(NamedTuple):
         return [[t.fields() for t in totals], [p.fields() for p in prefix]]
 
     @classmethod
-    def read(cls, body: Sequence[Any]) -> Self:
-        """The two lists of entries, unread; :class:`MalformedDelta` if ``body`` is not
-        ``[totals, prefix]``."""
+    def read(cls, body: Sequence[Any]) -> Self | None:
+        """The two lists of entries, unread; None if ``body`` is not ``[totals, prefix]``."""
         if len(body) != 2 or not all(isinstance(part, list) for part in body):
-            raise MalformedDelta
+            return None
         return cls._make(body)
 
 

@@ -33,8 +33,12 @@ class PeerLoad:
         self.on_requests: Callable[[str], None] | None = None
         """Called with an endpoint where a peer published another number of requests than before."""
 
-    def apply(self, peer: int, totals: Totals) -> None:
-        """Replace what we hold of ``peer`` on ``totals.endpoint`` with ``totals`` (always applies)."""
+    def apply(self, peer: int, fields: object) -> str | None:
+        """Replace what we hold of ``peer`` on one endpoint with its :class:`Totals` there, read
+        from ``fields``; ``malformed`` if they are no totals, else None (applied)."""
+        totals = Totals.read(fields)
+        if totals is None:
+            return "malformed"
         endpoint, requests, prefill, decode, remaining, kv, slo, tail_rows = totals
         counts = (requests, prefill, decode, remaining, kv)
         held = self._totals.get(peer)
@@ -51,6 +55,7 @@ class PeerLoad:
             self._freed()
         if requests != (before[0] if before is not None else 0) and self.on_requests is not None:
             self.on_requests(endpoint)
+        return None
 
     def forget(self, peer: int) -> None:
         """Drop everything ``peer`` published."""

@@ -65,9 +65,13 @@ class PrefixShare:
             for endpoint, hashes in self._recent_blocks(limit)
         ]
 
-    def apply(self, insert: PrefixInsert) -> str | None:
-        """Record a peer's insert; the reason it was dropped (``unused``: no index here;
+    def apply(self, peer: int, fields: object) -> str | None:
+        """Record a peer's :class:`PrefixInsert`, read from ``fields`` (whose it was is not kept:
+        ``peer`` is unused); the reason it was dropped (``malformed``; ``unused``: no index here;
         ``block_size``: another block size), or None."""
+        insert = PrefixInsert.read(fields)
+        if insert is None:
+            return "malformed"
         if self._record is None:
             return "unused"
         if insert.block_size != self._block_size:

@@ -82,10 +82,10 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from epp.load.peer_totals import PeerTotals
-from epp.sync.deltas import Heartbeat, MalformedDelta, PrefixInsert, Snapshot, Totals
+from epp.sync.deltas import Heartbeat, Snapshot
 from epp.sync.membership import Membership, Peer
 from epp.sync.messages import (
     Capability,
@@ -168,6 +168,15 @@ class Received(NamedTuple):
     """Receiver's wall clock minus the sender's at sending (clock skew included)."""
 
 
+class AppliesDeltas(Protocol):
+    """Where one kind of delta from peers goes (``epp.sync.peer_load``, ``epp.sync.prefix_share``)."""
+
+    def apply(self, peer: int, fields: object) -> str | None:
+        """Apply a delta's ``fields`` (``epp.sync.deltas``) from the peer of this index; the
+        reason it was dropped (``malformed`` if they are not of this kind's shape), or None."""
+        ...
+
+
 class ReplicaSyncState:
     def __init__(
         self,
@@ -207,6 +216,8 @@ class ReplicaSyncState:
         )
         self._peer_load = PeerLoad(targets.token_load, targets.tpot_slos)
         self._membership = Membership(clock, self._peer_load.forget)
+        self._appliers: dict[str, AppliesDeltas] = {"totals": self._peer_load, "prefix": self._prefix}
+        """Per delta kind (``epp.sync.messages.delta_name``), where it goes."""
 
     @property
     def on_peer_freed(self) -> Callable[[], None] | None:
@@ -415,9 +426,8 @@ class ReplicaSyncState:
         if message.seq < peer.last_seq and peer.kept is None:
             self.stats.snapshots["stale"] += 1
             return True
-        try:
-            snapshot = Snapshot.read(message.body)
-        except MalformedDelta:
+        snapshot = Snapshot.read(message.body)
+        if snapshot is None:
             self._refuse("malformed", f"a snapshot from {peer.replica} that is not [totals, prefix]")
             return False
         self._peer_load.forget(peer.index)
@@ -426,7 +436,7 @@ class ReplicaSyncState:
             ("prefix", "prefix blocks", snapshot.prefix),
         ):
             for entry in entries:
-                if (outcome := self._apply_delta(peer, name, entry)) is not None:
+                if (outcome := self._appliers[name].apply(peer.index, entry)) is not None:
                     self._refuse(outcome, f"{what} in a snapshot from {peer.replica} ({outcome})")
         kept = self._membership.snapshot_installed(peer, message.seq)
         self.stats.snapshots["installed"] += 1
@@ -441,7 +451,8 @@ class ReplicaSyncState:
         applied: list[str] = []
         for delta in deltas:
             name = delta_name(delta[0]) if isinstance(delta, list) and delta else "unknown"
-            outcome = self._apply_delta(peer, name, delta[1:] if name != "unknown" else None)
+            applier = self._appliers.get(name)
+            outcome = applier.apply(peer.index, delta[1:]) if applier is not None else "malformed"
             if outcome is None:
                 applied.append(name)
             else:
@@ -450,19 +461,6 @@ class ReplicaSyncState:
                 )
         # Counted once a message: a Counter increment per delta was a tenth of the apply path.
         self.stats.applied.update(applied)
-
-    def _apply_delta(self, peer: Peer, name: str, fields: object) -> str | None:
-        """Apply the fields of one delta of kind ``name`` from ``peer`` (``epp.sync.deltas``);
-        the reason it was dropped, or None."""
-        try:
-            if name == "totals":
-                self._peer_load.apply(peer.index, Totals.read(fields))
-                return None
-            if name == "prefix":
-                return self._prefix.apply(PrefixInsert.read(fields))
-        except MalformedDelta:
-            pass
-        return "malformed"
 
     # ---- peers' lives (epp.sync.membership) -----------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from epp.sync.deltas import Heartbeat, MalformedDelta, PrefixInsert, Snapshot, Totals
+from epp.sync.deltas import Heartbeat, PrefixInsert, Snapshot, Totals
 from epp.sync.messages import Capability, MessageKind, SyncMessage, encode, pack_hashes
 
 ROWS = pack_hashes(range(6))
@@ -56,18 +56,13 @@ def test_fields_read_back_as_the_delta() -> None:
     ],
 )
 def test_malformed_totals_are_refused(fields: object) -> None:
-    with pytest.raises(MalformedDelta):
-        Totals.read(fields)
+    assert Totals.read(fields) is None
 
 
 @pytest.mark.parametrize("fields", [["e", 64], ["e", 64, b"\x01"], [None, 64, b""], "e"])
 def test_malformed_prefix_inserts_are_refused(fields: object) -> None:
-    with pytest.raises(MalformedDelta):
-        PrefixInsert.read(fields)
+    assert PrefixInsert.read(fields) is None
 
 
 def test_a_snapshot_that_is_not_two_lists_is_refused() -> None:
-    with pytest.raises(MalformedDelta):
-        Snapshot.read([[]])
-    with pytest.raises(MalformedDelta):
-        Snapshot.read([[], "prefix"])
+    assert Snapshot.read([[]]) is None and Snapshot.read([[], "prefix"]) is None
