@@ -67,7 +67,9 @@ class OwnBookings:
         tpot_slo_ms: float | None = None,
         prompt_tail: int | None = None,
     ) -> None:
-        """See :meth:`epp.sync.state.ReplicaSyncState.routed`."""
+        """A request of ours was routed: ``kv_tokens`` prompt tokens, of which ``uncached_tokens``
+        still to prefill, ``expected_output`` output tokens expected; its TPOT SLO if one runs;
+        the hash of its prompt's last full block if the prefix index hashed it."""
         own = _Own(endpoint, tpot_slo_ms, prompt_tail)
         self._own[key] = own
         self._own_on.setdefault(endpoint, {})[key] = own
@@ -78,6 +80,7 @@ class OwnBookings:
         self._due_now(endpoint)
 
     def first_token(self, key: int) -> None:
+        """The request streams its first token."""
         own = self._own.get(key)
         if own is not None:
             self._load.first_token(key)

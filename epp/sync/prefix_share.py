@@ -53,6 +53,8 @@ class PrefixShare:
 
     def take(self) -> list[PrefixInsert]:
         """The queued inserts, in order; none is queued after."""
+        if not self._queued:
+            return []
         taken, self._queued = list(self._queued), {}
         return taken
 

@@ -216,6 +216,14 @@ class ReplicaSyncState:
         )
         self._peer_load = PeerLoad(targets.token_load, targets.tpot_slos)
         self._membership = Membership(clock, self._peer_load.forget)
+        # The lifecycle of our requests, as the pipeline hook reports it, goes straight to the part
+        # that keeps it (bound here, not wrapped: these run for every request routed).
+        self.routed = self._bookings.routed
+        self.first_token = self._bookings.first_token
+        self.progress = self._bookings.progress
+        self.released = self._bookings.released
+        self.flush = self._bookings.flush
+        self.prefix_inserted = self._prefix.inserted
         self._appliers: dict[str, AppliesDeltas] = {"totals": self._peer_load, "prefix": self._prefix}
         """Per delta kind (``epp.sync.messages.delta_name``), where it goes."""
 
@@ -240,49 +248,6 @@ class ReplicaSyncState:
         self._peer_load.on_requests = callback
 
     # ---- outbound: this replica's own bookings (epp.sync.own_bookings, epp.sync.prefix_share) ----
-
-    def routed(
-        self,
-        key: int,
-        endpoint: str,
-        *,
-        kv_tokens: int,
-        uncached_tokens: int,
-        expected_output: int,
-        tpot_slo_ms: float | None = None,
-        prompt_tail: int | None = None,
-    ) -> None:
-        """A request of ours was routed: ``kv_tokens`` prompt tokens, of which ``uncached_tokens``
-        still to prefill, ``expected_output`` output tokens expected; its TPOT SLO if one runs;
-        the hash of its prompt's last full block if the prefix index hashed it."""
-        self._bookings.routed(
-            key,
-            endpoint,
-            kv_tokens=kv_tokens,
-            uncached_tokens=uncached_tokens,
-            expected_output=expected_output,
-            tpot_slo_ms=tpot_slo_ms,
-            prompt_tail=prompt_tail,
-        )
-
-    def prefix_inserted(self, endpoint: str, block_size: int, block_hashes: Sequence[int]) -> None:
-        """We recorded these prompt blocks for ``endpoint`` in our approximate prefix index."""
-        self._prefix.inserted(endpoint, block_size, block_hashes)
-
-    def first_token(self, key: int) -> None:
-        self._bookings.first_token(key)
-
-    def progress(self, key: int, generated: int) -> None:
-        """``generated`` output tokens so far; published at the next :meth:`flush`."""
-        self._bookings.progress(key, generated)
-
-    def released(self, key: int) -> None:
-        """The request is over, however it ended."""
-        self._bookings.released(key)
-
-    def flush(self) -> None:
-        """The tick: queue the totals of every endpoint that changed since it last went out."""
-        self._bookings.flush()
 
     def _wake_if_idle(self) -> None:
         if not (self._bookings.any_due or self._prefix.any_queued) and self.on_pending is not None:
@@ -448,19 +413,17 @@ class ReplicaSyncState:
         return True
 
     def _apply(self, peer: Peer, deltas: Sequence[Any]) -> None:
-        applied: list[str] = []
+        applied = self.stats.applied
         for delta in deltas:
             name = delta_name(delta[0]) if isinstance(delta, list) and delta else "unknown"
             applier = self._appliers.get(name)
             outcome = applier.apply(peer.index, delta[1:]) if applier is not None else "malformed"
             if outcome is None:
-                applied.append(name)
+                applied[name] += 1
             else:
                 self._refuse(
                     outcome, f"a {name} delta from {peer.replica} ({outcome})", key=f"{outcome}:{name}"
                 )
-        # Counted once a message: a Counter increment per delta was a tenth of the apply path.
-        self.stats.applied.update(applied)
 
     # ---- peers' lives (epp.sync.membership) -----------------------------------------------------
 
