@@ -89,6 +89,7 @@ from epp.sync.deltas import Heartbeat, Snapshot
 from epp.sync.membership import Membership, Peer
 from epp.sync.messages import (
     Capability,
+    DeltaKind,
     MessageKind,
     SchemaError,
     SyncMessage,
@@ -224,8 +225,11 @@ class ReplicaSyncState:
         self.released = self._bookings.released
         self.flush = self._bookings.flush
         self.prefix_inserted = self._prefix.inserted
-        self._appliers: dict[str, AppliesDeltas] = {"totals": self._peer_load, "prefix": self._prefix}
-        """Per delta kind (``epp.sync.messages.delta_name``), where it goes."""
+        self._appliers: dict[int, tuple[str, AppliesDeltas]] = {
+            DeltaKind.TOTALS: ("totals", self._peer_load),
+            DeltaKind.PREFIX: ("prefix", self._prefix),
+        }
+        """Per delta kind, its name (``epp.sync.messages.delta_name``) and where it goes."""
 
     @property
     def on_peer_freed(self) -> Callable[[], None] | None:
@@ -396,12 +400,13 @@ class ReplicaSyncState:
             self._refuse("malformed", f"a snapshot from {peer.replica} that is not [totals, prefix]")
             return False
         self._peer_load.forget(peer.index)
-        for name, what, entries in (
-            ("totals", "totals", snapshot.totals),
-            ("prefix", "prefix blocks", snapshot.prefix),
+        for kind, what, entries in (
+            (DeltaKind.TOTALS, "totals", snapshot.totals),
+            (DeltaKind.PREFIX, "prefix blocks", snapshot.prefix),
         ):
+            _, applier = self._appliers[kind]
             for entry in entries:
-                if (outcome := self._appliers[name].apply(peer.index, entry)) is not None:
+                if (outcome := applier.apply(peer.index, entry)) is not None:
                     self._refuse(outcome, f"{what} in a snapshot from {peer.replica} ({outcome})")
         kept = self._membership.snapshot_installed(peer, message.seq)
         self.stats.snapshots["installed"] += 1
@@ -413,17 +418,24 @@ class ReplicaSyncState:
         return True
 
     def _apply(self, peer: Peer, deltas: Sequence[Any]) -> None:
-        applied = self.stats.applied
+        applied: list[str] = []
         for delta in deltas:
-            name = delta_name(delta[0]) if isinstance(delta, list) and delta else "unknown"
-            applier = self._appliers.get(name)
-            outcome = applier.apply(peer.index, delta[1:]) if applier is not None else "malformed"
+            kind = delta[0] if isinstance(delta, list) and delta else None
+            # Only an int can be a kind (and a list would not hash).
+            known = self._appliers.get(kind) if type(kind) is int else None
+            if known is None:
+                name, outcome = "unknown", "malformed"
+            else:
+                name, applier = known
+                outcome = applier.apply(peer.index, delta[1:])
             if outcome is None:
-                applied[name] += 1
+                applied.append(name)
             else:
                 self._refuse(
                     outcome, f"a {name} delta from {peer.replica} ({outcome})", key=f"{outcome}:{name}"
                 )
+        # Counted once a message: a Counter increment per delta was a twentieth of applying one.
+        self.stats.applied.update(applied)
 
     # ---- peers' lives (epp.sync.membership) -----------------------------------------------------
 
