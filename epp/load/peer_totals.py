@@ -98,7 +98,9 @@ class PeerTotals:
         before its release may arrive after the local prompt that continued it."""
         if len(tails) % TAIL_ROW_BYTES:
             raise ValueError("tail rows are not whole")
-        entries = self._by_endpoint.setdefault(endpoint, {})
+        entries = self._by_endpoint.get(endpoint)
+        if entries is None:  # not setdefault: that builds a dict per delta applied
+            entries = self._by_endpoint[endpoint] = {}
         old = entries.pop(peer, None)
         continued: set[int] = set()
         if old is not None:
@@ -107,8 +109,10 @@ class PeerTotals:
             if old.continued and tails:
                 continued = old.continued & set(unpack_tail_rows(tails)[:, 0].tolist())
         if counts[0]:
-            published = _Published(counts, tails, continued)
-            published.settle()
+            # Settled as published unless a booking was continued: this runs per delta applied.
+            published = _Published(counts, tails, continued, counts)
+            if continued:
+                published.settle()
             entries[peer] = published
             self._requests += published.effective[0]
             self._tailed += bool(tails)

@@ -8,7 +8,7 @@ Every message is ``[version, kind, replica, incarnation, seq, sent_at, body]``:
   SNAPSHOT carry the sender's latest ``seq``, so a receiver can tell it missed some;
 * ``sent_at`` is the sender's wall clock (seconds since the epoch), for the publish→apply lag.
 
-Bodies:
+Bodies (typed, field by field, in ``epp.sync.deltas``):
 
 * DELTAS: a list of deltas, each a list starting with its :class:`DeltaKind`::
 
@@ -54,9 +54,8 @@ capability, so it owns no endpoint and every endpoint keeps being scraped.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -104,14 +103,16 @@ class SchemaError(ValueError):
         self.version = version
 
 
-@dataclass(frozen=True, slots=True)
-class SyncMessage:
+class SyncMessage(NamedTuple):
+    """One message's envelope and its body (a NamedTuple, not a frozen dataclass: every message
+    received builds one, and a frozen dataclass's init costs a ``__setattr__`` call per field)."""
+
     kind: MessageKind
     replica: str
     incarnation: int
     seq: int
     sent_at: float
-    body: Sequence[Any] = field(default=())
+    body: Sequence[Any] = ()
 
 
 def encode(message: SyncMessage) -> bytes:
@@ -127,6 +128,12 @@ def encode(message: SyncMessage) -> bytes:
         ],
         use_bin_type=True,
     )
+
+
+# Looked up, not called: MessageKind(kind) runs two Python frames of the enum machinery, on
+# every message received (the apply path, ``llm-epp-bench sync-apply``).
+_MESSAGE_KINDS: dict[object, MessageKind] = {k.value: k for k in MessageKind}
+_NUMBER = (int, float)
 
 
 def decode(data: bytes) -> SyncMessage:
@@ -148,15 +155,15 @@ def decode(data: bytes) -> SyncMessage:
         raise SchemaError("malformed", f"a version {SCHEMA_VERSION} message with {len(fields)} fields, not 7")
     _, kind, replica, incarnation, seq, sent_at, body = fields
     if (
-        kind not in MessageKind._value2member_map_
+        (known_kind := _MESSAGE_KINDS.get(kind)) is None
         or not isinstance(replica, str)
         or not isinstance(incarnation, int)
         or not isinstance(seq, int)
-        or not isinstance(sent_at, int | float)
+        or not isinstance(sent_at, _NUMBER)
         or not isinstance(body, list)
     ):
         raise SchemaError("malformed", "a message with bad envelope field types")
-    return SyncMessage(MessageKind(kind), replica, incarnation, seq, float(sent_at), body)
+    return SyncMessage(known_kind, replica, incarnation, seq, float(sent_at), body)
 
 
 _KNOWN_CAPABILITIES = sum(Capability)

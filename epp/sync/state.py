@@ -1,25 +1,27 @@
 """The pure apply layer of replica sync: no I/O, no threads, time from injected clocks.
 
-One :class:`ReplicaSyncState` per EPP replica. It does two jobs:
+One :class:`ReplicaSyncState` per EPP replica. It numbers what this replica publishes and
+orders what its peers publish; the jobs themselves are done by:
+
+``epp.sync.own_bookings``  this replica's bookings, their totals per endpoint, what is due out
+``epp.sync.prefix_share``  the approximate prefix index's inserts, ours out and the peers' in
+``epp.sync.peer_load``     the peers' published totals, applied where the local plugins read them
+``epp.sync.membership``    the peers' incarnations, liveness, awaited snapshots and announcements
+``epp.sync.deltas``        the typed deltas and message bodies (``epp.sync.messages``: the wire)
 
 * **Outbound.** The replica's pipeline hook (``epp.sync.hook``) reports the lifecycle of every
-  request this replica routes (routed, prefix blocks inserted, first token, decode progress,
-  released). The state keeps its own bookings' totals per endpoint and publishes, for each
-  endpoint whose totals changed, the totals themselves (absolute values, not the change): with
-  the next :meth:`take_messages` when a request is routed, starts decoding or ends there, and at
-  the next :meth:`flush` (the tick) for decode progress. However many requests change an
+  request this replica routes. For each endpoint whose totals changed, the totals themselves
+  (absolute values, not the change) go out with the next :meth:`ReplicaSyncState.take_messages`
+  when a request is routed, starts decoding or ends there, and at the next
+  :meth:`ReplicaSyncState.flush` (the tick) for decode progress. However many requests change an
   endpoint between two takes, it goes out once, as it is at the take; the live transport takes
   at most every ``publish_interval_s``, so an endpoint goes out at most 1 / publish_interval_s
-  + 1 / progress_interval_s times a second. Prefix inserts go out as they come (the same blocks
-  twice in one take, once). Messages are numbered per incarnation.
-* **Inbound.** Messages from peers (:meth:`receive`) are applied to the structures the local
-  plugins read (``SyncTargets``): a peer's totals for an endpoint replace what was held of that
-  peer there (the token-load producer's ``peers``, :class:`~epp.load.peer_totals.PeerTotals`,
-  and, for the predicted-latency producer's running TPOT SLOs, the peer's smallest SLO there,
-  which is all its headroom reads); prefix inserts go to the approximate prefix index. Local
-  decisions read whatever has arrived; nothing here waits. A replica's apply work is therefore
-  bounded by endpoints × peers × take and tick rates, whatever the pool's request rate
-  (``llm-epp-bench sync-apply``).
+  + 1 / progress_interval_s times a second. Prefix inserts go out as they come. Messages are
+  numbered per incarnation.
+* **Inbound.** Messages from peers (:meth:`ReplicaSyncState.receive`) are applied to the
+  structures the local plugins read (``SyncTargets``). Local decisions read whatever has
+  arrived; nothing here waits. A replica's apply work is therefore bounded by endpoints × peers
+  × take and tick rates, whatever the pool's request rate (``llm-epp-bench sync-apply``).
 
 API (the live transport ``epp.sync.nats_transport`` and the fleet simulator both drive it)::
 
@@ -54,32 +56,24 @@ and ``agreed_bytes_per_token()``.
 
 Everything delivered is bytes in the ``epp.sync.messages`` schema, so a simulator that delays
 ``data`` by d exercises the same decode and apply code as the live EPP. Applying a TOTALS delta
-is O(peers) (a sum over them; its tail rows are kept as bytes), a prefix insert O(blocks);
-publishing an endpoint's totals is O(our bookings there); :meth:`expire` is O(peers), dropping a
-peer and installing a snapshot O(endpoints + its prefix blocks) and answering one O(our bookings
-+ ``snapshot_prefix_blocks``).
+is O(peers), a prefix insert O(blocks); publishing an endpoint's totals is O(our bookings there);
+dropping a peer and installing a snapshot O(endpoints + its prefix blocks) and answering one
+O(our bookings + ``snapshot_prefix_blocks``).
 
-Consistency rules:
+Consistency rules (who the peers are, and when they are dropped: ``epp.sync.membership``):
 
 * A peer's messages apply in ``seq`` order. A duplicate (``seq`` already applied) is dropped. A
   gap (a ``seq`` skipped, or a heartbeat announcing a ``seq`` never seen) means messages were
-  lost: the state asks that peer for a snapshot (:meth:`wanted_snapshots`) and, until it comes,
-  keeps applying what arrives (best effort) while also keeping it; the snapshot then replaces
-  the bookings it knew of that peer (its prefix blocks are merged into the index, which does not
-  tell whose insert a block was), and the kept messages numbered after the snapshot replay.
+  lost: the state asks that peer for a snapshot (:meth:`ReplicaSyncState.wanted_snapshots`) and,
+  until it comes, keeps applying what arrives (best effort) while also keeping it; the snapshot
+  then replaces the bookings it knew of that peer (its prefix blocks are merged into the index,
+  which does not tell whose insert a block was), and the kept messages numbered after the
+  snapshot replay.
 * Totals are absolute, so applying one twice, or one that a snapshot already includes, changes
   nothing.
-* A peer heard from for the first time mid-stream (its first message is not its first ever) is
-  asked for a snapshot too: that is how a replica that starts or restarts converges (on the
-  bookings, and on the most recent part of the prefix index, which a snapshot also carries).
-* A peer silent for ``peer_timeout_s`` is dropped with everything it published. A peer that starts
-  a new incarnation (a restart under the same name) has its old incarnation dropped at once.
-* While the transport is disconnected (:meth:`connection_lost`) nobody expires: routing goes on
-  with the last known remote state. On :meth:`connection_restored` every peer is re-snapshotted
-  and gets a fresh ``peer_timeout_s``.
 
-Replicas of one pool are assumed to run the same EndpointPickerConfig: a prefix insert is applied
-only when its block size equals the local index's, and a structure missing locally is skipped.
+Replicas of one pool are assumed to run the same EndpointPickerConfig: a structure missing
+locally is skipped.
 """
 
 from __future__ import annotations
@@ -88,10 +82,11 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from epp.load.peer_totals import TAIL_ROW_BYTES, Counts, PeerTotals, pack_tail_row
-from epp.load.token_load import TokenLoadTracker
+from epp.load.peer_totals import PeerTotals
+from epp.sync.deltas import Heartbeat, Snapshot
+from epp.sync.membership import Membership, Peer
 from epp.sync.messages import (
     Capability,
     DeltaKind,
@@ -101,11 +96,10 @@ from epp.sync.messages import (
     decode,
     delta_name,
     encode,
-    heartbeat_bytes_per_token,
-    heartbeat_capabilities,
-    pack_hashes,
-    unpack_hashes,
 )
+from epp.sync.own_bookings import OwnBookings
+from epp.sync.peer_load import PeerLoad
+from epp.sync.prefix_share import PrefixShare, RecentBlocks, RecordPrefix
 
 log = logging.getLogger(__name__)
 _DELTA_OVERHEAD_BYTES = 64
@@ -140,11 +134,11 @@ class SyncTargets:
     """Peers' load only (the token-load producer adds it to its own at read time)."""
     tpot_slos: dict[str, dict[Hashable, float]] | None = None
     """The predicted-latency producer's running TPOT SLOs, per endpoint, per booking (a peer's
-    smallest under its ``_Peer.slo_key``)."""
-    record_prefix: Callable[[str, list[int]], None] | None = None
+    smallest under its own key, ``epp.sync.peer_load``)."""
+    record_prefix: RecordPrefix | None = None
     """Record that an endpoint was sent these prompt blocks (the approximate prefix index)."""
     prefix_block_size: int = 0
-    prefix_blocks: Callable[[int], list[tuple[str, list[int]]]] | None = None
+    prefix_blocks: RecentBlocks | None = None
     """The approximate prefix index's most recent blocks per endpoint, oldest first, at most this
     many in all (what a snapshot carries)."""
 
@@ -175,35 +169,13 @@ class Received(NamedTuple):
     """Receiver's wall clock minus the sender's at sending (clock skew included)."""
 
 
-class _Own(NamedTuple):
-    endpoint: str
-    tpot_slo_ms: float | None
-    prompt_tail: int | None
+class AppliesDeltas(Protocol):
+    """Where one kind of delta from peers goes (``epp.sync.peer_load``, ``epp.sync.prefix_share``)."""
 
-
-@dataclass(slots=True)
-class _Peer:
-    replica: str
-    incarnation: int
-    index: int
-    """Names this incarnation in the shared structures' booking keys."""
-    last_heard: float
-    last_seq: int = 0
-    totals: dict[str, Counts] = field(default_factory=dict)
-    """What the peer last published per endpoint where it has bookings."""
-    kept: list[SyncMessage] | None = None
-    """DELTAS messages kept for replay while a snapshot is awaited (None: in sync)."""
-    asked: bool = False
-    """The awaited snapshot was handed to the transport to request."""
-    slo_key: tuple[str, int] = ("peer", -1)
-    """The peer's key among the bookings of the running TPOT SLOs."""
-    capabilities: Capability = Capability.NONE
-    """What its latest heartbeat announced (none until one came)."""
-    bytes_per_token: float | None = None
-    """The estimate's ratio its latest heartbeat announced (``epp.tokenizer.sampling``)."""
-
-    def __post_init__(self) -> None:
-        self.slo_key = ("peer", self.index)
+    def apply(self, peer: int, fields: object) -> str | None:
+        """Apply a delta's ``fields`` (``epp.sync.deltas``) from the peer of this index; the
+        reason it was dropped (``malformed`` if they are not of this kind's shape), or None."""
+        ...
 
 
 class ReplicaSyncState:
@@ -232,149 +204,58 @@ class ReplicaSyncState:
         self.stats = SyncStats()
         self.on_pending: Callable[[], None] | None = None
         """Called when the outbox goes from empty to not empty (the transport's wake-up)."""
-        self.on_peer_freed: Callable[[], None] | None = None
-        """Called when a peer published fewer requests or less prefill on an endpoint than before
-        (its load went down: flow control's wake-up)."""
-        self.on_peer_requests: Callable[[str], None] | None = None
-        """Called with an endpoint where a peer published another number of requests than before
-        (it routed there or saw one end: the scraper's wake-up, as for this replica's own)."""
         self.bytes_per_token: Callable[[], float | None] = lambda: None
         """Our estimate's bytes per token, announced in every heartbeat (None: none to announce)."""
-        self.connected = True
         self._seq = 0
-        self._own: dict[int, _Own] = {}
-        self._own_on: dict[str, dict[int, _Own]] = {}
-        self._load = TokenLoadTracker()
-        """Our own bookings' totals, as we publish them."""
-        self._rows: dict[str, dict[int, bytes]] = {}
-        """Per endpoint, our bookings' packed tail rows (those with a tail), kept as of each
-        booking's last step or tick, so a send joins them instead of recounting every booking."""
-        self._stale_rows: dict[int, None] = {}
-        """Bookings with a tail that streamed since their row was packed (repacked at the tick,
-        as their decode progress goes out)."""
-        self._due: dict[str, None] = {}
-        """Endpoints whose totals go out with the next :meth:`take_messages`."""
-        self._dirty: dict[str, None] = {}
-        """Endpoints whose totals changed since they last went out, due at the next :meth:`flush`."""
-        self._prefix: dict[tuple[str, int, bytes], None] = {}
-        self._peers: dict[str, _Peer] = {}
-        self._next_peer_index = 0
-        self._snapshots_wanted = False
         self._logged: set[str] = set()
-        self._sharers: dict[Capability, frozenset[str]] = {}
-        """Per capability, the live peers that announce it (cleared when peers or theirs change)."""
-
-    # ---- outbound: this replica's own bookings -------------------------------------------
-
-    def routed(
-        self,
-        key: int,
-        endpoint: str,
-        *,
-        kv_tokens: int,
-        uncached_tokens: int,
-        expected_output: int,
-        tpot_slo_ms: float | None = None,
-        prompt_tail: int | None = None,
-    ) -> None:
-        """A request of ours was routed: ``kv_tokens`` prompt tokens, of which ``uncached_tokens``
-        still to prefill, ``expected_output`` output tokens expected; its TPOT SLO if one runs;
-        the hash of its prompt's last full block if the prefix index hashed it."""
-        own = _Own(endpoint, tpot_slo_ms, prompt_tail)
-        self._own[key] = own
-        self._own_on.setdefault(endpoint, {})[key] = own
-        self._load.admit(
-            key, endpoint, kv_tokens, kv_tokens - min(uncached_tokens, kv_tokens), expected_output
+        self._bookings = OwnBookings(self._wake_if_idle)
+        self._prefix = PrefixShare(
+            self._wake_if_idle,
+            targets.record_prefix,
+            targets.prefix_block_size,
+            targets.prefix_blocks,
         )
-        self._pack_row(key, own)
-        self._changed(endpoint, at_once=True)
+        self._peer_load = PeerLoad(targets.token_load, targets.tpot_slos)
+        self._membership = Membership(clock, self._peer_load.forget)
+        # The lifecycle of our requests, as the pipeline hook reports it, goes straight to the part
+        # that keeps it (bound here, not wrapped: these run for every request routed).
+        self.routed = self._bookings.routed
+        self.first_token = self._bookings.first_token
+        self.progress = self._bookings.progress
+        self.released = self._bookings.released
+        self.flush = self._bookings.flush
+        self.prefix_inserted = self._prefix.inserted
+        self._appliers: dict[int, tuple[str, AppliesDeltas]] = {
+            DeltaKind.TOTALS: ("totals", self._peer_load),
+            DeltaKind.PREFIX: ("prefix", self._prefix),
+        }
+        """Per delta kind, its name (``epp.sync.messages.delta_name``) and where it goes."""
 
-    def prefix_inserted(self, endpoint: str, block_size: int, block_hashes: Sequence[int]) -> None:
-        """We recorded these prompt blocks for ``endpoint`` in our approximate prefix index."""
-        if block_hashes:
-            self._wake_if_idle()
-            # One RL step's rollouts insert the same prompt together: peers need it once.
-            self._prefix[(endpoint, block_size, pack_hashes(block_hashes))] = None
+    @property
+    def on_peer_freed(self) -> Callable[[], None] | None:
+        """Called when a peer published fewer requests or less prefill on an endpoint than before
+        (its load went down: flow control's wake-up)."""
+        return self._peer_load.on_freed
 
-    def first_token(self, key: int) -> None:
-        own = self._own.get(key)
-        if own is not None:
-            self._load.first_token(key)
-            self._pack_row(key, own)
-            self._changed(own.endpoint, at_once=True)
+    @on_peer_freed.setter
+    def on_peer_freed(self, callback: Callable[[], None] | None) -> None:
+        self._peer_load.on_freed = callback
 
-    def progress(self, key: int, generated: int) -> None:
-        """``generated`` output tokens so far; published at the next :meth:`flush`."""
-        own = self._own.get(key)
-        if own is not None:
-            self._load.progress(key, generated)
-            if own.prompt_tail is not None:
-                self._stale_rows[key] = None
-            self._changed(own.endpoint, at_once=False)
+    @property
+    def on_peer_requests(self) -> Callable[[str], None] | None:
+        """Called with an endpoint where a peer published another number of requests than before
+        (it routed there or saw one end: the scraper's wake-up, as for this replica's own)."""
+        return self._peer_load.on_requests
 
-    def released(self, key: int) -> None:
-        """The request is over, however it ended."""
-        own = self._own.pop(key, None)
-        if own is None:
-            return
-        self._load.finish(key)
-        bookings = self._own_on[own.endpoint]
-        del bookings[key]
-        if not bookings:
-            del self._own_on[own.endpoint]
-        rows = self._rows.get(own.endpoint)
-        if rows is not None and rows.pop(key, None) is not None and not rows:
-            del self._rows[own.endpoint]
-        self._stale_rows.pop(key, None)
-        self._changed(own.endpoint, at_once=True)
+    @on_peer_requests.setter
+    def on_peer_requests(self, callback: Callable[[str], None] | None) -> None:
+        self._peer_load.on_requests = callback
 
-    def _changed(self, endpoint: str, *, at_once: bool) -> None:
-        """``endpoint``'s totals changed. A request routed, decoding or ended there goes out with
-        the next :meth:`take_messages` (peers route on it; delaying it even to the next tick
-        herds their picks in bursts: docs/benchmarks.md); decode progress waits for the tick."""
-        if at_once:
-            self._wake_if_idle()
-            self._due[endpoint] = None
-        else:
-            self._dirty[endpoint] = None
-
-    def flush(self) -> None:
-        """The tick: queue the totals of every endpoint that changed since it last went out."""
-        for key in self._stale_rows:
-            self._pack_row(key, self._own[key])
-        self._stale_rows.clear()
-        if self._dirty:
-            self._wake_if_idle()
-            self._due.update(self._dirty)
-            self._dirty.clear()
-
-    def _pack_row(self, key: int, own: _Own) -> None:
-        """Pack our booking ``key``'s tail row as it is now (``epp.load.peer_totals``), if it has a tail."""
-        if own.prompt_tail is None:
-            return
-        row = self._load.booking_row(key)
-        assert row is not None, "every booking in _own is in _load"
-        self._rows.setdefault(own.endpoint, {})[key] = pack_tail_row((own.prompt_tail, *row))
+    # ---- outbound: this replica's own bookings (epp.sync.own_bookings, epp.sync.prefix_share) ----
 
     def _wake_if_idle(self) -> None:
-        if not (self._due or self._prefix) and self.on_pending is not None:
+        if not (self._bookings.any_due or self._prefix.any_queued) and self.on_pending is not None:
             self.on_pending()
-
-    def _totals(self, endpoint: str) -> list[Any]:
-        """Our TOTALS for ``endpoint`` now, without the leading kind (see ``epp.sync.messages``)."""
-        load = self._load.load(endpoint)
-        bookings = self._own_on.get(endpoint, {})
-        slos = [own.tpot_slo_ms for own in bookings.values() if own.tpot_slo_ms is not None]
-        return [
-            endpoint,
-            load.requests,
-            load.prefill_tokens,
-            load.decode_tokens,
-            load.expected_remaining_tokens,
-            load.kv_tokens,
-            min(slos, default=None),
-            b"".join(self._rows.get(endpoint, {}).values()),
-        ]
 
     def take_messages(self) -> list[bytes]:
         """The queued prefix inserts, then the due endpoints' totals as they are now, as DELTAS
@@ -382,18 +263,15 @@ class ReplicaSyncState:
 
         Whatever is taken is gone: a message the transport cannot send leaves a gap that peers
         notice and repair with a snapshot."""
-        if not (self._due or self._prefix):
+        if not (self._bookings.any_due or self._prefix.any_queued):
             return []
-        deltas = [[DeltaKind.PREFIX, *insert] for insert in self._prefix]
-        deltas += [[DeltaKind.TOTALS, *self._totals(endpoint)] for endpoint in self._due]
-        for endpoint in self._due:
-            self._dirty.pop(endpoint, None)
-        self._prefix, self._due = {}, {}
+        deltas = [insert.delta() for insert in self._prefix.take()]
+        deltas += [totals.delta() for totals in self._bookings.take_due()]
         messages: list[bytes] = []
         chunk: list[list[Any]] = []
         size = 0
         for delta in deltas:
-            delta_size = _DELTA_OVERHEAD_BYTES + len(delta[-1])
+            delta_size = _DELTA_OVERHEAD_BYTES + len(delta[-1])  # its packed bytes come last
             if chunk and size + delta_size > self.tuning.max_message_bytes:
                 messages.append(self._message(chunk))
                 chunk, size = [], 0
@@ -410,31 +288,24 @@ class ReplicaSyncState:
         self._seq += 1
         for delta in deltas:
             self.stats.sent[delta_name(delta[0])] += 1
-        return encode(
-            SyncMessage(
-                MessageKind.DELTAS, self.replica_id, self.incarnation, self._seq, self.wall_clock(), deltas
-            )
-        )
+        return self._envelope(MessageKind.DELTAS, deltas)
 
     def heartbeat(self) -> bytes:
         """A HEARTBEAT carrying our latest ``seq`` and our capabilities (send it after
         :meth:`take_messages`'s messages)."""
-        ratio = self.bytes_per_token()
-        body: list[Any] = [int(self.capabilities)] if ratio is None else [int(self.capabilities), ratio]
-        return self._envelope(MessageKind.HEARTBEAT, body)
+        return self._envelope(
+            MessageKind.HEARTBEAT, Heartbeat(self.capabilities, self.bytes_per_token()).body()
+        )
 
     def snapshot(self) -> bytes:
         """A SNAPSHOT of our totals on every endpoint where we have bookings, as of now (which
         covers our latest ``seq``), and of the most recent blocks of our approximate prefix index."""
-        totals = [self._totals(endpoint) for endpoint in self._own_on]
-        prefix = []
-        if self.targets.prefix_blocks is not None:
-            size = self.targets.prefix_block_size
-            prefix = [
-                [endpoint, size, pack_hashes(hashes)]
-                for endpoint, hashes in self.targets.prefix_blocks(self.tuning.snapshot_prefix_blocks)
-            ]
-        return self._envelope(MessageKind.SNAPSHOT, [totals, prefix])
+        return self._envelope(
+            MessageKind.SNAPSHOT,
+            Snapshot.body(
+                self._bookings.all_totals(), self._prefix.recent(self.tuning.snapshot_prefix_blocks)
+            ),
+        )
 
     def snapshot_request(self) -> bytes:
         """The payload with which to ask a peer for its snapshot."""
@@ -456,7 +327,7 @@ class ReplicaSyncState:
             SyncMessage(kind, self.replica_id, self.incarnation, self._seq, self.wall_clock(), body)
         )
 
-    # ---- inbound: peers' bookings ---------------------------------------------------------
+    # ---- inbound: peers' messages, in order (epp.sync.peer_load, epp.sync.prefix_share) ---------
 
     def receive(self, data: bytes) -> Received | None:
         """Apply a peer's DELTAS, HEARTBEAT or SNAPSHOT. None if refused or our own."""
@@ -473,15 +344,14 @@ class ReplicaSyncState:
         if message.kind in (MessageKind.SNAPSHOT_REQUEST, MessageKind.SCRAPES):
             self._refuse("malformed", f"a {message.kind.name} message sent on the events subject")
             return None
-        peer = self._peer_for(message)
+        peer = self._membership.peer_for(message)
         if peer is None:
+            self.stats.dropped["stale_incarnation"] += 1
             return None
-        peer.last_heard = self.clock()
         if message.kind == MessageKind.DELTAS:
             self._on_deltas(peer, message)
         elif message.kind == MessageKind.HEARTBEAT:
-            self._announced(peer, heartbeat_capabilities(message.body))
-            peer.bytes_per_token = heartbeat_bytes_per_token(message.body)
+            self._membership.announced(peer, Heartbeat.read(message.body))
             if peer.kept is None and message.seq > peer.last_seq:
                 self._gap(peer)
         elif not self._install(peer, message):
@@ -495,42 +365,20 @@ class ReplicaSyncState:
             self._refuse(exc.reason, str(exc), key=f"{exc.reason}:{exc.version!r}")
             return None
 
-    def _refuse(self, reason: str, why: str, *, key: str | None = None, count: int = 1) -> None:
-        self.stats.dropped[reason] += count
+    def _refuse(self, reason: str, why: str, *, key: str | None = None) -> None:
+        self.stats.dropped[reason] += 1
         key = key or reason
         if key not in self._logged:
             self._logged.add(key)
             log.warning("sync: dropped %s; further ones are only counted", why)
 
-    def _peer_for(self, message: SyncMessage) -> _Peer | None:
-        peer = self._peers.get(message.replica)
-        if peer is not None and message.incarnation != peer.incarnation:
-            if message.incarnation < peer.incarnation:
-                self.stats.dropped["stale_incarnation"] += 1
-                return None
-            log.info("sync: peer %s restarted; dropping what its last incarnation booked", peer.replica)
-            self._drop(peer)
-            peer = None
-        if peer is None:
-            peer = _Peer(message.replica, message.incarnation, self._next_peer_index, self.clock())
-            self._next_peer_index += 1
-            self._peers[message.replica] = peer
-            self._sharers.clear()
-            # We have seen this incarnation from its very first delta only if this is it.
-            from_start = (message.kind == MessageKind.DELTAS and message.seq == 1) or (
-                message.kind == MessageKind.HEARTBEAT and message.seq == 0
-            )
-            if not from_start and message.kind != MessageKind.SNAPSHOT:
-                self._await_snapshot(peer)
-        return peer
-
-    def _on_deltas(self, peer: _Peer, message: SyncMessage) -> None:
+    def _on_deltas(self, peer: Peer, message: SyncMessage) -> None:
         if message.seq <= peer.last_seq:
             self.stats.dropped["duplicate"] += len(message.body)
             return
         if peer.kept is None and message.seq > peer.last_seq + 1:
             self._gap(peer)
-        if peer.kept is not None:
+        if peer.kept is not None:  # awaiting a snapshot: keep it to replay after
             if len(peer.kept) >= self.tuning.max_kept_messages:
                 self.stats.dropped["kept_overflow"] += sum(len(m.body) for m in peer.kept)
                 peer.kept.clear()
@@ -538,36 +386,29 @@ class ReplicaSyncState:
         self._apply(peer, message.body)
         peer.last_seq = message.seq
 
-    def _gap(self, peer: _Peer) -> None:
+    def _gap(self, peer: Peer) -> None:
         self.stats.gaps += 1
-        log.info("sync: missed messages from %s; asking it for a snapshot", peer.replica)
-        self._await_snapshot(peer)
+        self._membership.gap(peer)
 
-    def _await_snapshot(self, peer: _Peer) -> None:
-        if peer.kept is None:
-            peer.kept = []
-        peer.asked = False
-        self._snapshots_wanted = True
-
-    def _install(self, peer: _Peer, message: SyncMessage) -> bool:
+    def _install(self, peer: Peer, message: SyncMessage) -> bool:
         """Install a peer's snapshot (or ignore a stale one); False if it is malformed."""
         if message.seq < peer.last_seq and peer.kept is None:
             self.stats.snapshots["stale"] += 1
             return True
-        if len(message.body) != 2 or not all(isinstance(part, list) for part in message.body):
+        snapshot = Snapshot.read(message.body)
+        if snapshot is None:
             self._refuse("malformed", f"a snapshot from {peer.replica} that is not [totals, prefix]")
             return False
-        totals, prefix = message.body
-        kept = peer.kept or []
-        self._clear(peer)
-        for entry in totals:
-            if (outcome := self._apply_totals(peer, entry)) is not None:
-                self._refuse(outcome, f"totals in a snapshot from {peer.replica} ({outcome})")
-        for entry in prefix:
-            outcome = self._apply_prefix([DeltaKind.PREFIX, *entry] if isinstance(entry, list) else [])
-            if outcome is not None:
-                self._refuse(outcome, f"prefix blocks in a snapshot from {peer.replica} ({outcome})")
-        peer.kept, peer.asked, peer.last_seq = None, False, message.seq
+        self._peer_load.forget(peer.index)
+        for kind, what, entries in (
+            (DeltaKind.TOTALS, "totals", snapshot.totals),
+            (DeltaKind.PREFIX, "prefix blocks", snapshot.prefix),
+        ):
+            _, applier = self._appliers[kind]
+            for entry in entries:
+                if (outcome := applier.apply(peer.index, entry)) is not None:
+                    self._refuse(outcome, f"{what} in a snapshot from {peer.replica} ({outcome})")
+        kept = self._membership.snapshot_installed(peer, message.seq)
         self.stats.snapshots["installed"] += 1
         for kept_message in kept:
             if kept_message.seq <= peer.last_seq:
@@ -576,149 +417,59 @@ class ReplicaSyncState:
                 self._on_deltas(peer, kept_message)
         return True
 
-    def _apply(self, peer: _Peer, deltas: Sequence[Any]) -> None:
+    def _apply(self, peer: Peer, deltas: Sequence[Any]) -> None:
+        applied: list[str] = []
         for delta in deltas:
-            name = delta_name(delta[0]) if isinstance(delta, list) and delta else "unknown"
-            if name == "unknown":
-                outcome: str | None = "malformed"
-            elif name == "totals":
-                outcome = self._apply_totals(peer, delta[1:])
+            kind = delta[0] if isinstance(delta, list) and delta else None
+            # Only an int can be a kind (and a list would not hash).
+            known = self._appliers.get(kind) if type(kind) is int else None
+            if known is None:
+                name, outcome = "unknown", "malformed"
             else:
-                outcome = self._apply_prefix(delta)
+                name, applier = known
+                outcome = applier.apply(peer.index, delta[1:])
             if outcome is None:
-                self.stats.applied[name] += 1
+                applied.append(name)
             else:
                 self._refuse(
                     outcome, f"a {name} delta from {peer.replica} ({outcome})", key=f"{outcome}:{name}"
                 )
+        # Counted once a message: a Counter increment per delta was a twentieth of applying one.
+        self.stats.applied.update(applied)
 
-    def _apply_totals(self, peer: _Peer, entry: object) -> str | None:
-        """Replace what we hold of ``peer`` on one endpoint with its published totals there
-        (a TOTALS delta without its kind); the reason it was dropped, or None."""
-        if not isinstance(entry, list) or len(entry) != 8:
-            return "malformed"
-        endpoint, requests, prefill, decode, remaining, kv, slo, packed = entry
-        counts = (requests, prefill, decode, remaining, kv)
-        if type(endpoint) is not str or type(packed) is not bytes or len(packed) % TAIL_ROW_BYTES:
-            return "malformed"
-        if not type(requests) is type(prefill) is type(decode) is type(remaining) is type(kv) is int:
-            return "malformed"
-        if min(counts) < 0 or not (slo is None or (isinstance(slo, int | float) and slo > 0)):
-            return "malformed"
-        before = peer.totals.pop(endpoint, None)
-        if requests:
-            peer.totals[endpoint] = counts
-        if self.targets.token_load is not None:
-            self.targets.token_load.replace(peer.index, endpoint, counts, packed)
-        if self.targets.tpot_slos is not None:
-            self._set_tpot_slo(peer, endpoint, None if slo is None or not requests else float(slo))
-        if before is not None and (requests < before[0] or prefill < before[1]):
-            self._peer_freed()
-        if requests != (before[0] if before is not None else 0) and self.on_peer_requests is not None:
-            self.on_peer_requests(endpoint)
-        return None
-
-    def _set_tpot_slo(self, peer: _Peer, endpoint: str, slo: float | None) -> None:
-        running = self.targets.tpot_slos
-        assert running is not None
-        if slo is not None:
-            running.setdefault(endpoint, {})[peer.slo_key] = slo
-        elif (on_endpoint := running.get(endpoint)) is not None:
-            on_endpoint.pop(peer.slo_key, None)
-
-    def _peer_freed(self) -> None:
-        if self.on_peer_freed is not None:
-            self.on_peer_freed()
-
-    def _apply_prefix(self, delta: list[Any]) -> str | None:
-        if len(delta) != 4:
-            return "malformed"
-        _, endpoint, block_size, packed = delta
-        if not isinstance(endpoint, str) or not isinstance(packed, bytes) or len(packed) % 8:
-            return "malformed"
-        if self.targets.record_prefix is None:
-            return "unused"
-        if block_size != self.targets.prefix_block_size:
-            return "block_size"
-        self.targets.record_prefix(endpoint, unpack_hashes(packed))
-        return None
-
-    def _clear(self, peer: _Peer) -> None:
-        """Forget everything ``peer`` published."""
-        if self.targets.token_load is not None:
-            self.targets.token_load.clear(peer.index)
-        if self.targets.tpot_slos is not None:
-            for endpoint in peer.totals:
-                self._set_tpot_slo(peer, endpoint, None)
-        if peer.totals:
-            peer.totals.clear()
-            self._peer_freed()
-
-    def _drop(self, peer: _Peer) -> None:
-        self._clear(peer)
-        del self._peers[peer.replica]
-        self._sharers.clear()
-
-    def _announced(self, peer: _Peer, capabilities: Capability) -> None:
-        if capabilities != peer.capabilities:
-            peer.capabilities = capabilities
-            self._sharers.clear()
-
-    # ---- peers' lives ---------------------------------------------------------------------
+    # ---- peers' lives (epp.sync.membership) -----------------------------------------------------
 
     def wanted_snapshots(self) -> list[str]:
         """Peers to ask for a snapshot now; each is returned once until answered or failed."""
-        if not self._snapshots_wanted:
-            return []
-        self._snapshots_wanted = False
-        wanted = [p.replica for p in self._peers.values() if p.kept is not None and not p.asked]
-        for replica in wanted:
-            self._peers[replica].asked = True
+        wanted = self._membership.wanted_snapshots()
         self.stats.snapshots["requested"] += len(wanted)
         return wanted
 
     def snapshot_failed(self, replica: str) -> None:
         """The snapshot request to ``replica`` got no answer; it is wanted again."""
         self.stats.snapshots["failed"] += 1
-        peer = self._peers.get(replica)
-        if peer is not None and peer.kept is not None:
-            peer.asked = False
-            self._snapshots_wanted = True
+        self._membership.snapshot_failed(replica)
 
     def expire(self) -> list[str]:
         """Drop peers silent for ``peer_timeout_s`` with all they booked (not while disconnected)."""
-        if not self.connected:
-            return []
-        deadline = self.clock() - self.tuning.peer_timeout_s
-        expired = [p for p in self._peers.values() if p.last_heard < deadline]
-        for peer in expired:
-            log.info(
-                "sync: peer %s silent for %.1f s; dropping its bookings",
-                peer.replica,
-                self.tuning.peer_timeout_s,
-            )
-            self._drop(peer)
+        expired = self._membership.expire(self.tuning.peer_timeout_s)
         self.stats.expired_peers += len(expired)
-        return [p.replica for p in expired]
+        return expired
 
     def connection_lost(self) -> None:
         """The transport lost its connection: keep the last known remote state, expire no one."""
-        self.connected = False
+        self._membership.connection_lost()
 
     def connection_restored(self) -> None:
         """Connected again: every peer gets a fresh timeout and is re-snapshotted."""
-        self.connected = True
-        now = self.clock()
-        for peer in self._peers.values():
-            peer.last_heard = now
-            self._await_snapshot(peer)
+        self._membership.connection_restored()
 
     def agreed_bytes_per_token(self) -> float | None:
         """The estimate's ratio to route on, so that every replica's ids (and prefix blocks, which
         they share) agree: that of the first replica by name among us and the live peers that
         announce one. None when that is us, or when none announces one (we use our own)."""
         own = self.bytes_per_token()
-        announced = [(p.replica, p.bytes_per_token) for p in self._peers.values() if p.bytes_per_token]
+        announced = self._membership.bytes_per_token()
         if own is not None:
             announced.append((self.replica_id, own))
         if not announced:
@@ -729,31 +480,25 @@ class ReplicaSyncState:
     @property
     def peers(self) -> list[str]:
         """The peers heard from within their timeout."""
-        return list(self._peers)
+        return self._membership.names
 
     @property
     def peer_count(self) -> int:
         """How many peers were heard from within their timeout."""
-        return len(self._peers)
+        return len(self._membership)
 
     def peers_with(self, capability: Capability) -> frozenset[str]:
-        """The live peers whose latest heartbeat announced ``capability`` (kept until a peer
-        comes, goes or announces otherwise: the scraper asks on every tick)."""
-        found = self._sharers.get(capability)
-        if found is None:
-            found = self._sharers[capability] = frozenset(
-                p.replica for p in self._peers.values() if capability in p.capabilities
-            )
-        return found
+        """The live peers whose latest heartbeat announced ``capability``."""
+        return self._membership.peers_with(capability)
 
     def peer_requests(self, endpoint: str) -> int:
         """The requests the live peers last published as in flight on ``endpoint``."""
-        return sum(counts[0] for p in self._peers.values() if (counts := p.totals.get(endpoint)))
+        return self._peer_load.requests_on(endpoint)
 
     def peer_bookings(self, replica: str) -> int:
         """The requests ``replica`` last published as in flight, over every endpoint."""
-        peer = self._peers.get(replica)
-        return sum(counts[0] for counts in peer.totals.values()) if peer is not None else 0
+        peer = self._membership.get(replica)
+        return self._peer_load.requests_of(peer.index) if peer is not None else 0
 
     def own_bookings(self) -> int:
-        return len(self._own)
+        return len(self._bookings)
