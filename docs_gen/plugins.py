@@ -32,10 +32,6 @@ _KINDS = {
 }
 
 
-def plugin_types() -> dict[str, type[Plugin]]:
-    return dict(sorted(registry._TYPES.items()))
-
-
 def kinds(cls: type) -> list[str]:
     found = [_KINDS[base.__name__] for base in cls.__mro__ if base.__name__ in _KINDS]
     return list(dict.fromkeys(found))
@@ -91,7 +87,7 @@ def _type_name(annotation: Any) -> str:
 
 
 def render() -> str:
-    found = plugin_types()
+    found = registry.plugin_types()
     by_module: dict[str, list[str]] = {}
     for name, cls in found.items():
         by_module.setdefault(cls.__module__, []).append(name)

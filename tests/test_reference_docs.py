@@ -12,6 +12,7 @@ import pytest
 
 from docs_gen import __main__ as docs_gen
 from docs_gen import headers, plugins, sidecars
+from epp.scheduling import registry
 from epp.settings import EppSettings
 from predictor.settings import PredictorSettings
 from trainer.settings import TrainerSettings
@@ -25,7 +26,7 @@ def test_reference_pages_are_current() -> None:
 def test_every_plugin_parameter_has_a_meaning() -> None:
     missing = {
         name: [p for p in plugins.parameters(cls) if p not in plugins.documented_parameters(cls)]
-        for name, cls in plugins.plugin_types().items()
+        for name, cls in registry.plugin_types().items()
     }
     assert not {name: params for name, params in missing.items() if params}
 
@@ -33,7 +34,7 @@ def test_every_plugin_parameter_has_a_meaning() -> None:
 def test_every_documented_parameter_exists() -> None:
     # A module's tables may document the parameters of each of its types.
     by_module: dict[object, set[str]] = {}
-    for cls in plugins.plugin_types().values():
+    for cls in registry.plugin_types().values():
         by_module.setdefault(inspect.getmodule(cls), set()).update(plugins.parameters(cls))
     unknown = {
         module.__name__: sorted(set(plugins.parameter_rows(module.__doc__ or "")) - accepted)

@@ -156,7 +156,7 @@ class Director:
         error = str(entry.status) if entry.ended == "complete" else entry.ended
         streaming = routed.request.stream
         tokens = self._logged_tokens(routed, entry)
-        handle.settle(routed, finished_at, entry.completed, streaming, tokens, error)
+        handle.settle(finished_at, entry.completed, streaming, tokens, error)
 
     def _logged_first_token(
         self, handle: RequestHandle, routed: RoutedRequest, entry: LogEntry, now: float
@@ -173,7 +173,7 @@ class Director:
             routed.first_token_at = at
             handle.first_token_estimated = False
             return
-        handle.first_token(routed, at)
+        handle.first_token(at)
 
     def _logged_tokens(self, routed: RoutedRequest, entry: LogEntry) -> int | None:
         """A logged stream's output tokens so far, from its body bytes; None for a non-streamed
@@ -197,7 +197,7 @@ class Director:
                 delay = self.first_token_delays.mean(routed.endpoint_name) or 0.0
                 if now - handle.received_at < delay:
                     continue
-                handle.first_token(routed, handle.received_at + delay)
+                handle.first_token(handle.received_at + delay)
                 handle.first_token_estimated = True
             if routed.first_token_at is None:  # a non-streamed answer: its decode is not seen
                 continue
@@ -212,7 +212,7 @@ class Director:
         expired = list(self.handoffs.expired(now))
         for handle in expired:
             assert handle.routed is not None
-            handle.settle(handle.routed, now, False, handle.routed.request.stream, None, "unlogged")
+            handle.settle(now, False, handle.routed.request.stream, None, "unlogged")
         self.metrics.handed_off_expired.inc(len(expired))
         return len(expired)
 

@@ -221,10 +221,8 @@ class RequestHandle:
             d = self._director
             now = d.clock()
             d.store.record_alive(routed.endpoint_name, now)
-            d.lifecycle.first_token(routed, now)
+            self.first_token(now)
             d.lifecycle.progress(routed, meter.tokens, now)
-            if self.flow_ticket is not None:
-                self.flow_ticket.first_token()
         # ``data: [DONE]`` completes a streamed response as surely as the body's end does: the
         # openai SDK closes its connection on reading it, and when that beats the engine's end
         # of body to Envoy, Envoy closes this stream without sending an end_of_stream.
@@ -266,17 +264,18 @@ class RequestHandle:
         completed = self.response_complete and self.status is not None and self.status < 400
         error = str(self.status) if self.response_complete else "aborted"
         streaming = meter is not None and meter.streaming
-        self.settle(routed, now, completed, streaming, tokens, error)
+        self.settle(now, completed, streaming, tokens, error)
 
-    def first_token(self, routed: RoutedRequest, at: float) -> None:
-        """The first token, as the access log says or the director estimates it."""
-        self._director.lifecycle.first_token(routed, at)
+    def first_token(self, at: float) -> None:
+        """The routed request's first token: as its response showed it, as the access log says,
+        or as the director estimates it."""
+        assert self.routed is not None
+        self._director.lifecycle.first_token(self.routed, at)
         if self.flow_ticket is not None:
             self.flow_ticket.first_token()
 
     def settle(
         self,
-        routed: RoutedRequest,
         now: float,
         completed: bool,
         streaming: bool,
@@ -285,6 +284,8 @@ class RequestHandle:
     ) -> None:
         """The routed request is over at ``now``: the lifecycle, flow control and the metrics
         hear how it ended (``error``: the error count's label if it did not complete)."""
+        routed = self.routed
+        assert routed is not None
         d = self._director
         d.live_ids.discard(self.request_id)
         self._release_flow()

@@ -40,6 +40,11 @@ def register_default_producer(cls: P) -> P:
     return cls
 
 
+def plugin_types() -> dict[str, type[Plugin]]:
+    """Every registered plugin type by its name (kebab-case), in name order."""
+    return dict(sorted(_TYPES.items()))
+
+
 def plugin_class(type_name: str) -> type[Plugin]:
     try:
         return _TYPES[type_name]
